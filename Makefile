@@ -1,0 +1,17 @@
+.PHONY: setup demo test lint bench torture
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	cargo run --example ledger
+
+test: setup
+	cargo test --workspace
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+bench: setup
+	cargo bench -p tenure-benches --bench pipeline

@@ -1,0 +1,1 @@
+//! Benchmarks for tenure; see `cargo bench -p tenure-benches`.

@@ -1,0 +1,1 @@
+//! Runnable examples for tenure live under `examples/`; see `cargo run --example ledger`.

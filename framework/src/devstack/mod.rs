@@ -1,0 +1,769 @@
+//! The embedded dev stack: real etcd (3 members), NATS JetStream and PostgreSQL 15
+//! servers as child processes on free loopback ports, in a temp dir, with fault
+//! injection. Tests, examples and benchmarks all use it.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tenure::devstack::DevStackError> {
+//! use tenure::devstack::DevStack;
+//! let stack = DevStack::start().await?;
+//! println!("etcd: {:?}", stack.etcd_endpoints());
+//! stack.etcd_member(0).pause()?;   // SIGSTOP one member
+//! stack.etcd_member(0).resume()?;  // SIGCONT
+//! stack.nats().restart()?;         // same port, same file storage
+//! drop(stack);                     // every process stopped by pid, dir removed
+//! # Ok(()) }
+//! ```
+//!
+//! # Lifetime and clean-up
+//! Dropping a [`DevStack`] kills every process it started (by process group, which
+//! the stack itself created) and removes its directory. If the process that started
+//! the stack dies without dropping it (a crashed or aborted test, a `static` stack),
+//! the servers still die: they are spawned with `PR_SET_PDEATHSIG = SIGKILL`. The
+//! directory is removed by the next stack that starts (see [`reap_stale_dirs`]).
+//!
+//! # Cheap for a suite
+//! [`DevStack::shared`] starts one stack per test binary; each test then takes its
+//! own namespace with [`DevStack::unique_namespace`] (etcd key prefix, stream names,
+//! PostgreSQL schema). Tests that inject faults start a stack of their own.
+
+mod process;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+pub use process::ServerProcess;
+use process::Spec;
+
+/// Errors of the dev stack.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DevStackError {
+    /// A server binary is not installed.
+    #[error("`{binary}` not found ({package}); run `scripts/setup.sh` to install it")]
+    MissingBinary {
+        /// The binary that was looked for.
+        binary: String,
+        /// The Debian package that provides it.
+        package: &'static str,
+    },
+    /// An I/O operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A server did not become ready in time.
+    #[error("{server} did not become ready within {timeout:?}: {last_error} (log: {log})")]
+    NotReady {
+        /// Which server.
+        server: String,
+        /// How long we waited.
+        timeout: Duration,
+        /// The last error seen while probing it.
+        last_error: String,
+        /// The server's log file.
+        log: String,
+    },
+    /// A command (initdb) failed.
+    #[error("`{command}` failed: {output}")]
+    CommandFailed {
+        /// The command line.
+        command: String,
+        /// Its combined output.
+        output: String,
+    },
+    /// Fault injection on a process that is not running.
+    #[error("{0} is not running")]
+    NotRunning(String),
+}
+
+impl DevStackError {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        DevStackError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Which servers to start.
+#[derive(Debug, Clone)]
+pub struct DevStackOptions {
+    /// Start the 3-member etcd cluster.
+    pub etcd: bool,
+    /// Number of etcd members (3 unless a test needs otherwise).
+    pub etcd_members: usize,
+    /// Start NATS with JetStream.
+    pub nats: bool,
+    /// Start PostgreSQL.
+    pub postgres: bool,
+    /// PostgreSQL `fsync` (off by default: the dev stack only survives process
+    /// crashes, which the OS page cache covers, not machine crashes).
+    pub postgres_fsync: bool,
+    /// How long to wait for each server to become ready.
+    pub ready_timeout: Duration,
+}
+
+impl Default for DevStackOptions {
+    fn default() -> Self {
+        DevStackOptions {
+            etcd: true,
+            etcd_members: 3,
+            nats: true,
+            postgres: true,
+            postgres_fsync: false,
+            ready_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A running set of servers owned by this process. See the [module docs](self).
+#[derive(Debug)]
+pub struct DevStack {
+    // Field order matters: processes drop (and die) before the directory goes.
+    etcd: Vec<ServerProcess>,
+    etcd_client_ports: Vec<u16>,
+    nats: Option<ServerProcess>,
+    nats_port: u16,
+    postgres: Option<ServerProcess>,
+    postgres_port: u16,
+    dir: tempfile::TempDir,
+}
+
+const DIR_PREFIX: &str = "tenure-devstack-";
+const OWNER_FILE: &str = "owner.pid";
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+const DATABASE: &str = "tenure";
+
+impl DevStack {
+    /// Starts etcd (3 members), NATS and PostgreSQL with default options.
+    ///
+    /// # Errors
+    /// A missing binary (with the hint to run `scripts/setup.sh`), a server that
+    /// does not become ready, or I/O.
+    pub async fn start() -> Result<Self, DevStackError> {
+        Self::start_with(DevStackOptions::default()).await
+    }
+
+    /// Starts the servers selected in `opts`.
+    ///
+    /// # Errors
+    /// As [`DevStack::start`].
+    pub async fn start_with(opts: DevStackOptions) -> Result<Self, DevStackError> {
+        check_binaries(&opts)?;
+        reap_stale_dirs();
+        let dir = tempfile::Builder::new()
+            .prefix(DIR_PREFIX)
+            .tempdir()
+            .map_err(|e| DevStackError::io("create temp dir", e))?;
+        std::fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
+            .map_err(|e| DevStackError::io("write owner file", e))?;
+        set_mode(dir.path(), 0o755)?;
+
+        let mut stack = DevStack {
+            etcd: Vec::new(),
+            etcd_client_ports: Vec::new(),
+            nats: None,
+            nats_port: 0,
+            postgres: None,
+            postgres_port: 0,
+            dir,
+        };
+        if opts.postgres {
+            stack.start_postgres(&opts)?;
+        }
+        if opts.etcd {
+            stack.start_etcd(opts.etcd_members)?;
+        }
+        if opts.nats {
+            stack.start_nats()?;
+        }
+        if opts.etcd {
+            stack.wait_etcd(opts.ready_timeout).await?;
+        }
+        if opts.nats {
+            stack.wait_nats(opts.ready_timeout).await?;
+        }
+        if opts.postgres {
+            stack.wait_postgres(opts.ready_timeout).await?;
+        }
+        Ok(stack)
+    }
+
+    /// One stack per process (test binary), started on first use and never
+    /// dropped: its servers die with the process (`PDEATHSIG`), and its directory
+    /// is reaped by the next stack. Do not inject faults into it; start your own.
+    ///
+    /// # Errors
+    /// As [`DevStack::start`]; the first error is returned to every caller.
+    pub fn shared() -> Result<&'static DevStack, String> {
+        static SHARED: OnceLock<Result<DevStack, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| {
+                // Start on a thread of its own with its own runtime, so the stack
+                // does not depend on whichever test's runtime touched it first.
+                std::thread::spawn(|| {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| e.to_string())?;
+                    rt.block_on(DevStack::start()).map_err(|e| e.to_string())
+                })
+                .join()
+                .unwrap_or_else(|_| Err("devstack start panicked".to_string()))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// A name that is unique in this process and across processes sharing the
+    /// servers: `<prefix>_<pid>_<n>`, made of `[a-z0-9_]` so it is valid as an etcd
+    /// prefix, a NATS stream name and a PostgreSQL schema name.
+    pub fn unique_namespace(prefix: &str) -> String {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let clean: String = prefix
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("{clean}_{}_{n}", std::process::id())
+    }
+
+    /// Waits until every server of the stack answers again (after a `restart()`):
+    /// an etcd write commits, JetStream answers, PostgreSQL accepts a connection.
+    ///
+    /// # Errors
+    /// [`DevStackError::NotReady`] after `timeout` per server.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), DevStackError> {
+        if !self.etcd.is_empty() {
+            self.wait_etcd(timeout).await?;
+        }
+        if self.nats.is_some() {
+            self.wait_nats(timeout).await?;
+        }
+        if self.postgres.is_some() {
+            self.wait_postgres(timeout).await?;
+        }
+        Ok(())
+    }
+
+    /// The stack's directory (data dirs and logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// etcd client endpoints, one per member (`http://127.0.0.1:PORT`).
+    pub fn etcd_endpoints(&self) -> Vec<String> {
+        self.etcd_client_ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// The etcd member `i` (0-based), for fault injection.
+    ///
+    /// # Panics
+    /// If `i` is out of range or etcd was not started (a test bug).
+    #[allow(clippy::panic)]
+    pub fn etcd_member(&self, i: usize) -> &ServerProcess {
+        self.etcd
+            .get(i)
+            .unwrap_or_else(|| panic!("no etcd member {i} in this dev stack"))
+    }
+
+    /// Number of etcd members.
+    pub fn etcd_members(&self) -> usize {
+        self.etcd.len()
+    }
+
+    /// The index of the current etcd leader, asked of the members that answer.
+    ///
+    /// # Errors
+    /// If no member answers within 5 s.
+    pub async fn etcd_leader(&self) -> Result<usize, DevStackError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut last_error = String::from("no member answered");
+        while tokio::time::Instant::now() < deadline {
+            for endpoint in self.etcd_endpoints() {
+                match etcd_status(&endpoint).await {
+                    Ok((_, leader)) if leader != 0 => {
+                        for (i, ep) in self.etcd_endpoints().iter().enumerate() {
+                            if let Ok((id, _)) = etcd_status(ep).await {
+                                if id == leader {
+                                    return Ok(i);
+                                }
+                            }
+                        }
+                    }
+                    Ok(_) => last_error = "no leader elected".into(),
+                    Err(e) => last_error = e,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(DevStackError::NotReady {
+            server: "etcd leader".into(),
+            timeout: Duration::from_secs(5),
+            last_error,
+            log: self.dir().display().to_string(),
+        })
+    }
+
+    /// The NATS server URL (`nats://127.0.0.1:PORT`).
+    pub fn nats_url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.nats_port)
+    }
+
+    /// The NATS server, for fault injection.
+    ///
+    /// # Panics
+    /// If NATS was not started (a test bug).
+    #[allow(clippy::panic)]
+    pub fn nats(&self) -> &ServerProcess {
+        self.nats
+            .as_ref()
+            .unwrap_or_else(|| panic!("NATS was not started in this dev stack"))
+    }
+
+    /// The URL of the stack's `tenure` database.
+    pub fn database_url(&self) -> String {
+        self.database_url_for(DATABASE)
+    }
+
+    /// The URL of database `db` on the stack's PostgreSQL.
+    pub fn database_url_for(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{db}?sslmode=disable",
+            self.postgres_port
+        )
+    }
+
+    /// The PostgreSQL server (postmaster and its backends), for fault injection.
+    ///
+    /// # Panics
+    /// If PostgreSQL was not started (a test bug).
+    #[allow(clippy::panic)]
+    pub fn postgres(&self) -> &ServerProcess {
+        self.postgres
+            .as_ref()
+            .unwrap_or_else(|| panic!("PostgreSQL was not started in this dev stack"))
+    }
+
+    /// Every server process of the stack.
+    pub fn processes(&self) -> impl Iterator<Item = &ServerProcess> {
+        self.etcd
+            .iter()
+            .chain(self.nats.as_ref())
+            .chain(self.postgres.as_ref())
+    }
+
+    fn start_etcd(&mut self, members: usize) -> Result<(), DevStackError> {
+        let ports = free_ports(members * 2)?;
+        let (client, peer) = ports.split_at(members);
+        let token = format!("tenure-{}", self.dir().display()).replace('/', "-");
+        let cluster: Vec<String> = (0..members)
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", peer[i]))
+            .collect();
+        let cluster = cluster.join(",");
+        for i in 0..members {
+            let data = self.dir().join(format!("etcd{i}"));
+            let args = vec![
+                format!("--name=m{i}"),
+                format!("--data-dir={}", data.display()),
+                format!("--listen-client-urls=http://127.0.0.1:{}", client[i]),
+                format!("--advertise-client-urls=http://127.0.0.1:{}", client[i]),
+                format!("--listen-peer-urls=http://127.0.0.1:{}", peer[i]),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{}", peer[i]),
+                format!("--initial-cluster={cluster}"),
+                "--initial-cluster-state=new".into(),
+                format!("--initial-cluster-token={token}"),
+                "--logger=zap".into(),
+                "--log-level=warn".into(),
+            ];
+            let spec = Spec {
+                name: format!("etcd-{i}"),
+                program: "etcd".into(),
+                args,
+                run_as: None,
+                log: self.dir().join(format!("etcd{i}.log")),
+            };
+            self.etcd.push(ServerProcess::start(spec)?);
+        }
+        self.etcd_client_ports = client.to_vec();
+        Ok(())
+    }
+
+    async fn wait_etcd(&self, timeout: Duration) -> Result<(), DevStackError> {
+        let endpoints = self.etcd_endpoints();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last_error;
+        loop {
+            let attempt = async {
+                let mut client = etcd_client::Client::connect(&endpoints, None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                client
+                    .put("__tenure_devstack_ready", "1", None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(())
+            };
+            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => last_error = e,
+                Err(_) => last_error = "write timed out".into(),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(DevStackError::NotReady {
+                    server: "etcd".into(),
+                    timeout,
+                    last_error,
+                    log: self.dir().join("etcd0.log").display().to_string(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn start_nats(&mut self) -> Result<(), DevStackError> {
+        let port = free_ports(1)?[0];
+        let store = self.dir().join("nats");
+        let spec = Spec {
+            name: "nats".into(),
+            program: "nats-server".into(),
+            args: vec![
+                "-js".into(),
+                "-a".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                port.to_string(),
+                "-sd".into(),
+                store.display().to_string(),
+                "--server_name".into(),
+                format!("tenure-dev-{port}"),
+            ],
+            run_as: None,
+            log: self.dir().join("nats.log"),
+        };
+        self.nats = Some(ServerProcess::start(spec)?);
+        self.nats_port = port;
+        Ok(())
+    }
+
+    async fn wait_nats(&self, timeout: Duration) -> Result<(), DevStackError> {
+        let url = self.nats_url();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last_error;
+        loop {
+            let attempt = async {
+                let client = async_nats::connect(&url).await.map_err(|e| e.to_string())?;
+                // A raw account-info request: typed `query_account` does not parse
+                // nats-server 2.9's answer with every async-nats version.
+                let reply = client
+                    .request("$JS.API.INFO", bytes::Bytes::new())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let text = String::from_utf8_lossy(&reply.payload);
+                if text.contains("\"error\"") {
+                    return Err(format!("JetStream not ready: {text}"));
+                }
+                Ok::<_, String>(())
+            };
+            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => last_error = e,
+                Err(_) => last_error = "JetStream account info timed out".into(),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(DevStackError::NotReady {
+                    server: "nats".into(),
+                    timeout,
+                    last_error,
+                    log: self.dir().join("nats.log").display().to_string(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn start_postgres(&mut self, opts: &DevStackOptions) -> Result<(), DevStackError> {
+        let pg_dir = self.dir().join("pg");
+        let data = pg_dir.join("data");
+        std::fs::create_dir_all(&pg_dir).map_err(|e| DevStackError::io("create pg dir", e))?;
+        let run_as = postgres_user()?;
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(&pg_dir, Some(uid), Some(gid))
+                .map_err(|e| DevStackError::io("chown pg dir to postgres", e))?;
+        }
+        let initdb = Path::new(PG_BIN).join("initdb");
+        let mut cmd = std::process::Command::new("setpriv");
+        if let Some((uid, gid)) = run_as {
+            cmd.args([
+                "--reuid",
+                &uid.to_string(),
+                "--regid",
+                &gid.to_string(),
+                "--init-groups",
+            ]);
+        }
+        cmd.arg("--")
+            .arg(&initdb)
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ])
+            .env("LC_ALL", "C");
+        let out = cmd
+            .output()
+            .map_err(|e| DevStackError::io("run initdb", e))?;
+        if !out.status.success() {
+            return Err(DevStackError::CommandFailed {
+                command: format!("initdb -D {}", data.display()),
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            });
+        }
+        let port = free_ports(1)?[0];
+        let fsync = if opts.postgres_fsync { "on" } else { "off" };
+        let spec = Spec {
+            name: "postgres".into(),
+            program: Path::new(PG_BIN).join("postgres"),
+            args: vec![
+                "-D".into(),
+                data.display().to_string(),
+                "-p".into(),
+                port.to_string(),
+                "-k".into(),
+                pg_dir.display().to_string(),
+                "-c".into(),
+                "listen_addresses=127.0.0.1".into(),
+                "-c".into(),
+                "max_connections=400".into(),
+                "-c".into(),
+                format!("fsync={fsync}"),
+                "-c".into(),
+                "shared_buffers=128MB".into(),
+            ],
+            run_as,
+            log: pg_dir.join("postgres.log"),
+        };
+        // The log lives in a dir owned by postgres; create it for the server.
+        std::fs::write(&spec.log, b"").map_err(|e| DevStackError::io("create pg log", e))?;
+        self.postgres = Some(ServerProcess::start(spec)?);
+        self.postgres_port = port;
+        Ok(())
+    }
+
+    async fn wait_postgres(&self, timeout: Duration) -> Result<(), DevStackError> {
+        use sqlx::Connection;
+        let admin = self.database_url_for("postgres");
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last_error;
+        loop {
+            let attempt = async {
+                let mut conn = sqlx::PgConnection::connect(&admin)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let exists: Option<i32> =
+                    sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+                        .bind(DATABASE)
+                        .fetch_optional(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                if exists.is_none() {
+                    sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
+                        .execute(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                let _ = conn.close().await;
+                Ok::<_, String>(())
+            };
+            match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => last_error = e,
+                Err(_) => last_error = "connect timed out".into(),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(DevStackError::NotReady {
+                    server: "postgres".into(),
+                    timeout,
+                    last_error,
+                    log: self.dir().join("pg/postgres.log").display().to_string(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Creates a fresh database on the stack's PostgreSQL and returns its URL.
+    ///
+    /// # Errors
+    /// If PostgreSQL does not answer.
+    pub async fn create_database(&self, name: &str) -> Result<String, DevStackError> {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&self.database_url_for("postgres"))
+            .await
+            .map_err(|e| DevStackError::io("connect to postgres", std::io::Error::other(e)))?;
+        sqlx::query(&format!("CREATE DATABASE \"{}\"", name.replace('"', "")))
+            .execute(&mut conn)
+            .await
+            .map_err(|e| DevStackError::io("create database", std::io::Error::other(e)))?;
+        let _ = conn.close().await;
+        Ok(self.database_url_for(name))
+    }
+}
+
+async fn etcd_status(endpoint: &str) -> Result<(u64, u64), String> {
+    let attempt = async {
+        let mut client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = client.status().await.map_err(|e| e.to_string())?;
+        let id = status.header().map(|h| h.member_id()).unwrap_or(0);
+        Ok::<_, String>((id, status.leader()))
+    };
+    tokio::time::timeout(Duration::from_secs(1), attempt)
+        .await
+        .map_err(|_| format!("{endpoint}: status timed out"))?
+}
+
+fn check_binaries(opts: &DevStackOptions) -> Result<(), DevStackError> {
+    let mut needed: Vec<(PathBuf, &'static str)> = vec![("setpriv".into(), "util-linux")];
+    if opts.etcd {
+        needed.push(("etcd".into(), "etcd-server"));
+    }
+    if opts.nats {
+        needed.push(("nats-server".into(), "nats-server"));
+    }
+    if opts.postgres {
+        needed.push((Path::new(PG_BIN).join("initdb"), "postgresql-15"));
+        needed.push((Path::new(PG_BIN).join("postgres"), "postgresql-15"));
+    }
+    for (binary, package) in needed {
+        if !on_path(&binary) {
+            return Err(DevStackError::MissingBinary {
+                binary: binary.display().to_string(),
+                package,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn on_path(binary: &Path) -> bool {
+    if binary.is_absolute() {
+        return binary.is_file();
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(binary).is_file()))
+        .unwrap_or(false)
+}
+
+/// `(uid, gid)` of the `postgres` user when we are root (initdb refuses root);
+/// `None` when we are not root and can run PostgreSQL as ourselves.
+fn postgres_user() -> Result<Option<(u32, u32)>, DevStackError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    match nix::unistd::User::from_name("postgres") {
+        Ok(Some(user)) => Ok(Some((user.uid.as_raw(), user.gid.as_raw()))),
+        _ => Err(DevStackError::MissingBinary {
+            binary: "user `postgres`".into(),
+            package: "postgresql",
+        }),
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), DevStackError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| DevStackError::io(format!("chmod {}", path.display()), e))
+}
+
+/// Free loopback ports: bound all at once (so they are distinct), then released.
+fn free_ports(n: usize) -> Result<Vec<u16>, DevStackError> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| DevStackError::io("bind a free loopback port", e))?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| DevStackError::io("read a bound port", e))
+}
+
+/// Removes dev-stack directories whose owning process is gone (a crashed test).
+///
+/// Their servers are already dead (`PDEATHSIG`); as a second line of defence any
+/// process still running whose command line names the stale directory is killed.
+/// Only such processes: a process is identified by its data directory, never by
+/// its name.
+pub fn reap_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_stack = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(DIR_PREFIX));
+        if !is_stack {
+            continue;
+        }
+        let owner = std::fs::read_to_string(path.join(OWNER_FILE))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        let Some(owner) = owner else { continue };
+        if Path::new(&format!("/proc/{owner}")).exists() {
+            continue;
+        }
+        kill_processes_naming(&path);
+        let _ = std::fs::remove_dir_all(&path);
+    }
+}
+
+fn kill_processes_naming(dir: &Path) {
+    let needle = dir.display().to_string();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(p.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(&needle) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}

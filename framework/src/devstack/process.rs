@@ -1,0 +1,208 @@
+//! One server process the dev stack started, with fault injection.
+//!
+//! Every server runs in a process group of its own that the dev stack creates
+//! (`process_group(0)`), so signals reach the server and the children it forks
+//! (PostgreSQL backends) and nothing else. Servers are spawned through
+//! `setpriv --pdeathsig KILL` from one long-lived spawner thread, so they die with
+//! the process that started them even when it crashes and no `Drop` runs.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use super::DevStackError;
+
+/// How to (re)start a server: program, arguments and the user to run it as.
+#[derive(Debug, Clone)]
+pub(crate) struct Spec {
+    pub(crate) name: String,
+    pub(crate) program: PathBuf,
+    pub(crate) args: Vec<String>,
+    /// Run as this user (`setpriv --reuid/--regid`); `None` keeps the current user.
+    pub(crate) run_as: Option<(u32, u32)>,
+    pub(crate) log: PathBuf,
+}
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// The spawner thread lives as long as the process: `PR_SET_PDEATHSIG` fires when
+/// the *thread* that forked a child exits, so children must not be forked from
+/// short-lived test or blocking-pool threads.
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("tenure-devstack-spawner".into())
+            .spawn(move || {
+                while let Ok((mut cmd, reply)) = rx.recv() {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .map(|_| ())
+            .unwrap_or_else(|e| tracing::error!(error = %e, "cannot start the devstack spawner thread"));
+        Mutex::new(tx)
+    })
+}
+
+fn spawn_on_spawner(cmd: Command) -> std::io::Result<Child> {
+    let (tx, rx) = mpsc::channel();
+    let sent = spawner()
+        .lock()
+        .map_err(|_| std::io::Error::other("devstack spawner lock poisoned"))?
+        .send((cmd, tx));
+    sent.map_err(|_| std::io::Error::other("devstack spawner thread is gone"))?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("devstack spawner thread is gone"))?
+}
+
+/// A server process owned by a [`DevStack`](super::DevStack).
+///
+/// Fault injection acts on the server's own process group only.
+#[derive(Debug)]
+pub struct ServerProcess {
+    spec: Spec,
+    child: Mutex<Option<Child>>,
+}
+
+impl ServerProcess {
+    pub(crate) fn start(spec: Spec) -> Result<Self, DevStackError> {
+        let proc = ServerProcess {
+            spec,
+            child: Mutex::new(None),
+        };
+        proc.spawn()?;
+        Ok(proc)
+    }
+
+    fn spawn(&self) -> Result<(), DevStackError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.spec.log)
+            .map_err(|e| DevStackError::io(format!("open log {}", self.spec.log.display()), e))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| DevStackError::io("clone log handle", e))?;
+        let mut cmd = Command::new("setpriv");
+        if let Some((uid, gid)) = self.spec.run_as {
+            cmd.args([
+                "--reuid",
+                &uid.to_string(),
+                "--regid",
+                &gid.to_string(),
+                "--init-groups",
+            ]);
+        }
+        cmd.args(["--pdeathsig", "KILL", "--"])
+            .arg(&self.spec.program)
+            .args(&self.spec.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log2));
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let child = spawn_on_spawner(cmd).map_err(|e| {
+            DevStackError::io(
+                format!("spawn {} ({})", self.spec.name, self.spec.program.display()),
+                e,
+            )
+        })?;
+        *self.lock() = Some(child);
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The server's name in this stack, e.g. `etcd-1`, `nats`, `postgres`.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The pid of the running server (also its process group id), if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.lock().as_ref().map(Child::id)
+    }
+
+    /// Whether the process is still alive (not exited, not killed).
+    pub fn is_running(&self) -> bool {
+        let mut guard = self.lock();
+        match guard.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// The server's log file (stdout and stderr).
+    pub fn log_path(&self) -> &std::path::Path {
+        &self.spec.log
+    }
+
+    fn signal(&self, sig: Signal) -> Result<(), DevStackError> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| DevStackError::NotRunning(self.spec.name.clone()))?;
+        let pgid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+        killpg(pgid, sig).map_err(|e| {
+            DevStackError::io(
+                format!("signal {sig} to {}", self.spec.name),
+                std::io::Error::from_raw_os_error(e as i32),
+            )
+        })
+    }
+
+    /// Freezes the server (SIGSTOP to its process group): it keeps its sockets
+    /// open but answers nothing, like a GC pause or a VM suspend.
+    ///
+    /// # Errors
+    /// [`DevStackError::NotRunning`] if it was killed.
+    pub fn pause(&self) -> Result<(), DevStackError> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    ///
+    /// # Errors
+    /// [`DevStackError::NotRunning`] if it was killed.
+    pub fn resume(&self) -> Result<(), DevStackError> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    /// Kills the server at once (SIGKILL to its process group) and reaps it.
+    /// Killing a server that is not running is a no-op.
+    ///
+    /// # Errors
+    /// Only if the signal cannot be sent for another reason than "already gone".
+    pub fn kill(&self) -> Result<(), DevStackError> {
+        let mut guard = self.lock();
+        if let Some(mut child) = guard.take() {
+            let pgid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+            // A stopped process group still dies of SIGKILL.
+            let _ = killpg(pgid, Signal::SIGKILL);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+
+    /// Kills the server (if running) and starts it again with the same ports and
+    /// data directory.
+    ///
+    /// # Errors
+    /// If the process cannot be spawned again.
+    pub fn restart(&self) -> Result<(), DevStackError> {
+        self.kill()?;
+        self.spawn()
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
