@@ -22,10 +22,19 @@
 //! - `testing`: test-only constructors (raw fencing tokens). Never in production.
 
 pub mod config;
+pub mod job;
 pub mod types;
 
 #[cfg(feature = "devstack")]
 pub mod devstack;
 
 pub use config::Config;
+pub use job::{Job, StepCtx, StepError};
+pub use tenure_macros::{job, step};
 pub use types::{FencingToken, JobId, LeaseId, StepIndex};
+
+/// Items used by code that `#[tenure::job]` generates. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use serde_json;
+}
