@@ -23,6 +23,7 @@
 
 pub mod config;
 pub mod job;
+pub mod telemetry;
 pub mod types;
 
 #[cfg(feature = "devstack")]

@@ -1,0 +1,243 @@
+//! OpenTelemetry instruments and `tracing` span names.
+//!
+//! Instruments are created from a [`Meter`] the user hands to the worker (default:
+//! the global meter provider, a no-op unless the application installs one), so they
+//! cost nothing when unused. Attributes are bounded: job type, step, worker, reason;
+//! never job ids or tokens (those are on spans and log events).
+//!
+//! | instrument | kind | attributes |
+//! |---|---|---|
+//! | `tenure.lease.grants` | counter | worker |
+//! | `tenure.lease.keepalive.duration` | histogram (s) | worker |
+//! | `tenure.lease.state` | gauge (0 healthy, 1 degraded, 2 lost) | worker |
+//! | `tenure.lease.transitions` | counter | worker, from, to |
+//! | `tenure.lease.losses` | counter | worker, cause |
+//! | `tenure.lock.contention` | counter | job_type |
+//! | `tenure.fence.claims` | counter | job_type |
+//! | `tenure.fence.takeovers` | counter | job_type |
+//! | `tenure.fence.stale_rejections` | counter | job_type, where (`claim`, `admission`, `step_commit`, `guard`) |
+//! | `tenure.step.duration` | histogram (s) | job_type, step |
+//! | `tenure.job.retries` | counter | job_type |
+//! | `tenure.dlq.routed` | counter | job_type, reason |
+//! | `tenure.jobs.in_flight` | up-down counter | worker |
+//! | `tenure.jobs.completed` | counter | job_type |
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, UpDownCounter};
+
+/// Stable span names.
+pub mod spans {
+    /// One delivery of a job, from admission to ack.
+    pub const JOB: &str = "tenure.job";
+    /// Creating the job lock in etcd.
+    pub const ACQUIRE: &str = "tenure.acquire";
+    /// Raising the fence at PostgreSQL.
+    pub const CLAIM: &str = "tenure.claim";
+    /// Running one step.
+    pub const STEP: &str = "tenure.step";
+    /// Committing one step's fenced transaction.
+    pub const COMMIT: &str = "tenure.commit";
+}
+
+/// Where a stale owner was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StaleAt {
+    /// The claim found a newer fence.
+    Claim,
+    /// A step's admission select found a newer fence.
+    Admission,
+    /// The step CAS at commit found a newer fence.
+    StepCommit,
+    /// A table guard refused a write.
+    Guard,
+}
+
+impl StaleAt {
+    /// The attribute value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleAt::Claim => "claim",
+            StaleAt::Admission => "admission",
+            StaleAt::StepCommit => "step_commit",
+            StaleAt::Guard => "guard",
+        }
+    }
+}
+
+/// Every instrument Tenure records.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    worker: KeyValue,
+    lease_grants: Counter<u64>,
+    keepalive: Histogram<f64>,
+    lease_state: Gauge<i64>,
+    lease_transitions: Counter<u64>,
+    lease_losses: Counter<u64>,
+    contention: Counter<u64>,
+    claims: Counter<u64>,
+    takeovers: Counter<u64>,
+    stale: Counter<u64>,
+    step_duration: Histogram<f64>,
+    retries: Counter<u64>,
+    dlq: Counter<u64>,
+    in_flight: UpDownCounter<i64>,
+    completed: Counter<u64>,
+}
+
+impl Metrics {
+    /// Instruments from `meter` for worker `worker`.
+    pub fn new(meter: &Meter, worker: &str) -> Self {
+        Metrics {
+            worker: KeyValue::new("worker", worker.to_string()),
+            lease_grants: meter
+                .u64_counter("tenure.lease.grants")
+                .with_description("etcd session leases granted")
+                .build(),
+            keepalive: meter
+                .f64_histogram("tenure.lease.keepalive.duration")
+                .with_unit("s")
+                .with_description("keepalive round trip")
+                .build(),
+            lease_state: meter
+                .i64_gauge("tenure.lease.state")
+                .with_description("session health: 0 healthy, 1 degraded, 2 lost")
+                .build(),
+            lease_transitions: meter
+                .u64_counter("tenure.lease.transitions")
+                .with_description("session health transitions")
+                .build(),
+            lease_losses: meter
+                .u64_counter("tenure.lease.losses")
+                .with_description("sessions lost, by cause")
+                .build(),
+            contention: meter
+                .u64_counter("tenure.lock.contention")
+                .with_description("job locks found held by another session")
+                .build(),
+            claims: meter
+                .u64_counter("tenure.fence.claims")
+                .with_description("fences raised at the resource")
+                .build(),
+            takeovers: meter
+                .u64_counter("tenure.fence.takeovers")
+                .with_description("claims that replaced an owner that did not release")
+                .build(),
+            stale: meter
+                .u64_counter("tenure.fence.stale_rejections")
+                .with_description("writes refused because a newer owner holds the fence")
+                .build(),
+            step_duration: meter
+                .f64_histogram("tenure.step.duration")
+                .with_unit("s")
+                .with_description("step run and commit time")
+                .build(),
+            retries: meter
+                .u64_counter("tenure.job.retries")
+                .with_description("failed attempts scheduled for retry")
+                .build(),
+            dlq: meter
+                .u64_counter("tenure.dlq.routed")
+                .with_description("jobs dead-lettered, by reason")
+                .build(),
+            in_flight: meter
+                .i64_up_down_counter("tenure.jobs.in_flight")
+                .with_description("deliveries being processed")
+                .build(),
+            completed: meter
+                .u64_counter("tenure.jobs.completed")
+                .with_description("jobs that reached done")
+                .build(),
+        }
+    }
+
+    /// Instruments from the global meter provider.
+    pub fn global(worker: &str) -> Self {
+        Self::new(&opentelemetry::global::meter("tenure"), worker)
+    }
+
+    /// A session lease was granted.
+    pub fn lease_granted(&self) {
+        self.lease_grants.add(1, std::slice::from_ref(&self.worker));
+    }
+    /// A keepalive round trip took `secs`.
+    pub fn keepalive_rtt(&self, secs: f64) {
+        self.keepalive.record(secs, std::slice::from_ref(&self.worker));
+    }
+    /// The session moved between health states (numbers as in the gauge).
+    pub fn lease_transition(&self, from: &'static str, to: &'static str, to_level: i64) {
+        self.lease_state
+            .record(to_level, std::slice::from_ref(&self.worker));
+        self.lease_transitions.add(
+            1,
+            &[
+                self.worker.clone(),
+                KeyValue::new("from", from),
+                KeyValue::new("to", to),
+            ],
+        );
+    }
+    /// The session was lost because of `cause`.
+    pub fn lease_lost(&self, cause: &'static str) {
+        self.lease_losses
+            .add(1, &[self.worker.clone(), KeyValue::new("cause", cause)]);
+    }
+    /// A job lock was held by another session.
+    pub fn contention(&self, job_type: &str) {
+        self.contention
+            .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
+    /// A fence was claimed; `takeover` if it replaced an owner that did not release.
+    pub fn claimed(&self, job_type: &str, takeover: bool) {
+        let attrs = [KeyValue::new("job_type", job_type.to_string())];
+        self.claims.add(1, &attrs);
+        if takeover {
+            self.takeovers.add(1, &attrs);
+        }
+    }
+    /// A stale owner was refused at `at`.
+    pub fn stale_rejected(&self, job_type: &str, at: StaleAt) {
+        self.stale.add(
+            1,
+            &[
+                KeyValue::new("job_type", job_type.to_string()),
+                KeyValue::new("where", at.as_str()),
+            ],
+        );
+    }
+    /// A step ran (and committed) in `secs`.
+    pub fn step_done(&self, job_type: &str, step: &'static str, secs: f64) {
+        self.step_duration.record(
+            secs,
+            &[
+                KeyValue::new("job_type", job_type.to_string()),
+                KeyValue::new("step", step),
+            ],
+        );
+    }
+    /// A failed attempt was scheduled for retry.
+    pub fn retried(&self, job_type: &str) {
+        self.retries
+            .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
+    /// A job was dead-lettered for `reason` (a short, bounded reason code).
+    pub fn dead_lettered(&self, job_type: &str, reason: &'static str) {
+        self.dlq.add(
+            1,
+            &[
+                KeyValue::new("job_type", job_type.to_string()),
+                KeyValue::new("reason", reason),
+            ],
+        );
+    }
+    /// A delivery started (`+1`) or ended (`-1`).
+    pub fn in_flight(&self, delta: i64) {
+        self.in_flight
+            .add(delta, std::slice::from_ref(&self.worker));
+    }
+    /// A job reached `done`.
+    pub fn completed(&self, job_type: &str) {
+        self.completed
+            .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
+}
