@@ -251,16 +251,15 @@ impl fmt::Display for StepError {
     }
 }
 
-/// The step's database handle: the fenced transaction the runtime opened for it.
-pub(crate) type StepTx = sqlx::Transaction<'static, sqlx::Postgres>;
-
 /// Everything a step may know and use about its execution.
 ///
 /// # Fencing
-/// [`StepCtx::db`] is a transaction that already passed the fence's admission check
-/// (`fence = token AND step = k`, row locked `FOR UPDATE`); the runtime commits it
-/// together with the step's checkpoint, so the step's writes land only if this
-/// owner is still the newest. Writes made any other way (another pool, an HTTP
+/// [`StepCtx::db`] opens (on first use) the step's fenced transaction: its first
+/// statement is the fence's admission check (`fence = token AND step = k`, row
+/// locked `FOR UPDATE`), and the runtime commits it together with the step's
+/// checkpoint, so the step's writes land only if this owner is still the newest.
+/// A step that does slow external work before touching the database holds no
+/// transaction (and no row lock) meanwhile. Writes made any other way (another pool, an HTTP
 /// call) are not fenced: pass [`StepCtx::fence_headers`] to resources that can
 /// compare tokens, and [`StepCtx::idempotency_key`] to those that cannot.
 #[derive(Debug)]
@@ -273,7 +272,8 @@ pub struct StepCtx {
     pub(crate) attempt: u32,
     pub(crate) cancel: CancellationToken,
     pub(crate) deadline: tokio::time::Instant,
-    pub(crate) tx: Option<StepTx>,
+    pub(crate) store: Option<crate::fence::FenceStore>,
+    pub(crate) tx: Option<crate::fence::FencedTx>,
 }
 
 /// Header carrying the job id next to [`FENCE_TOKEN_HEADER`].
@@ -294,6 +294,7 @@ impl StepCtx {
             attempt: 0,
             cancel: CancellationToken::new(),
             deadline: tokio::time::Instant::now() + std::time::Duration::from_secs(3600),
+            store: None,
             tx: None,
         }
     }
@@ -327,7 +328,11 @@ impl StepCtx {
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancel
     }
-    /// When the step must be done: before the lease could be declared lost.
+    /// The instant until which the lease is known to hold, as of the step's start
+    /// (last acknowledged keepalive + 70% of the TTL). Keepalives push the real
+    /// limit further while the session is healthy; a step can use this to decide
+    /// whether to start a long external call. Cancellation, not this deadline, is
+    /// what stops a step when the lease is lost.
     pub fn deadline(&self) -> tokio::time::Instant {
         self.deadline
     }
@@ -357,21 +362,37 @@ impl StepCtx {
         ]
     }
 
-    /// The step's fenced database transaction.
+    /// The step's fenced database transaction, opened on first use.
     ///
     /// # Errors
-    /// A permanent error if the context has no database (unit tests).
-    pub fn db(&mut self) -> Result<&mut sqlx::PgConnection, StepError> {
+    /// A fenced-out error (the runtime counts a stale rejection and stops without
+    /// acking) if a newer owner claimed the job; a retryable error on I/O; a
+    /// permanent one if the context has no database (unit tests).
+    ///
+    /// # Fencing
+    /// Everything written through the returned connection commits if and only if
+    /// the step's checkpoint does, under this owner's fence.
+    pub async fn db(&mut self) -> Result<&mut sqlx::PgConnection, StepError> {
+        if self.tx.is_none() {
+            let Some(store) = self.store.as_ref() else {
+                return Err(StepError::permanent("this StepCtx has no database"));
+            };
+            let tx = store
+                .begin_step(self.job_id, self.token, self.step)
+                .await
+                .map_err(|e| StepError::with_kind(StepErrorKind::Retryable, e))?;
+            self.tx = Some(tx);
+        }
         match self.tx.as_mut() {
-            Some(tx) => Ok(&mut **tx),
-            None => Err(StepError::permanent("this StepCtx has no database")),
+            Some(tx) => Ok(tx.conn()),
+            None => Err(StepError::permanent("the step transaction is gone")),
         }
     }
 
-    /// Runs `fut` unless the step is cancelled or its deadline passes first.
+    /// Runs `fut` unless the step is cancelled first (lease lost, shutdown).
     ///
     /// # Errors
-    /// [`StepErrorKind::Cancelled`] on cancellation or deadline; otherwise `fut`'s.
+    /// [`StepErrorKind::Cancelled`] on cancellation; otherwise `fut`'s.
     pub async fn guard<T, F>(&self, fut: F) -> Result<T, StepError>
     where
         F: Future<Output = Result<T, StepError>>,
@@ -379,7 +400,6 @@ impl StepCtx {
         tokio::select! {
             biased;
             () = self.cancel.cancelled() => Err(StepError::cancelled()),
-            () = tokio::time::sleep_until(self.deadline) => Err(StepError::cancelled()),
             r = fut => r,
         }
     }

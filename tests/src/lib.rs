@@ -1,1 +1,162 @@
-//! Shared helpers for the integration and torture tests.
+//! Shared pieces of the integration and torture tests: the test job types, the
+//! schema they write to, and helpers to configure workers against a dev stack.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tenure::devstack::DevStack;
+use tenure::{Config, StepCtx, StepError};
+
+/// A `Config` for namespace `ns` on `stack` (schema = `ns`), with lease TTL `ttl`.
+pub fn config_for(stack: &DevStack, ns: &str, ttl: Duration) -> Config {
+    let mut cfg = Config::new(ns)
+        .with_schema(ns)
+        .with_etcd_endpoints(stack.etcd_endpoints())
+        .with_nats_url(stack.nats_url())
+        .with_database_url(stack.database_url())
+        .with_lease_ttl(ttl);
+    cfg.contention_backoff.base = Duration::from_millis(50);
+    cfg.contention_backoff.cap = Duration::from_millis(500);
+    cfg.retry_backoff.base = Duration::from_millis(50);
+    cfg.retry_backoff.cap = Duration::from_millis(500);
+    cfg.session_backoff.base = Duration::from_millis(100);
+    cfg.session_backoff.cap = Duration::from_secs(1);
+    cfg
+}
+
+/// Migrates `cfg.schema` and creates the test tables (`step_log`, guarded).
+pub async fn prepare_schema(client: &tenure::Client) {
+    client.migrate().await.expect("migrate");
+    let schema = client.store().schema().to_string();
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.step_log (
+            job_id uuid NOT NULL,
+            step int NOT NULL,
+            token bigint NOT NULL,
+            worker text NOT NULL,
+            at timestamptz NOT NULL DEFAULT now())"
+    ))
+    .execute(client.store().pool())
+    .await
+    .expect("create step_log");
+    client
+        .store()
+        .install_guard(&format!("{schema}.step_log"))
+        .await
+        .expect("guard step_log");
+}
+
+/// Input of [`ThreeStep`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct Work {
+    /// A number carried through the steps.
+    pub n: u64,
+    /// Worker id that sleeps (without noticing cancellation, like a GC pause or a
+    /// blocking call) at the start of `slow_step`.
+    #[serde(default)]
+    pub slow_worker: Option<String>,
+    /// The step that is slow.
+    #[serde(default)]
+    pub slow_step: u32,
+    /// How long it sleeps.
+    #[serde(default)]
+    pub slow_ms: u64,
+    /// Make step 1 fail this many times (on any worker) before succeeding;
+    /// `u32::MAX` fails forever.
+    #[serde(default)]
+    pub fail_times: u32,
+    /// Make step 1 panic instead of returning an error when failing.
+    #[serde(default)]
+    pub panic: bool,
+}
+
+/// A three-step job whose every step appends `(job, step, token, worker)` to the
+/// guarded `step_log` table in its fenced transaction.
+#[derive(Debug, Clone)]
+pub struct ThreeStep {
+    /// This worker's id (written to the log).
+    pub worker: String,
+    /// The schema of `step_log`.
+    pub schema: String,
+}
+
+impl ThreeStep {
+    async fn log(&self, ctx: &mut StepCtx, w: &Work, step: u32) -> Result<(), StepError> {
+        if w.slow_step == step && w.slow_worker.as_deref() == Some(self.worker.as_str()) {
+            // Not bound to the cancellation token on purpose: a paused or blocked
+            // worker does not notice that its lease is gone.
+            tokio::time::sleep(Duration::from_millis(w.slow_ms)).await;
+        }
+        let (job_id, token) = (ctx.job_id().as_uuid(), ctx.token().get());
+        let sql = format!(
+            "INSERT INTO {}.step_log (job_id, step, token, worker) VALUES ($1, $2, $3, $4)",
+            self.schema
+        );
+        sqlx::query(&sql)
+            .bind(job_id)
+            .bind(i32::try_from(step).unwrap_or(i32::MAX))
+            .bind(token)
+            .bind(&self.worker)
+            .execute(ctx.db().await?)
+            .await?;
+        Ok(())
+    }
+}
+
+#[tenure::job(name = "test.three_step", max_takeovers = 3, retries = 2)]
+impl ThreeStep {
+    #[step]
+    async fn first(&self, ctx: &mut StepCtx, w: Work) -> Result<Work, StepError> {
+        self.log(ctx, &w, 0).await?;
+        Ok(w)
+    }
+
+    #[step]
+    async fn second(&self, ctx: &mut StepCtx, w: Work) -> Result<Work, StepError> {
+        if w.fail_times > ctx.attempt() {
+            if w.panic {
+                panic!("step two panics on purpose (attempt {})", ctx.attempt());
+            }
+            return Err(StepError::retryable(format!(
+                "step two fails on purpose (attempt {})",
+                ctx.attempt()
+            )));
+        }
+        self.log(ctx, &w, 1).await?;
+        Ok(w)
+    }
+
+    #[step]
+    async fn third(&self, ctx: &mut StepCtx, w: Work) -> Result<u64, StepError> {
+        self.log(ctx, &w, 2).await?;
+        Ok(w.n)
+    }
+}
+
+/// Counts rows of `step_log` per (job, step) that appear more than once.
+pub async fn double_commits(pool: &sqlx::PgPool, schema: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM (SELECT job_id, step FROM {schema}.step_log
+          GROUP BY job_id, step HAVING count(*) > 1) d"
+    ))
+    .fetch_one(pool)
+    .await
+    .expect("count doubles")
+}
+
+/// Waits until `f` returns true, polling every 100 ms, at most `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}

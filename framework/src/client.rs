@@ -1,0 +1,194 @@
+//! The producer and operator side: migrate the schema, enqueue jobs, inspect
+//! them, redrive dead letters. Composes [`fence`](crate::fence) (job rows) and
+//! [`queue`](crate::queue) (messages); neither of those knows the other.
+
+use crate::fence::{FenceError, FenceStore, Inserted, JobRow, JobStatus};
+use crate::job::Job;
+use crate::queue::{Queue, QueueError};
+use crate::{Config, JobId};
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// PostgreSQL (job rows).
+    #[error("postgresql: {0}")]
+    Fence(#[from] FenceError),
+    /// NATS.
+    #[error("nats: {0}")]
+    Queue(#[from] QueueError),
+    /// The input does not serialise to JSON.
+    #[error("input of job type {job_type} does not serialise: {source}")]
+    Input {
+        /// The job type.
+        job_type: &'static str,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Invalid configuration.
+    #[error("configuration: {0}")]
+    Config(#[from] crate::config::ConfigError),
+    /// Redrive of a job that is not dead.
+    #[error("job {job_id} is {status:?}, not dead: nothing to redrive")]
+    NotDead {
+        /// The job.
+        job_id: JobId,
+        /// Its status.
+        status: JobStatus,
+    },
+}
+
+/// The result of an enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id (determined by job type and idempotency key).
+    pub job_id: JobId,
+    /// `true` if a job with this key existed already: nothing new was created.
+    pub duplicate: bool,
+}
+
+/// Producer and operator handle.
+///
+/// ```no_run
+/// # async fn demo<J: tenure::Job>(input: J::Input) -> Result<(), tenure::ClientError> {
+/// let client = tenure::Client::connect(&tenure::Config::from_env()?).await?;
+/// client.migrate().await?;
+/// let e = client.enqueue::<J>("order-1234", &input).await?;
+/// assert!(!e.duplicate);
+/// assert!(client.enqueue::<J>("order-1234", &input).await?.duplicate);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Client {
+    store: FenceStore,
+    queue: Queue,
+}
+
+impl Client {
+    /// Connects to PostgreSQL and NATS (creating the streams if needed).
+    ///
+    /// # Errors
+    /// Invalid configuration or an unreachable server.
+    pub async fn connect(cfg: &Config) -> Result<Self, ClientError> {
+        cfg.validate()?;
+        Ok(Client {
+            store: FenceStore::connect(cfg).await?,
+            queue: Queue::connect(cfg).await?,
+        })
+    }
+
+    /// Applies Tenure's migrations to the configured schema (idempotent).
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn migrate(&self) -> Result<(), ClientError> {
+        Ok(self.store.migrate().await?)
+    }
+
+    /// Enqueues a job of type `J` under `idempotency_key`.
+    ///
+    /// The job row is inserted first (its primary key deduplicates forever), then
+    /// the message is published with `Nats-Msg-Id` = the job id (the broker
+    /// deduplicates inside its window). Enqueuing an existing, unfinished job
+    /// publishes again, so a producer that crashed between the two writes loses
+    /// nothing; workers admit a job once however often it is delivered.
+    ///
+    /// # Errors
+    /// [`FenceError::PayloadConflict`] when the key exists with another input;
+    /// server errors.
+    pub async fn enqueue<J: Job>(
+        &self,
+        idempotency_key: &str,
+        input: &J::Input,
+    ) -> Result<Enqueued, ClientError> {
+        let value = serde_json::to_value(input).map_err(|source| ClientError::Input {
+            job_type: J::NAME,
+            source,
+        })?;
+        self.enqueue_json(J::NAME, idempotency_key, value).await
+    }
+
+    /// Enqueues a job by type name with a JSON input (for tools and other
+    /// languages). Workers dead-letter it if the input does not fit the type.
+    ///
+    /// # Errors
+    /// As [`Client::enqueue`].
+    pub async fn enqueue_json(
+        &self,
+        job_type: &str,
+        idempotency_key: &str,
+        input: serde_json::Value,
+    ) -> Result<Enqueued, ClientError> {
+        let job_id = JobId::from_key(job_type, idempotency_key);
+        let inserted = self.store.insert_job(job_id, job_type, &input).await?;
+        let duplicate = matches!(inserted, Inserted::Existing);
+        if duplicate {
+            if let Some(row) = self.store.job(job_id).await? {
+                if matches!(row.status, JobStatus::Done | JobStatus::Dead) {
+                    return Ok(Enqueued { job_id, duplicate });
+                }
+            }
+        }
+        let payload = serde_json::to_vec(&input).map_err(|source| ClientError::Input {
+            job_type: "json",
+            source,
+        })?;
+        self.queue
+            .publish_job(job_id, job_type, payload.into())
+            .await?;
+        Ok(Enqueued { job_id, duplicate })
+    }
+
+    /// The job's row.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn job(&self, job_id: JobId) -> Result<Option<JobRow>, ClientError> {
+        Ok(self.store.job(job_id).await?)
+    }
+
+    /// Puts a dead job back to work: resets its row (status pending, takeovers and
+    /// attempts zero; a compare-and-swap on the fence, so it cannot race a claim),
+    /// then moves its DLQ entries back to the work stream (or publishes it afresh
+    /// if the DLQ holds none). Returns the number of messages put back.
+    ///
+    /// # Errors
+    /// [`ClientError::NotDead`], [`FenceError::NotFound`], server errors.
+    pub async fn redrive(&self, job_id: JobId) -> Result<usize, ClientError> {
+        let row = self
+            .store
+            .job(job_id)
+            .await?
+            .ok_or(FenceError::NotFound(job_id))?;
+        if row.status != JobStatus::Dead {
+            return Err(ClientError::NotDead {
+                job_id,
+                status: row.status,
+            });
+        }
+        self.store.reset_for_redrive(job_id).await?;
+        let moved = self.queue.redrive(job_id).await?;
+        if moved == 0 {
+            let payload = serde_json::to_vec(&row.input).map_err(|source| ClientError::Input {
+                job_type: "json",
+                source,
+            })?;
+            self.queue
+                .publish_redrive(job_id, &row.job_type, payload.into())
+                .await?;
+            return Ok(1);
+        }
+        Ok(moved)
+    }
+
+    /// The job-row store (PostgreSQL).
+    pub fn store(&self) -> &FenceStore {
+        &self.store
+    }
+
+    /// The queue (NATS).
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+}

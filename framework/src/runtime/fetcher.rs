@@ -1,0 +1,117 @@
+//! `Fetcher`: pulls deliveries from JetStream only while the session is
+//! `Healthy`, with at most `Config::max_in_flight` jobs running, and spawns one
+//! `JobActor` per delivery under the supervisor.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
+use tokio::sync::Semaphore;
+
+use super::Shared;
+use super::job_actor::{JobActor, JobArgs};
+use crate::lease::Health;
+
+pub(crate) struct FetcherArgs {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) supervisor: ActorCell,
+}
+
+pub(crate) enum FetcherMsg {
+    Tick,
+}
+
+pub(crate) struct Fetcher;
+
+const FETCH_WAIT: Duration = Duration::from_millis(500);
+
+impl Actor for Fetcher {
+    type Msg = FetcherMsg;
+    type State = FetcherArgs;
+    type Arguments = FetcherArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: FetcherArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        myself.send_message(FetcherMsg::Tick)?;
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _msg: FetcherMsg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let sh = &st.shared;
+        if sh.draining.is_cancelled() {
+            return Ok(());
+        }
+        // Fetch only while the session is Healthy.
+        if sh.healthy_session().is_none() {
+            let mut current = sh.session.clone();
+            tokio::select! {
+                () = sh.draining.cancelled() => return Ok(()),
+                _ = current.changed() => {}
+                () = wait_healthy(sh) => {}
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+            myself.send_message(FetcherMsg::Tick)?;
+            return Ok(());
+        }
+        let first = tokio::select! {
+            () = sh.draining.cancelled() => return Ok(()),
+            p = st.permits.clone().acquire_owned() => p?,
+        };
+        let mut permits = vec![first];
+        while permits.len() < sh.cfg.max_in_flight {
+            match st.permits.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let fetched = tokio::select! {
+            () = sh.draining.cancelled() => return Ok(()),
+            r = sh.queue.fetch(permits.len(), FETCH_WAIT) => r,
+        };
+        match fetched {
+            Ok(deliveries) => {
+                for delivery in deliveries {
+                    let Some(permit) = permits.pop() else {
+                        tracing::error!("queue returned more deliveries than asked for; the extra is redelivered");
+                        break;
+                    };
+                    let args = JobArgs {
+                        shared: st.shared.clone(),
+                        delivery,
+                        permit,
+                    };
+                    if let Err(e) =
+                        Actor::spawn_linked(None, JobActor, args, st.supervisor.clone()).await
+                    {
+                        tracing::error!(error = %e, "cannot spawn a job actor; the delivery is redelivered after AckWait");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "fetch failed; retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        myself.send_message(FetcherMsg::Tick)?;
+        Ok(())
+    }
+}
+
+async fn wait_healthy(sh: &Shared) {
+    let session = sh.session.borrow().clone();
+    if let Some(session) = session {
+        let mut h = session.watch_health();
+        let _ = h.wait_for(|h| *h == Health::Healthy).await;
+    } else {
+        std::future::pending::<()>().await;
+    }
+}

@@ -1,0 +1,657 @@
+//! `JobActor`: one per delivery. Runs the protocol of the design card: admit,
+//! acquire, claim, poison check, steps (each in a `StageActor`), finish.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, field};
+
+use super::Shared;
+use super::registry::DynJob;
+use super::stage::{StageOutcome, run_stage};
+use crate::fence::{FenceError, JobRow, JobStatus};
+use crate::job::{StepCtx, StepErrorKind};
+use crate::lease::{Acquire, Health, JobLock, Session};
+use crate::queue::{DeadLetterInfo, Delivery};
+use crate::telemetry::{StaleAt, spans};
+use crate::{FencingToken, JobId, StepIndex, retry};
+
+pub(crate) struct JobArgs {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) delivery: Delivery,
+    pub(crate) permit: OwnedSemaphorePermit,
+}
+
+pub(crate) struct JobActor;
+
+pub(crate) enum JobMsg {
+    Run,
+}
+
+pub(crate) struct JobState {
+    args: Option<JobArgs>,
+}
+
+impl Actor for JobActor {
+    type Msg = JobMsg;
+    type State = JobState;
+    type Arguments = JobArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: JobArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        args.shared.metrics.in_flight(1);
+        myself.send_message(JobMsg::Run)?;
+        Ok(JobState { args: Some(args) })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _msg: JobMsg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(args) = state.args.take() {
+            let JobArgs {
+                shared,
+                delivery,
+                permit,
+            } = args;
+            let run = JobRun {
+                shared: shared.clone(),
+                me: myself.get_cell(),
+            };
+            run.run(delivery).await;
+            shared.metrics.in_flight(-1);
+            drop(permit);
+        }
+        myself.stop(None);
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        _state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Stage actors end on their own; a failed one has already been turned into
+        // a failed attempt by `run_stage`. The job actor outlives them either way.
+        if let SupervisionEvent::ActorFailed(who, err) = event {
+            tracing::warn!(actor = %who.get_id(), error = %err, "stage actor failed");
+        }
+        Ok(())
+    }
+}
+
+/// Why a delivery ended without finishing the job (for logs).
+enum Stop {
+    /// Another worker holds the lock, or we were fenced out: nothing of ours to undo.
+    Quiet,
+}
+
+struct Owned {
+    job: Arc<dyn DynJob>,
+    session: Arc<Session>,
+    lock: Option<JobLock>,
+    token: FencingToken,
+    takeovers: u32,
+    attempts: u32,
+}
+
+struct JobRun {
+    shared: Arc<Shared>,
+    me: ractor::ActorCell,
+}
+
+impl JobRun {
+    async fn run(&self, delivery: Delivery) {
+        let job_id = match delivery.job_id() {
+            Ok(id) => id,
+            Err(bad) => {
+                let reason = format!("bad message: {bad}");
+                tracing::warn!(seq = delivery.stream_sequence(), %reason, "dead-lettering");
+                self.shared.metrics.dead_lettered("unknown", "bad_message");
+                if let Err(e) = delivery.dead_letter(info(reason, None, 0, 0)).await {
+                    tracing::error!(error = %e, "dead-lettering a bad message failed; it will be redelivered");
+                }
+                return;
+            }
+        };
+        let header_type = delivery.job_type().map(str::to_string).ok();
+        let span = tracing::info_span!(
+            spans::JOB,
+            job_id = %job_id,
+            job_type = header_type.as_deref().unwrap_or("?"),
+            token = field::Empty,
+            lease_id = field::Empty,
+            worker = %self.shared.cfg.worker_id,
+            delivery = delivery.delivery_count(),
+        );
+        let _ = self
+            .run_job(job_id, header_type, delivery)
+            .instrument(span)
+            .await;
+    }
+
+    async fn run_job(
+        &self,
+        job_id: JobId,
+        header_type: Option<String>,
+        delivery: Delivery,
+    ) -> Result<(), Stop> {
+        let sh = &self.shared;
+        // 1. Admit.
+        let row = match sh.store.job(job_id).await {
+            Ok(Some(row)) => row,
+            Ok(None) => {
+                let reason = "no job row: the message was not enqueued through Tenure".to_string();
+                self.dead_letter_unowned(delivery, job_id, "unknown", "no_job_row", reason, None)
+                    .await;
+                return Err(Stop::Quiet);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "admission read failed; retrying later");
+                self.retry_later(delivery, retry::delay(&sh.cfg.retry_backoff, 0))
+                    .await;
+                return Err(Stop::Quiet);
+            }
+        };
+        match row.status {
+            JobStatus::Done => {
+                tracing::debug!("job already done; acking the redelivery");
+                ack(delivery).await;
+                return Err(Stop::Quiet);
+            }
+            JobStatus::Dead => {
+                // The row went dead but the message was not dead-lettered yet (a
+                // crash in between): finish that now.
+                let reason = row.last_error.clone().unwrap_or_else(|| "dead".into());
+                self.dead_letter_unowned(delivery, job_id, &row.job_type, "dead", reason, Some(&row))
+                    .await;
+                return Err(Stop::Quiet);
+            }
+            _ => {}
+        }
+        if let Some(h) = &header_type {
+            if h != &row.job_type {
+                let reason = format!(
+                    "bad message: header job type {h:?} but the job row says {:?}",
+                    row.job_type
+                );
+                self.dead_letter_unowned(delivery, job_id, &row.job_type, "bad_message", reason, Some(&row))
+                    .await;
+                return Err(Stop::Quiet);
+            }
+        }
+        let Some(job) = sh.registry.get(&row.job_type) else {
+            let reason = format!("unknown job type {:?}", row.job_type);
+            if let Err(e) = sh.store.mark_dead_unfenced(job_id, &reason).await {
+                tracing::warn!(error = %e, "marking the job dead failed");
+            }
+            self.dead_letter_unowned(delivery, job_id, "unknown", "unknown_job_type", reason, Some(&row))
+                .await;
+            return Err(Stop::Quiet);
+        };
+
+        // 2. Acquire.
+        let session = match sh.healthy_session() {
+            Some(s) => s,
+            None => {
+                self.retry_later(delivery, retry::delay(&sh.cfg.contention_backoff, 0))
+                    .await;
+                return Err(Stop::Quiet);
+            }
+        };
+        tracing::Span::current().record("lease_id", field::display(session.lease_id()));
+        let acquired = sh
+            .locks
+            .acquire(session.clone(), job_id)
+            .instrument(tracing::info_span!(spans::ACQUIRE, job_id = %job_id))
+            .await;
+        let lock = match acquired {
+            Ok(Acquire::Acquired(lock)) => lock,
+            Ok(Acquire::Contended { holder }) => {
+                sh.metrics.contention(job.name());
+                let attempt = u32::try_from(delivery.delivery_count().saturating_sub(1))
+                    .unwrap_or(u32::MAX);
+                let delay = retry::delay(&sh.cfg.contention_backoff, attempt);
+                tracing::debug!(holder = ?holder, ?delay, "job lock held by another session");
+                self.retry_later(delivery, delay).await;
+                return Err(Stop::Quiet);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "acquiring the job lock failed");
+                self.retry_later(delivery, retry::delay(&sh.cfg.contention_backoff, 0))
+                    .await;
+                return Err(Stop::Quiet);
+            }
+        };
+        let token = lock.token();
+        tracing::Span::current().record("token", token.get());
+
+        // 3. Claim the fence at the resource, before any useful work.
+        let claimed = sh
+            .store
+            .claim(job_id, token)
+            .instrument(tracing::info_span!(spans::CLAIM, job_id = %job_id, token = token.get()))
+            .await;
+        let claim = match claimed {
+            Ok(c) => c,
+            Err(e) if e.is_fenced_out() => {
+                sh.metrics.stale_rejected(job.name(), StaleAt::Claim);
+                tracing::error!(
+                    error = %e,
+                    "ALERT: a freshly created job lock was fenced out at claim; etcd revisions \
+                     went backwards (snapshot restore without --bump-revision?)"
+                );
+                sh.locks.release(session, lock).await;
+                return Err(Stop::Quiet);
+            }
+            Err(FenceError::Terminal { .. }) => {
+                ack(delivery).await;
+                sh.locks.release(session, lock).await;
+                return Err(Stop::Quiet);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed; retrying later");
+                sh.locks.release(session.clone(), lock).await;
+                self.retry_later(delivery, retry::delay(&sh.cfg.retry_backoff, 0))
+                    .await;
+                return Err(Stop::Quiet);
+            }
+        };
+        let took_over = claim.takeover;
+        sh.metrics.claimed(job.name(), took_over);
+        if took_over {
+            tracing::warn!(
+                takeovers = claim.takeovers,
+                previous_fence = row.fence,
+                "took over the job from an owner that did not release it (crash, pause or partition)"
+            );
+        }
+        let mut owned = Owned {
+            job,
+            session,
+            lock: Some(lock),
+            token,
+            takeovers: claim.takeovers,
+            attempts: claim.attempts,
+        };
+
+        // 4. Poison check.
+        let max_takeovers = owned
+            .job
+            .max_takeovers()
+            .unwrap_or(sh.cfg.max_takeovers);
+        if claim.takeovers > max_takeovers {
+            let reason = format!(
+                "lost its owner {} times (max_takeovers = {max_takeovers})",
+                claim.takeovers
+            );
+            self.dead_letter_owned(&mut owned, delivery, job_id, "max_takeovers", reason)
+                .await;
+            return Err(Stop::Quiet);
+        }
+
+        // 5. Steps.
+        let steps = owned.job.steps();
+        let n = u32::try_from(steps.len()).unwrap_or(u32::MAX);
+        let mut input = if claim.step.get() == 0 {
+            claim.input
+        } else {
+            claim.checkpoint.unwrap_or(serde_json::Value::Null)
+        };
+        for k in claim.step.get()..n {
+            let step = StepIndex::new(k);
+            let step_name = steps.get(k as usize).map(|s| s.name).unwrap_or("?");
+            if sh.draining.is_cancelled() && k > claim.step.get() {
+                self.release_voluntarily(&mut owned, delivery, job_id).await;
+                return Err(Stop::Quiet);
+            }
+            let started = tokio::time::Instant::now();
+            let cancel = sh.stop_jobs.child_token();
+            let ctx = StepCtx {
+                job_id,
+                job_type: owned.job.name(),
+                step,
+                step_name,
+                token,
+                attempt: owned.attempts,
+                cancel: cancel.clone(),
+                deadline: owned.session.lost_deadline(),
+                store: Some(sh.store.clone()),
+                tx: None,
+            };
+            let outcome = self
+                .drive_stage(&owned, &delivery, ctx, step, input, &cancel)
+                .instrument(tracing::info_span!(spans::STEP, step = %step, name = step_name, token = token.get()))
+                .await;
+            match outcome.result {
+                Ok(out) => {
+                    let Some(mut ctx) = outcome.ctx else {
+                        self.fail_attempt(&mut owned, delivery, job_id, "step lost its context".into())
+                            .await;
+                        return Err(Stop::Quiet);
+                    };
+                    // A step that did no database work still commits its checkpoint
+                    // through a fenced transaction.
+                    let tx = match ctx.tx.take() {
+                        Some(tx) => tx,
+                        None => match sh.store.begin_step(job_id, token, step).await {
+                            Ok(tx) => tx,
+                            Err(e) if e.is_fenced_out() => {
+                                self.stale(&owned, job_id, step, StaleAt::Admission, &e);
+                                return Err(Stop::Quiet);
+                            }
+                            Err(e) => {
+                                self.fail_attempt(&mut owned, delivery, job_id, format!("database: {e}"))
+                                    .await;
+                                return Err(Stop::Quiet);
+                            }
+                        },
+                    };
+                    // 6. Pre-commit check (an optimisation: the fence is the guarantee).
+                    let health = owned.session.health();
+                    if health != Health::Healthy {
+                        let _ = tx.rollback().await;
+                        tracing::warn!(?health, step = %step, "lease not healthy at commit; rolled back, leaving the job to the next owner");
+                        if let Some(lock) = owned.lock.take() {
+                            sh.locks.release(owned.session.clone(), lock).await;
+                        }
+                        return Err(Stop::Quiet);
+                    }
+                    let last = k + 1 == n;
+                    let committed = tx
+                        .commit_step(&out, last)
+                        .instrument(tracing::info_span!(spans::COMMIT, step = %step, token = token.get()))
+                        .await;
+                    match committed {
+                        Ok(()) => {
+                            sh.metrics.step_done(
+                                owned.job.name(),
+                                step_name,
+                                started.elapsed().as_secs_f64(),
+                            );
+                            if let Some(h) = &sh.hooks {
+                                h.step_committed(job_id, step, token);
+                            }
+                            input = out;
+                        }
+                        Err(e) if e.is_fenced_out() => {
+                            self.stale(&owned, job_id, step, StaleAt::StepCommit, &e);
+                            return Err(Stop::Quiet);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, step = %step, "commit failed");
+                            self.fail_attempt(&mut owned, delivery, job_id, format!("commit: {e}"))
+                                .await;
+                            return Err(Stop::Quiet);
+                        }
+                    }
+                }
+                Err(err) => {
+                    if let Some(tx) = outcome.ctx.and_then(|mut c| c.tx.take()) {
+                        let _ = tx.rollback().await;
+                    }
+                    if let Some(at) = stale_cause(&err) {
+                        self.stale(&owned, job_id, step, at, &err);
+                        return Err(Stop::Quiet);
+                    }
+                    match err.kind() {
+                        StepErrorKind::Cancelled => {
+                            if owned.session.health() == Health::Lost {
+                                tracing::warn!(step = %step, "step cancelled: lease lost; the next owner takes over");
+                                return Err(Stop::Quiet);
+                            }
+                            self.release_voluntarily(&mut owned, delivery, job_id).await;
+                            return Err(Stop::Quiet);
+                        }
+                        StepErrorKind::Permanent => {
+                            let reason = format!("step {step} ({step_name}): {}", err.message());
+                            self.dead_letter_owned(&mut owned, delivery, job_id, "permanent_error", reason)
+                                .await;
+                            return Err(Stop::Quiet);
+                        }
+                        _ => {
+                            let reason = format!("step {step} ({step_name}): {}", err.message());
+                            self.fail_attempt(&mut owned, delivery, job_id, reason).await;
+                            return Err(Stop::Quiet);
+                        }
+                    }
+                }
+            }
+        }
+
+        // 7. Finish: the last commit set status = done; ack, then delete the lock.
+        sh.metrics.completed(owned.job.name());
+        ack(delivery).await;
+        if let Some(lock) = owned.lock.take() {
+            sh.locks.release(owned.session.clone(), lock).await;
+        }
+        Ok(())
+    }
+
+    /// Runs the stage while sending progress acks (only while `Healthy`) and
+    /// cancelling the step when the session is lost.
+    async fn drive_stage(
+        &self,
+        owned: &Owned,
+        delivery: &Delivery,
+        ctx: StepCtx,
+        step: StepIndex,
+        input: serde_json::Value,
+        cancel: &CancellationToken,
+    ) -> StageOutcome {
+        let stage = run_stage(self.me.clone(), owned.job.clone(), step, ctx, input);
+        tokio::pin!(stage);
+        let period = (self.shared.cfg.ack_wait() / 3).max(Duration::from_millis(100));
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let lost = owned.session.cancellation();
+        let mut lost_seen = false;
+        loop {
+            tokio::select! {
+                outcome = &mut stage => return outcome,
+                () = lost.cancelled(), if !lost_seen => {
+                    lost_seen = true;
+                    tracing::warn!(step = %step, "lease lost: cancelling the running step");
+                    cancel.cancel();
+                }
+                _ = ticker.tick() => {
+                    if owned.session.health() == Health::Healthy {
+                        if let Err(e) = delivery.progress().await {
+                            tracing::debug!(error = %e, "progress ack failed");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts and reports a stale owner's refused write. Nothing is acked and the
+    /// lock is left alone: a newer owner holds the job (and its lock key).
+    fn stale(
+        &self,
+        owned: &Owned,
+        job_id: JobId,
+        step: StepIndex,
+        at: StaleAt,
+        err: &dyn std::fmt::Display,
+    ) {
+        self.shared.metrics.stale_rejected(owned.job.name(), at);
+        tracing::warn!(
+            error = %err,
+            step = %step,
+            token = owned.token.get(),
+            at = at.as_str(),
+            "write refused: fenced out by a newer owner; not acking"
+        );
+        if let Some(h) = &self.shared.hooks {
+            h.stale_rejected(job_id, step, owned.token);
+        }
+    }
+
+    /// A retryable failure: count it, then retry with backoff or dead-letter.
+    async fn fail_attempt(&self, owned: &mut Owned, delivery: Delivery, job_id: JobId, reason: String) {
+        let sh = &self.shared;
+        let recorded = sh.store.record_failure(job_id, owned.token, &reason).await;
+        let attempts = match recorded {
+            Ok(a) => a,
+            Err(e) if e.is_fenced_out() => {
+                sh.metrics.stale_rejected(owned.job.name(), StaleAt::StepCommit);
+                tracing::warn!(error = %e, "fenced out while recording a failure");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, %reason, "recording the failure failed; retrying later");
+                if let Some(lock) = owned.lock.take() {
+                    sh.locks.release(owned.session.clone(), lock).await;
+                }
+                self.retry_later(delivery, retry::delay(&sh.cfg.retry_backoff, 0))
+                    .await;
+                return;
+            }
+        };
+        owned.attempts = attempts;
+        let limit = owned.job.retries().unwrap_or(sh.cfg.max_retries);
+        if attempts > limit {
+            let reason = format!("failed {attempts} times (retries = {limit}); last error: {reason}");
+            self.dead_letter_owned(owned, delivery, job_id, "max_retries", reason)
+                .await;
+            return;
+        }
+        sh.metrics.retried(owned.job.name());
+        let delay = retry::delay(&sh.cfg.retry_backoff, attempts.saturating_sub(1));
+        tracing::info!(attempts, ?delay, %reason, "step failed; retrying");
+        if let Some(lock) = owned.lock.take() {
+            sh.locks.release(owned.session.clone(), lock).await;
+        }
+        self.retry_later(delivery, delay).await;
+    }
+
+    /// Graceful release: recorded on the row (so the next claim is no takeover),
+    /// then the lock is deleted and the message handed back at once.
+    async fn release_voluntarily(&self, owned: &mut Owned, delivery: Delivery, job_id: JobId) {
+        let sh = &self.shared;
+        let recorded = sh.store.record_release(job_id, owned.token).await;
+        if let Err(e) = recorded {
+            tracing::warn!(error = %e, "recording the voluntary release failed");
+        }
+        if let Some(lock) = owned.lock.take() {
+            sh.locks.release(owned.session.clone(), lock).await;
+        }
+        tracing::info!("released the job voluntarily (shutdown)");
+        self.retry_later(delivery, Duration::ZERO).await;
+    }
+
+    /// Dead-letters a job we own: fenced `mark_dead` first (so a crash in between
+    /// leaves a dead row whose redelivery is dead-lettered at admission), then the
+    /// DLQ publish, which also terminates the original message.
+    async fn dead_letter_owned(
+        &self,
+        owned: &mut Owned,
+        delivery: Delivery,
+        job_id: JobId,
+        code: &'static str,
+        reason: String,
+    ) {
+        let sh = &self.shared;
+        let marked = sh.store.mark_dead(job_id, owned.token, &reason).await;
+        match marked {
+            Ok(()) => {}
+            Err(e) if e.is_fenced_out() => {
+                sh.metrics.stale_rejected(owned.job.name(), StaleAt::StepCommit);
+                tracing::warn!(error = %e, "fenced out while marking the job dead");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "marking the job dead failed; retrying later");
+                self.retry_later(delivery, retry::delay(&sh.cfg.retry_backoff, 0))
+                    .await;
+                return;
+            }
+        }
+        sh.metrics.dead_lettered(owned.job.name(), code);
+        tracing::warn!(reason = %reason, code, "job dead-lettered");
+        let dl = info(
+            format!("{code}: {reason}"),
+            Some(owned.token),
+            owned.takeovers,
+            owned.attempts,
+        );
+        if let Err(e) = delivery.dead_letter(dl).await {
+            tracing::error!(error = %e, "DLQ publish failed; the redelivery will dead-letter it at admission");
+        }
+        if let Some(lock) = owned.lock.take() {
+            sh.locks.release(owned.session.clone(), lock).await;
+        }
+    }
+
+    /// Dead-letters a delivery we do not own (bad message, unknown type, a row
+    /// that is already dead).
+    async fn dead_letter_unowned(
+        &self,
+        delivery: Delivery,
+        job_id: JobId,
+        job_type: &str,
+        code: &'static str,
+        reason: String,
+        row: Option<&JobRow>,
+    ) {
+        self.shared.metrics.dead_lettered(job_type, code);
+        tracing::warn!(%job_id, reason = %reason, code, "dead-lettering");
+        let token = row.and_then(|r| FencingToken::from_wire(r.fence));
+        let (takeovers, attempts) = row.map(|r| (r.takeovers, r.attempts)).unwrap_or((0, 0));
+        if let Err(e) = delivery
+            .dead_letter(info(format!("{code}: {reason}"), token, takeovers, attempts))
+            .await
+        {
+            tracing::error!(error = %e, "DLQ publish failed; the message will be redelivered");
+        }
+    }
+
+    async fn retry_later(&self, delivery: Delivery, delay: Duration) {
+        if let Err(e) = delivery.retry_after(delay).await {
+            tracing::warn!(error = %e, "nak failed; the broker redelivers after AckWait");
+        }
+    }
+}
+
+/// Whether a step's error says a newer owner holds the job, and where it showed.
+fn stale_cause(err: &crate::job::StepError) -> Option<StaleAt> {
+    if let Some(e) = err.downcast_ref::<FenceError>() {
+        if matches!(e, FenceError::GuardRefused { .. }) {
+            return Some(StaleAt::Guard);
+        }
+        if e.is_fenced_out() {
+            return Some(StaleAt::Admission);
+        }
+    }
+    if err
+        .downcast_ref::<sqlx::Error>()
+        .is_some_and(crate::fence::is_guard_refusal)
+    {
+        return Some(StaleAt::Guard);
+    }
+    None
+}
+
+fn info(reason: String, last_token: Option<FencingToken>, takeovers: u32, attempts: u32) -> DeadLetterInfo {
+    DeadLetterInfo {
+        reason,
+        last_token,
+        takeovers,
+        attempts,
+    }
+}
+
+async fn ack(delivery: Delivery) {
+    if let Err(e) = delivery.ack().await {
+        tracing::warn!(error = %e, "ack failed; the redelivery finds the row terminal and acks again");
+    }
+}

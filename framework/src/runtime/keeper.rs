@@ -1,0 +1,174 @@
+//! `LeaseKeeper`: owns the worker's etcd session. Publishes the current session
+//! (or none) to the rest of the worker, and forms a new session with backoff and
+//! jitter after the old one is lost.
+
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::Config;
+use crate::lease::{Health, Session};
+use crate::telemetry::Metrics;
+
+pub(crate) struct KeeperArgs {
+    pub(crate) cfg: Config,
+    pub(crate) metrics: Metrics,
+    pub(crate) current: watch::Sender<Option<Arc<Session>>>,
+    pub(crate) stop: CancellationToken,
+    /// Filled with the first session before the keeper's `pre_start` returns.
+    pub(crate) first: Option<Session>,
+}
+
+pub(crate) enum KeeperMsg {
+    /// The watched session reached `Lost`.
+    Lost(u64),
+    /// A new session was formed.
+    Established(Session),
+    /// Revoke the session (graceful shutdown; all job locks go with it).
+    Close(ractor::RpcReplyPort<()>),
+}
+
+pub(crate) struct KeeperState {
+    args: KeeperArgs,
+    generation: u64,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+pub(crate) struct LeaseKeeper;
+
+impl Actor for LeaseKeeper {
+    type Msg = KeeperMsg;
+    type State = KeeperState;
+    type Arguments = KeeperArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        mut args: KeeperArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let first = args.first.take();
+        let mut state = KeeperState {
+            args,
+            generation: 0,
+            tasks: tokio::task::JoinSet::new(),
+        };
+        if let Some(session) = first {
+            install(&myself, &mut state, session);
+        }
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: KeeperMsg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            KeeperMsg::Lost(generation) if generation == state.generation => {
+                state.args.current.send_replace(None);
+                if state.args.stop.is_cancelled() {
+                    return Ok(());
+                }
+                tracing::warn!(worker = %state.args.cfg.worker_id, "session lost; forming a new one with backoff");
+                let cfg = state.args.cfg.clone();
+                let stop = state.args.stop.clone();
+                let me = myself.clone();
+                state.tasks.spawn(async move {
+                    match Session::establish_with_backoff(&cfg, &stop).await {
+                        Ok(s) => {
+                            let _ = me.send_message(KeeperMsg::Established(s));
+                        }
+                        Err(e) => tracing::info!(error = %e, "no new session (shutting down?)"),
+                    }
+                });
+            }
+            KeeperMsg::Lost(_) => {}
+            KeeperMsg::Established(session) => {
+                if state.args.stop.is_cancelled() {
+                    let _ = session.close().await;
+                } else {
+                    install(&myself, state, session);
+                }
+            }
+            KeeperMsg::Close(reply) => {
+                state.generation += 1;
+                if let Some(session) = state.args.current.send_replace(None) {
+                    match Arc::try_unwrap(session) {
+                        Ok(session) => {
+                            if let Err(e) = session.close().await {
+                                tracing::warn!(error = %e, "revoking the session failed; it expires with its TTL");
+                            }
+                        }
+                        Err(_) => tracing::info!(
+                            "session still referenced by running jobs; it expires with its TTL"
+                        ),
+                    }
+                }
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.tasks.abort_all();
+        Ok(())
+    }
+}
+
+/// Publishes `session` and watches it until it is lost.
+fn install(myself: &ActorRef<KeeperMsg>, state: &mut KeeperState, session: Session) {
+    state.generation += 1;
+    let generation = state.generation;
+    state.args.metrics.lease_granted();
+    let mut health = session.watch_health();
+    let metrics = state.args.metrics.clone();
+    tracing::info!(lease_id = %session.lease_id(), worker = %state.args.cfg.worker_id, "session established");
+    state.args.current.send_replace(Some(Arc::new(session)));
+    let me = myself.clone();
+    state.tasks.spawn(async move {
+        let mut last = *health.borrow();
+        loop {
+            if health.changed().await.is_err() {
+                // The session (and its keepalive) is gone: treat as lost.
+                let _ = me.send_message(KeeperMsg::Lost(generation));
+                return;
+            }
+            let now = *health.borrow_and_update();
+            if now != last {
+                metrics.lease_transition(name(last), name(now), level(now));
+                if now == Health::Lost {
+                    metrics.lease_lost("keepalive");
+                }
+                last = now;
+            }
+            if now == Health::Lost {
+                let _ = me.send_message(KeeperMsg::Lost(generation));
+                return;
+            }
+        }
+    });
+}
+
+fn name(h: Health) -> &'static str {
+    match h {
+        Health::Healthy => "healthy",
+        Health::Degraded => "degraded",
+        Health::Lost => "lost",
+    }
+}
+
+fn level(h: Health) -> i64 {
+    match h {
+        Health::Healthy => 0,
+        Health::Degraded => 1,
+        Health::Lost => 2,
+    }
+}

@@ -1,0 +1,168 @@
+//! Batching of job-lock acquisitions and releases.
+//!
+//! One etcd transaction costs about as much as five PostgreSQL commits, so a
+//! worker never pays an etcd round trip per job: concurrent acquisitions are
+//! gathered into one transaction of nested create-if-absent transactions (one Raft
+//! entry), and releases into one transaction of guarded deletes. Batches form
+//! naturally: while one is in flight, the next requests queue up.
+
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::JobId;
+use crate::lease::{Acquire, JobLock, LeaseError, Session};
+
+const MAX_BATCH: usize = 128;
+const MAX_BATCHES_IN_FLIGHT: usize = 4;
+
+enum Request {
+    Acquire {
+        session: Arc<Session>,
+        job_id: JobId,
+        reply: oneshot::Sender<Result<Acquire, String>>,
+    },
+    Release {
+        session: Arc<Session>,
+        lock: JobLock,
+    },
+}
+
+/// Handle to the batching task (cloneable; the task stops when `stop` is
+/// cancelled or every handle is dropped).
+#[derive(Clone)]
+pub(crate) struct LockBatcher {
+    tx: mpsc::Sender<Request>,
+}
+
+impl std::fmt::Debug for LockBatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LockBatcher")
+    }
+}
+
+impl LockBatcher {
+    /// Starts the batching task; it is owned by `tasks` (aborted with it).
+    pub(crate) fn start(stop: CancellationToken, tasks: &mut tokio::task::JoinSet<()>) -> Self {
+        let (tx, rx) = mpsc::channel(4096);
+        tasks.spawn(run(rx, stop));
+        LockBatcher { tx }
+    }
+
+    /// Acquires `job_id`'s lock under `session`, batched with concurrent callers.
+    ///
+    /// # Errors
+    /// The etcd error as text (shared by the whole batch), or a stopped batcher.
+    pub(crate) async fn acquire(
+        &self,
+        session: Arc<Session>,
+        job_id: JobId,
+    ) -> Result<Acquire, String> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Acquire {
+                session,
+                job_id,
+                reply,
+            })
+            .await
+            .map_err(|_| "lock batcher stopped".to_string())?;
+        rx.await
+            .map_err(|_| "lock batcher dropped the request".to_string())?
+    }
+
+    /// Releases `lock` (batched, fire and forget: a lock that is not released
+    /// expires with its session lease).
+    pub(crate) async fn release(&self, session: Arc<Session>, lock: JobLock) {
+        let _ = self.tx.send(Request::Release { session, lock }).await;
+    }
+}
+
+async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken) {
+    let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
+    let mut batches = tokio::task::JoinSet::new();
+    loop {
+        let first = tokio::select! {
+            () = stop.cancelled() => break,
+            r = rx.recv() => match r { Some(r) => r, None => break },
+        };
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            break;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        while batches.try_join_next().is_some() {}
+        batches.spawn(async move {
+            execute(batch).await;
+            drop(permit);
+        });
+    }
+    batches.shutdown().await;
+}
+
+/// Runs one batch: per session, one acquire_many and one release_many.
+async fn execute(batch: Vec<Request>) {
+    // Group by session (normally there is one current session).
+    let mut groups: Vec<(Arc<Session>, Vec<(JobId, oneshot::Sender<_>)>, Vec<JobLock>)> =
+        Vec::new();
+    for req in batch {
+        let session = match &req {
+            Request::Acquire { session, .. } | Request::Release { session, .. } => session.clone(),
+        };
+        let idx = match groups.iter().position(|g| Arc::ptr_eq(&g.0, &session)) {
+            Some(i) => i,
+            None => {
+                groups.push((session, Vec::new(), Vec::new()));
+                groups.len() - 1
+            }
+        };
+        match req {
+            Request::Acquire { job_id, reply, .. } => groups[idx].1.push((job_id, reply)),
+            Request::Release { lock, .. } => groups[idx].2.push(lock),
+        }
+    }
+    for (session, acquires, releases) in groups {
+        if !acquires.is_empty() {
+            let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
+            match session.acquire_many(&ids).await {
+                Ok(results) if results.len() == acquires.len() => {
+                    for ((_, reply), result) in acquires.into_iter().zip(results) {
+                        let _ = reply.send(Ok(result));
+                    }
+                }
+                Ok(results) => {
+                    let msg = format!(
+                        "acquire_many answered {} results for {} keys",
+                        results.len(),
+                        acquires.len()
+                    );
+                    for (_, reply) in acquires {
+                        let _ = reply.send(Err(msg.clone()));
+                    }
+                }
+                Err(e) => {
+                    let msg = lease_error_text(&e);
+                    for (_, reply) in acquires {
+                        let _ = reply.send(Err(msg.clone()));
+                    }
+                }
+            }
+        }
+        if !releases.is_empty() {
+            let n = releases.len();
+            if let Err(e) = session.release_many(releases).await {
+                tracing::warn!(locks = n, error = %e, "releasing job locks failed; they expire with the session lease");
+            }
+        }
+    }
+}
+
+fn lease_error_text(e: &LeaseError) -> String {
+    e.to_string()
+}

@@ -1,0 +1,432 @@
+//! The runtime: ractor actor trees that run fenced state machines.
+//!
+//! ```text
+//! WorkerSupervisor (one per Worker; owns the etcd session via LeaseKeeper)
+//!  |- LeaseKeeper            session, health, new session with backoff after Lost
+//!  |- Fetcher                pulls from JetStream while Healthy, bounded concurrency
+//!  '- JobActor (per job)     admit, acquire, claim, poison check, steps, ack
+//!      '- StageActor (per step) runs one step function under StepCtx
+//! ```
+//!
+//! ```no_run
+//! # use tenure::{Config, runtime::Worker};
+//! # async fn demo<J: tenure::Job>(job: J) -> Result<(), Box<dyn std::error::Error>> {
+//! let worker = Worker::builder(Config::from_env()?)
+//!     .register(job)
+//!     .start()
+//!     .await?;
+//! // ... until told to stop:
+//! worker.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+mod fetcher;
+mod job_actor;
+mod keeper;
+mod locks;
+mod registry;
+mod stage;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ConfigError;
+use crate::fence::{FenceError, FenceStore};
+use crate::job::Job;
+use crate::lease::{Health, LeaseError, Session};
+use crate::queue::{Queue, QueueError};
+use crate::telemetry::Metrics;
+use crate::{Config, FencingToken, JobId, StepIndex};
+
+use fetcher::{Fetcher, FetcherArgs, FetcherMsg};
+use keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
+use locks::LockBatcher;
+use registry::Registry;
+
+/// Errors starting or stopping a worker.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// Invalid configuration.
+    #[error("configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// No job type was registered.
+    #[error("no job types registered: call `register` before `start`")]
+    NoJobs,
+    /// Two job types share a name.
+    #[error("job type {0:?} registered twice")]
+    DuplicateJob(&'static str),
+    /// etcd could not be reached or refused the session.
+    #[error("etcd: {0}")]
+    Lease(#[from] LeaseError),
+    /// PostgreSQL could not be reached.
+    #[error("postgresql: {0}")]
+    Fence(#[from] FenceError),
+    /// NATS could not be reached or set up.
+    #[error("nats: {0}")]
+    Queue(#[from] QueueError),
+    /// An actor could not be spawned.
+    #[error("actor: {0}")]
+    Actor(String),
+}
+
+/// Observes what the runtime commits and refuses (for audits and torture tests).
+/// Called synchronously on the job's task: keep it cheap.
+pub trait WorkerObserver: Send + Sync + 'static {
+    /// Step `step` of `job_id` committed under `token`.
+    fn step_committed(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
+        let _ = (job_id, step, token);
+    }
+    /// A write of step `step` under `token` was refused: a newer owner holds the job.
+    fn stale_rejected(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
+        let _ = (job_id, step, token);
+    }
+}
+
+/// What every actor of one worker shares.
+pub(crate) struct Shared {
+    pub(crate) cfg: Config,
+    pub(crate) store: FenceStore,
+    pub(crate) queue: Queue,
+    pub(crate) registry: Registry,
+    pub(crate) metrics: Metrics,
+    pub(crate) locks: LockBatcher,
+    pub(crate) session: watch::Receiver<Option<Arc<Session>>>,
+    /// Shutdown asked: fetch nothing more, stop between steps.
+    pub(crate) draining: CancellationToken,
+    /// Shutdown grace over: cancel running steps.
+    pub(crate) stop_jobs: CancellationToken,
+    pub(crate) hooks: Option<Arc<dyn WorkerObserver>>,
+}
+
+impl Shared {
+    /// The current session if it is `Healthy`.
+    pub(crate) fn healthy_session(&self) -> Option<Arc<Session>> {
+        self.session
+            .borrow()
+            .as_ref()
+            .filter(|s| s.health() == Health::Healthy)
+            .cloned()
+    }
+}
+
+/// Builds a [`Worker`].
+#[must_use]
+pub struct WorkerBuilder {
+    cfg: Config,
+    registry: Registry,
+    duplicate: Option<&'static str>,
+    meter: Option<opentelemetry::metrics::Meter>,
+    observer: Option<Arc<dyn WorkerObserver>>,
+}
+
+impl std::fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("cfg", &self.cfg)
+            .field("jobs", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerBuilder {
+    /// Registers a job type. Each name once.
+    pub fn register<J: Job>(mut self, job: J) -> Self {
+        if !self.registry.insert(job) && self.duplicate.is_none() {
+            self.duplicate = Some(J::NAME);
+        }
+        self
+    }
+
+    /// Records metrics with `meter` instead of the global meter provider.
+    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.meter = Some(meter);
+        self
+    }
+
+    /// Installs an observer of commits and stale rejections.
+    pub fn observer(mut self, observer: Arc<dyn WorkerObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Connects to PostgreSQL, NATS (creating streams and the consumer if needed)
+    /// and etcd (granting the session), then starts the actor tree.
+    ///
+    /// The schema is not migrated here: call [`crate::Client::migrate`] once.
+    ///
+    /// # Errors
+    /// Invalid configuration, no or duplicate job types, or a server that cannot be
+    /// reached.
+    pub async fn start(self) -> Result<Worker, WorkerError> {
+        self.cfg.validate()?;
+        if let Some(name) = self.duplicate {
+            return Err(WorkerError::DuplicateJob(name));
+        }
+        if self.registry.is_empty() {
+            return Err(WorkerError::NoJobs);
+        }
+        let cfg = self.cfg;
+        let metrics = match &self.meter {
+            Some(m) => Metrics::new(m, &cfg.worker_id),
+            None => Metrics::global(&cfg.worker_id),
+        };
+        let store = FenceStore::connect(&cfg).await?;
+        let queue = Queue::connect(&cfg).await?;
+        let first = Session::establish(&cfg).await?;
+
+        let draining = CancellationToken::new();
+        let stop_jobs = CancellationToken::new();
+        let stop_all = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let locks = LockBatcher::start(stop_all.clone(), &mut tasks);
+        let (current_tx, current_rx) = watch::channel(None);
+        let shared = Arc::new(Shared {
+            cfg: cfg.clone(),
+            store,
+            queue,
+            registry: self.registry,
+            metrics: metrics.clone(),
+            locks,
+            session: current_rx,
+            draining: draining.clone(),
+            stop_jobs: stop_jobs.clone(),
+            hooks: self.observer,
+        });
+        let permits = Arc::new(Semaphore::new(cfg.max_in_flight));
+        let sup_args = SupervisorArgs {
+            shared: shared.clone(),
+            permits: permits.clone(),
+            keeper: Some(KeeperArgs {
+                cfg: cfg.clone(),
+                metrics,
+                current: current_tx,
+                stop: stop_all.clone(),
+                first: Some(first),
+            }),
+        };
+        let (supervisor, join) = Actor::spawn(None, WorkerSupervisor, sup_args)
+            .await
+            .map_err(|e| WorkerError::Actor(e.to_string()))?;
+        let advisories = shared.queue.spawn_max_deliveries_listener();
+        Ok(Worker {
+            shared,
+            supervisor,
+            join: Some(join),
+            permits,
+            stop_all,
+            tasks,
+            _advisories: advisories,
+        })
+    }
+}
+
+/// A running worker: its actor tree, session and connections.
+///
+/// Dropping a `Worker` without [`Worker::shutdown`] stops its actors abruptly; the
+/// jobs it held are taken over after the session TTL.
+pub struct Worker {
+    shared: Arc<Shared>,
+    supervisor: ActorRef<SupervisorMsg>,
+    join: Option<tokio::task::JoinHandle<()>>,
+    permits: Arc<Semaphore>,
+    stop_all: CancellationToken,
+    tasks: tokio::task::JoinSet<()>,
+    _advisories: crate::queue::AdvisoryListener,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("worker_id", &self.shared.cfg.worker_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// A builder for a worker with configuration `cfg`.
+    pub fn builder(cfg: Config) -> WorkerBuilder {
+        WorkerBuilder {
+            cfg,
+            registry: Registry::default(),
+            duplicate: None,
+            meter: None,
+            observer: None,
+        }
+    }
+
+    /// This worker's id.
+    pub fn id(&self) -> &str {
+        &self.shared.cfg.worker_id
+    }
+
+    /// The current session's health (`Lost` while no session exists).
+    pub fn health(&self) -> Health {
+        self.shared
+            .session
+            .borrow()
+            .as_ref()
+            .map_or(Health::Lost, |s| s.health())
+    }
+
+    /// Jobs running right now.
+    pub fn in_flight(&self) -> usize {
+        self.shared
+            .cfg
+            .max_in_flight
+            .saturating_sub(self.permits.available_permits())
+    }
+
+    /// Graceful shutdown: stop fetching; let running steps finish (a job stops
+    /// between steps and is released voluntarily, so the next owner counts no
+    /// takeover) up to `Config::shutdown_grace`; then cancel the steps still
+    /// running; revoke the session (deleting every lock still held); stop the actors.
+    ///
+    /// # Errors
+    /// Never fails today; the `Result` leaves room for reporting.
+    pub async fn shutdown(mut self) -> Result<(), WorkerError> {
+        let sh = self.shared.clone();
+        sh.draining.cancel();
+        let all = u32::try_from(sh.cfg.max_in_flight).unwrap_or(u32::MAX);
+        let drained = tokio::time::timeout(sh.cfg.shutdown_grace, self.permits.acquire_many(all))
+            .await
+            .is_ok();
+        if !drained {
+            tracing::warn!("shutdown grace over: cancelling running steps");
+            sh.stop_jobs.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), self.permits.acquire_many(all))
+                .await;
+        }
+        let _ = ractor::call!(self.supervisor, SupervisorMsg::CloseSession);
+        self.stop_all.cancel();
+        self.supervisor.stop(Some("shutdown".into()));
+        if let Some(join) = self.join.take() {
+            let _ = join.await;
+        }
+        self.tasks.shutdown().await;
+        Ok(())
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if self.join.is_some() {
+            self.stop_all.cancel();
+            self.shared.draining.cancel();
+            self.shared.stop_jobs.cancel();
+            self.supervisor.kill();
+        }
+    }
+}
+
+struct SupervisorArgs {
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+    keeper: Option<KeeperArgs>,
+}
+
+pub(crate) enum SupervisorMsg {
+    CloseSession(ractor::RpcReplyPort<()>),
+}
+
+struct SupervisorState {
+    args: SupervisorArgs,
+    keeper: Option<ActorRef<KeeperMsg>>,
+    fetcher: Option<ActorRef<FetcherMsg>>,
+}
+
+/// The root of a worker's actor tree.
+struct WorkerSupervisor;
+
+impl WorkerSupervisor {
+    async fn spawn_fetcher(
+        myself: &ActorRef<SupervisorMsg>,
+        st: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let args = FetcherArgs {
+            shared: st.args.shared.clone(),
+            permits: st.args.permits.clone(),
+            supervisor: myself.get_cell(),
+        };
+        let (fetcher, _) = Actor::spawn_linked(None, Fetcher, args, myself.get_cell()).await?;
+        st.fetcher = Some(fetcher);
+        Ok(())
+    }
+}
+
+impl Actor for WorkerSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        mut args: SupervisorArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let keeper_args = args.keeper.take();
+        let mut st = SupervisorState {
+            args,
+            keeper: None,
+            fetcher: None,
+        };
+        if let Some(k) = keeper_args {
+            let (keeper, _) = Actor::spawn_linked(None, LeaseKeeper, k, myself.get_cell()).await?;
+            st.keeper = Some(keeper);
+        }
+        Self::spawn_fetcher(&myself, &mut st).await?;
+        Ok(st)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: SupervisorMsg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::CloseSession(reply) => {
+                if let Some(keeper) = &st.keeper {
+                    let _ = ractor::call!(keeper, KeeperMsg::Close);
+                }
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let is = |cell: &ActorCell, r: &Option<ActorRef<FetcherMsg>>| {
+            r.as_ref().is_some_and(|f| f.get_id() == cell.get_id())
+        };
+        match event {
+            SupervisionEvent::ActorFailed(who, err) => {
+                if is(&who, &st.fetcher) {
+                    tracing::error!(error = %err, "fetcher failed; restarting it");
+                    if !st.args.shared.draining.is_cancelled() {
+                        Self::spawn_fetcher(&myself, st).await?;
+                    }
+                } else if st.keeper.as_ref().is_some_and(|k| k.get_id() == who.get_id()) {
+                    tracing::error!(error = %err, "lease keeper failed; stopping the worker");
+                    myself.stop(Some("lease keeper failed".into()));
+                } else {
+                    // A job actor failed outside a step (a bug): its delivery is
+                    // redelivered after AckWait; the worker stays up.
+                    tracing::error!(actor = %who.get_id(), error = %err, "job actor failed");
+                }
+            }
+            SupervisionEvent::ActorTerminated(..) | SupervisionEvent::ActorStarted(_) => {}
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,469 @@
+//! The runtime against the dev stack: many jobs on several workers, the seed's
+//! paused-worker timeline, poison jobs, failing steps, quorum loss.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tenure::devstack::{DevStack, DevStackOptions};
+use tenure::fence::JobStatus;
+use tenure::lease::{Acquire, Session};
+use tenure::runtime::{Worker, WorkerObserver};
+use tenure::{Client, FencingToken, JobId, StepIndex};
+use tenure_tests::{ThreeStep, Work, config_for, double_commits, prepare_schema, wait_until};
+
+fn stack() -> &'static DevStack {
+    DevStack::shared().expect("dev stack")
+}
+
+async fn count_status(client: &Client, schema: &str, status: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.jobs WHERE status = $1"))
+        .bind(status)
+        .fetch_one(client.store().pool())
+        .await
+        .expect("count")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
+    let ns = DevStack::unique_namespace("rt_thousand");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(5));
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+
+    let mut workers = Vec::new();
+    for i in 0..3 {
+        let cfg = cfg.clone().with_worker_id(format!("w{i}"));
+        let job = ThreeStep {
+            worker: format!("w{i}"),
+            schema: ns.clone(),
+        };
+        workers.push(
+            Worker::builder(cfg)
+                .register(job)
+                .start()
+                .await
+                .expect("worker"),
+        );
+    }
+
+    const N: u64 = 1000;
+    let mut ids = Vec::new();
+    for chunk in (0..N).collect::<Vec<_>>().chunks(100) {
+        let futs = chunk.iter().map(|n| {
+            let client = client.clone();
+            async move {
+                client
+                    .enqueue::<ThreeStep>(&format!("job-{n}"), &Work { n: *n, ..Work::default() })
+                    .await
+                    .expect("enqueue")
+            }
+        });
+        ids.extend(futures::future::join_all(futs).await);
+    }
+    assert!(ids.iter().all(|e| !e.duplicate));
+
+    let done = wait_until(Duration::from_secs(240), || async {
+        count_status(&client, &ns, "done").await == N as i64
+    })
+    .await;
+    let done_count = count_status(&client, &ns, "done").await;
+    assert!(done, "only {done_count} of {N} jobs done");
+
+    let pool = client.store().pool();
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {ns}.step_log"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 3 * N as i64, "every step committed exactly once");
+    assert_eq!(double_commits(pool, &ns).await, 0);
+    let per_job: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM (SELECT job_id FROM {ns}.step_log GROUP BY job_id
+          HAVING count(DISTINCT step) = 3) j"
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(per_job, N as i64, "every job has all three steps");
+    // Duplicate enqueue after completion: the row dedups, nothing runs again.
+    let again = client
+        .enqueue::<ThreeStep>("job-7", &Work { n: 7, ..Work::default() })
+        .await
+        .unwrap();
+    assert!(again.duplicate);
+
+    for w in workers {
+        w.shutdown().await.expect("shutdown");
+    }
+}
+
+/// A worker child process whose stdout lines are collected.
+struct ChildWorker {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl ChildWorker {
+    fn spawn(stack: &DevStack, ns: &str, id: &str, ttl_secs: u64) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tenure-test-worker"))
+            .args([
+                "--etcd",
+                &stack.etcd_endpoints().join(","),
+                "--nats",
+                &stack.nats_url(),
+                "--db",
+                &stack.database_url(),
+                "--ns",
+                ns,
+                "--ttl-secs",
+                &ttl_secs.to_string(),
+                "--worker",
+                id,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn worker");
+        let out = child.stdout.take().expect("stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        ChildWorker { child, lines }
+    }
+
+    fn has_line(&self, prefix: &str) -> bool {
+        self.lines.lock().unwrap().iter().any(|l| l.starts_with(prefix))
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+}
+
+impl Drop for ChildWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Default)]
+struct Record {
+    commits: Mutex<Vec<(JobId, StepIndex, FencingToken, tokio::time::Instant)>>,
+    stale: Mutex<Vec<(JobId, StepIndex, FencingToken)>>,
+}
+
+impl WorkerObserver for Record {
+    fn step_committed(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
+        self.commits
+            .lock()
+            .unwrap()
+            .push((job_id, step, token, tokio::time::Instant::now()));
+    }
+    fn stale_rejected(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
+        self.stale.lock().unwrap().push((job_id, step, token));
+    }
+}
+
+/// The seed's timeline: A (token t1) commits step 0 and stalls in step 1; it is
+/// paused past its TTL; B takes over with t2 > t1, resumes at step 1 and
+/// finishes; A wakes, tries to write under t1 and is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paused_worker_is_fenced_out_after_takeover() {
+    let stack = stack();
+    let ns = DevStack::unique_namespace("rt_pause");
+    let ttl = Duration::from_secs(2);
+    let cfg = config_for(stack, &ns, ttl);
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+
+    let a = ChildWorker::spawn(stack, &ns, "A", 2);
+    assert!(wait_until(Duration::from_secs(30), || async { a.has_line("READY") }).await);
+
+    let work = Work {
+        n: 1,
+        slow_worker: Some("A".into()),
+        slow_step: 1,
+        slow_ms: 8000,
+        ..Work::default()
+    };
+    let job_id = client
+        .enqueue::<ThreeStep>("seed-timeline", &work)
+        .await
+        .unwrap()
+        .job_id;
+    let pool = client.store().pool().clone();
+    let log = |step: i32| {
+        let pool = pool.clone();
+        let ns = ns.clone();
+        async move {
+            sqlx::query_as::<_, (i64, String)>(&format!(
+                "SELECT token, worker FROM {ns}.step_log WHERE job_id = $1 AND step = $2"
+            ))
+            .bind(job_id.as_uuid())
+            .bind(step)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || async { !log(0).await.is_empty() }).await,
+        "A commits step 0"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.signal("-STOP"); // t1: A stalls inside step 1, past its lease
+
+    let rec = Arc::new(Record::default());
+    let b = Worker::builder(cfg.clone().with_worker_id("B"))
+        .register(ThreeStep {
+            worker: "B".into(),
+            schema: ns.clone(),
+        })
+        .observer(rec.clone())
+        .start()
+        .await
+        .expect("worker B");
+    let done = wait_until(Duration::from_secs(60), || async {
+        matches!(client.job(job_id).await.unwrap(), Some(r) if r.status == JobStatus::Done)
+    })
+    .await;
+    assert!(done, "B finishes the job");
+
+    let s0 = log(0).await;
+    let s1 = log(1).await;
+    let s2 = log(2).await;
+    assert_eq!(s0.len(), 1);
+    assert_eq!(s1.len(), 1);
+    assert_eq!(s2.len(), 1);
+    let (t1, t2) = (s0[0].0, s1[0].0);
+    assert_eq!(s0[0].1, "A");
+    assert_eq!(s1[0].1, "B", "B resumed at the uncommitted step");
+    assert!(t2 > t1, "B's token {t2} must exceed A's {t1}");
+    let row = client.job(job_id).await.unwrap().unwrap();
+    assert_eq!(row.fence, t2);
+    assert_eq!(row.takeovers, 1, "A did not release: one takeover");
+
+    a.signal("-CONT"); // A wakes and tries to write step 1 under t1
+    let stale_line = format!("STALE {job_id} 1 {t1}");
+    assert!(
+        wait_until(Duration::from_secs(30), || async { a.has_line(&stale_line) }).await,
+        "A's write under {t1} must be refused; A printed {:?}",
+        a.lines.lock().unwrap()
+    );
+    assert!(!a.has_line(&format!("COMMIT {job_id} 1")));
+    assert_eq!(log(1).await.len(), 1, "A's stale write did not land");
+    assert_eq!(double_commits(&pool, &ns).await, 0);
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
+    let stack = stack();
+    let ns = DevStack::unique_namespace("rt_poison");
+    let cfg = config_for(stack, &ns, Duration::from_secs(2));
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let job_id = client
+        .enqueue::<ThreeStep>("poison", &Work::default())
+        .await
+        .unwrap()
+        .job_id;
+    // Four owners claim the job and vanish without releasing (max_takeovers = 3):
+    // the first claim is no takeover, the next three are.
+    for _ in 0..4 {
+        let session = Session::establish(&cfg).await.expect("session");
+        let Acquire::Acquired(lock) = session.acquire(job_id).await.expect("acquire") else {
+            panic!("contended");
+        };
+        client.store().claim(job_id, lock.token()).await.expect("claim");
+        session.close().await.expect("close"); // revokes the lease: lock gone, no release recorded
+    }
+    assert_eq!(client.job(job_id).await.unwrap().unwrap().takeovers, 3);
+
+    let w = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(ThreeStep {
+            worker: "w".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    let dead = wait_until(Duration::from_secs(30), || async {
+        matches!(client.job(job_id).await.unwrap(), Some(r) if r.status == JobStatus::Dead)
+    })
+    .await;
+    assert!(dead, "a fifth owner is one takeover too many");
+    let row = client.job(job_id).await.unwrap().unwrap();
+    assert_eq!(row.takeovers, 4);
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    let entry = dlq.iter().find(|d| d.job_id == Some(job_id)).expect("in the DLQ");
+    assert!(entry.reason.contains("max_takeovers"), "reason: {}", entry.reason);
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_worker_lives() {
+    let stack = stack();
+    let ns = DevStack::unique_namespace("rt_fail");
+    let cfg = config_for(stack, &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let w = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(ThreeStep {
+            worker: "w".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+
+    let always = client
+        .enqueue::<ThreeStep>("always-fails", &Work { fail_times: u32::MAX, ..Work::default() })
+        .await
+        .unwrap()
+        .job_id;
+    let panics = client
+        .enqueue::<ThreeStep>(
+            "always-panics",
+            &Work { fail_times: u32::MAX, panic: true, ..Work::default() },
+        )
+        .await
+        .unwrap()
+        .job_id;
+    let flaky = client
+        .enqueue::<ThreeStep>("fails-once", &Work { fail_times: 1, ..Work::default() })
+        .await
+        .unwrap()
+        .job_id;
+
+    let settled = wait_until(Duration::from_secs(60), || async {
+        let a = client.job(always).await.unwrap().unwrap().status;
+        let p = client.job(panics).await.unwrap().unwrap().status;
+        let f = client.job(flaky).await.unwrap().unwrap().status;
+        a == JobStatus::Dead && p == JobStatus::Dead && f == JobStatus::Done
+    })
+    .await;
+    assert!(settled, "retries = 2: two failures are retried, the third dead-letters");
+    let a = client.job(always).await.unwrap().unwrap();
+    assert_eq!(a.attempts, 3);
+    assert!(
+        a.last_error.as_deref().unwrap_or("").contains("step two fails on purpose"),
+        "{:?}",
+        a.last_error
+    );
+    let p = client.job(panics).await.unwrap().unwrap();
+    assert!(
+        p.last_error.as_deref().unwrap_or("").contains("panicked"),
+        "{:?}",
+        p.last_error
+    );
+    let f = client.job(flaky).await.unwrap().unwrap();
+    assert_eq!(f.attempts, 1);
+    assert_eq!(f.takeovers, 0, "a retry is a voluntary release, not a takeover");
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    for id in [always, panics] {
+        let e = dlq.iter().find(|d| d.job_id == Some(id)).expect("in the DLQ");
+        assert!(e.reason.contains("max_retries"), "reason: {}", e.reason);
+    }
+    // The worker survived the panics and still runs jobs.
+    let after = client
+        .enqueue::<ThreeStep>("after-panics", &Work::default())
+        .await
+        .unwrap()
+        .job_id;
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            client.job(after).await.unwrap().unwrap().status == JobStatus::Done
+        })
+        .await
+    );
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes() {
+    let stack = DevStack::start_with(DevStackOptions::default())
+        .await
+        .expect("own stack");
+    let ns = DevStack::unique_namespace("rt_quorum");
+    let ttl = Duration::from_secs(3);
+    let cfg = config_for(&stack, &ns, ttl);
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let rec = Arc::new(Record::default());
+    let w = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(ThreeStep {
+            worker: "w".into(),
+            schema: ns.clone(),
+        })
+        .observer(rec.clone())
+        .start()
+        .await
+        .unwrap();
+    // A steady stream of jobs while etcd loses quorum.
+    let producer = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            for n in 0..400u64 {
+                let _ = client
+                    .enqueue::<ThreeStep>(&format!("q-{n}"), &Work { n, ..Work::default() })
+                    .await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            rec.commits.lock().unwrap().len() > 20
+        })
+        .await
+    );
+    let leader = stack.etcd_leader().await.unwrap();
+    let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let paused_at = tokio::time::Instant::now();
+    stack.etcd_member(others[0]).pause().unwrap();
+    stack.etcd_member(leader).pause().unwrap();
+    tokio::time::sleep(ttl * 2).await;
+    let last_commit = rec
+        .commits
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| c.3)
+        .max()
+        .unwrap();
+    let lost_after = cfg.lost_after();
+    // No commit once the lease could have lapsed (70% of TTL), with slack for a
+    // commit already on the wire.
+    assert!(
+        last_commit <= paused_at + lost_after + Duration::from_millis(300),
+        "committed {:?} after quorum loss (bound {:?})",
+        last_commit - paused_at,
+        lost_after
+    );
+    stack.etcd_member(others[0]).resume().unwrap();
+    stack.etcd_member(leader).resume().unwrap();
+    producer.await.unwrap();
+    let all_done = wait_until(Duration::from_secs(120), || async {
+        count_status(&client, &ns, "done").await == 400
+    })
+    .await;
+    assert!(
+        all_done,
+        "after recovery every job completes ({} done)",
+        count_status(&client, &ns, "done").await
+    );
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+    w.shutdown().await.unwrap();
+}
