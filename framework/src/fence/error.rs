@@ -94,7 +94,9 @@ pub enum FenceError {
     },
     /// The fence is ours but the row is at another step: this step was already
     /// committed (a duplicate) or the caller skipped one.
-    #[error("job {job_id}: step {expected} requested under token {token}, the row is at step {actual}")]
+    #[error(
+        "job {job_id}: step {expected} requested under token {token}, the row is at step {actual}"
+    )]
     StepMismatch {
         /// The job.
         job_id: JobId,

@@ -47,10 +47,7 @@ pub(crate) fn quote_table(name: &str) -> Result<String, FenceError> {
         if part.is_empty() || part.len() > 63 {
             return bad("each part must be 1-63 characters");
         }
-        if !part
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
+        if !part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return bad("each part must be made of [A-Za-z0-9_]");
         }
         if part.starts_with(|c: char| c.is_ascii_digit()) {
@@ -92,9 +89,20 @@ mod tests {
     fn schema_names() {
         assert!(check_schema("tenure").is_ok());
         assert!(check_schema("t_1").is_ok());
-        for bad in ["", "1abc", "Tenure", "a-b", "a;drop", "a\"b", &"x".repeat(49)] {
+        for bad in [
+            "",
+            "1abc",
+            "Tenure",
+            "a-b",
+            "a;drop",
+            "a\"b",
+            &"x".repeat(49),
+        ] {
             assert!(
-                matches!(check_schema(bad), Err(FenceError::InvalidName { what: "schema", .. })),
+                matches!(
+                    check_schema(bad),
+                    Err(FenceError::InvalidName { what: "schema", .. })
+                ),
                 "{bad:?} must be refused"
             );
         }
@@ -104,9 +112,21 @@ mod tests {
     fn table_names_are_validated_and_quoted() {
         assert_eq!(quote_table("accounts").unwrap(), "\"accounts\"");
         assert_eq!(quote_table("app.Ledger_1").unwrap(), "\"app\".\"Ledger_1\"");
-        for bad in ["", "a.b.c", ".x", "x.", "1x", "a b", "a\"; drop table x; --", "é"] {
+        for bad in [
+            "",
+            "a.b.c",
+            ".x",
+            "x.",
+            "1x",
+            "a b",
+            "a\"; drop table x; --",
+            "é",
+        ] {
             assert!(
-                matches!(quote_table(bad), Err(FenceError::InvalidName { what: "table", .. })),
+                matches!(
+                    quote_table(bad),
+                    Err(FenceError::InvalidName { what: "table", .. })
+                ),
                 "{bad:?} must be refused"
             );
         }

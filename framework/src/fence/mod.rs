@@ -78,8 +78,10 @@ mod row;
 mod sql;
 mod tx;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use sqlx::migrate::{Migrate, MigrateError};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, Postgres};
 use tracing::Instrument;
@@ -197,10 +199,7 @@ impl FenceStore {
             .await?;
         conn.execute(format!("SET search_path TO \"{schema}\", pg_temp").as_str())
             .await?;
-        let mut migrator = sqlx::migrate!("./migrations");
-        // Our per-schema lock replaces sqlx's per-database one.
-        migrator.set_locking(false);
-        migrator.run(&mut *conn).await?;
+        apply_migrations(conn).await?;
         sqlx::query("SELECT pg_advisory_unlock($1, hashtext($2))")
             .bind(MIGRATE_LOCK_CLASS)
             .bind(schema)
@@ -456,8 +455,7 @@ impl FenceStore {
         token: FencingToken,
         error: &str,
     ) -> Result<u32, FenceError> {
-        let span =
-            tracing::info_span!("tenure.fence.record_failure", job_id = %id, token = %token);
+        let span = tracing::info_span!("tenure.fence.record_failure", job_id = %id, token = %token);
         async {
             let attempts: Option<i32> = sqlx::query_scalar(&self.sql.fail)
                 .bind(id.as_uuid())
@@ -490,8 +488,7 @@ impl FenceStore {
     /// # Fencing
     /// `WHERE fence = $token AND status = 'running' AND NOT released`.
     pub async fn record_release(&self, id: JobId, token: FencingToken) -> Result<(), FenceError> {
-        let span =
-            tracing::info_span!("tenure.fence.record_release", job_id = %id, token = %token);
+        let span = tracing::info_span!("tenure.fence.record_release", job_id = %id, token = %token);
         async {
             let done = sqlx::query(&self.sql.release)
                 .bind(id.as_uuid())
@@ -649,6 +646,13 @@ impl FenceStore {
     /// catalog spells them (case-sensitive); unqualified names resolve through the
     /// pool's `search_path`.
     ///
+    /// The check is per statement (a statement-level trigger: one job-row read per
+    /// statement, not per row), so even a statement that matches no row is refused
+    /// outside a fenced transaction. The guard stops accidents and stale
+    /// generations; it is not authorization: `tenure.*` settings are not secrets,
+    /// and code that forges the current generation's settings by hand gets in (use
+    /// roles and grants to keep untrusted code out).
+    ///
     /// ```no_run
     /// # async fn demo(store: tenure::fence::FenceStore) -> Result<(), tenure::fence::FenceError> {
     /// store.install_guard("public.ledger").await?;
@@ -790,10 +794,7 @@ impl FenceStore {
                 ClaimVerdict::Refused(err)
             }
             Some(d) if d.fence == token.get() && d.released => {
-                ClaimVerdict::Refused(FenceError::Released {
-                    job_id: id,
-                    token,
-                })
+                ClaimVerdict::Refused(FenceError::Released { job_id: id, token })
             }
             Some(d) if d.fence == token.get() => ClaimVerdict::Ours,
             // fence < token on a live row: it changed after our update; try again.
@@ -801,6 +802,42 @@ impl FenceStore {
         };
         Ok(verdict)
     }
+}
+
+/// sqlx's `Migrator::run` loop, without its per-database lock (ours is per schema)
+/// and without the `Acquire` bound that makes the future non-`Send`.
+async fn apply_migrations(conn: &mut PgConnection) -> Result<(), MigrateError> {
+    let migrator = sqlx::migrate!("./migrations");
+    conn.ensure_migrations_table().await?;
+    if let Some(version) = conn.dirty_version().await? {
+        return Err(MigrateError::Dirty(version));
+    }
+    let applied: HashMap<i64, _> = conn
+        .list_applied_migrations()
+        .await?
+        .into_iter()
+        .map(|m| (m.version, m))
+        .collect();
+    for version in applied.keys() {
+        if !migrator.version_exists(*version) {
+            return Err(MigrateError::VersionMissing(*version));
+        }
+    }
+    for migration in migrator.iter() {
+        if migration.migration_type.is_down_migration() {
+            continue;
+        }
+        match applied.get(&migration.version) {
+            Some(done) if done.checksum != migration.checksum => {
+                return Err(MigrateError::VersionMismatch(migration.version));
+            }
+            Some(_) => {}
+            None => {
+                conn.apply(migration).await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 enum ClaimVerdict {
@@ -838,7 +875,10 @@ fn verdict(
             status: d.status,
         }
     } else if d.released || d.status != JobStatus::Running {
-        FenceError::Released { job_id: id, token: ours }
+        FenceError::Released {
+            job_id: id,
+            token: ours,
+        }
     } else if let Some(expected) = step.filter(|k| *k != d.step) {
         FenceError::StepMismatch {
             job_id: id,
@@ -904,7 +944,10 @@ mod tests {
     fn verdicts_keep_causes_apart() {
         let id = JobId::from_key("t", "k");
         let k = Some(StepIndex::new(2));
-        assert!(matches!(verdict(id, tok(41), None, k), FenceError::NotFound(_)));
+        assert!(matches!(
+            verdict(id, tok(41), None, k),
+            FenceError::NotFound(_)
+        ));
         let e = verdict(id, tok(41), diag(42, 2, JobStatus::Running, false), k);
         assert!(e.is_fenced_out());
         assert!(matches!(e, FenceError::FencedOut { current: Some(c), .. } if c == tok(42)));
@@ -916,14 +959,19 @@ mod tests {
         ));
         assert!(matches!(
             verdict(id, tok(42), diag(42, 2, JobStatus::Dead, true), k),
-            FenceError::Terminal { status: JobStatus::Dead, .. }
+            FenceError::Terminal {
+                status: JobStatus::Dead,
+                ..
+            }
         ));
         assert!(matches!(
             verdict(id, tok(42), diag(42, 2, JobStatus::Pending, true), k),
             FenceError::Released { .. }
         ));
         let e = verdict(id, tok(42), diag(42, 3, JobStatus::Running, false), k);
-        assert!(matches!(e, FenceError::StepMismatch { actual, .. } if actual == StepIndex::new(3)));
+        assert!(
+            matches!(e, FenceError::StepMismatch { actual, .. } if actual == StepIndex::new(3))
+        );
         assert!(!e.is_fenced_out());
     }
 }
