@@ -1,0 +1,205 @@
+//! [`FenceError`]: everything the fence can refuse, kept apart by cause.
+
+use crate::types::{FencingToken, JobId, StepIndex};
+
+use super::row::JobStatus;
+
+/// The SQLSTATE the guard trigger raises when it refuses a write
+/// (see [`FenceStore::install_guard`](super::FenceStore::install_guard)).
+///
+/// Code that writes guarded tables with its own error type can test for it with
+/// [`is_guard_refusal`].
+pub const GUARD_SQLSTATE: &str = "TF001";
+
+/// Whether `err` is the guard trigger refusing a write (SQLSTATE [`GUARD_SQLSTATE`]).
+///
+/// ```
+/// let err = sqlx::Error::RowNotFound;
+/// assert!(!tenure::fence::is_guard_refusal(&err));
+/// ```
+pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == GUARD_SQLSTATE)
+}
+
+/// Errors of the fence.
+///
+/// Three families the caller must keep apart:
+/// * **stale** ([`FenceError::is_fenced_out`]): [`FencedOut`](FenceError::FencedOut)
+///   and [`GuardRefused`](FenceError::GuardRefused): a newer generation owns the job
+///   (or the write came from no generation at all). Stop; never retry the write.
+/// * **state** ([`Terminal`](FenceError::Terminal), [`NotFound`](FenceError::NotFound),
+///   [`Released`](FenceError::Released), [`NotClaimed`](FenceError::NotClaimed),
+///   [`StepMismatch`](FenceError::StepMismatch), [`NotDead`](FenceError::NotDead),
+///   [`PayloadConflict`](FenceError::PayloadConflict)): the row is not in the state
+///   the call needs.
+/// * **infrastructure** ([`Db`](FenceError::Db), [`Migrate`](FenceError::Migrate)):
+///   I/O, contention, timeouts; the outcome of a commit may be unknown, and a retry
+///   under the same token is safe (the fence decides again).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceError {
+    /// Zero rows: a newer generation has claimed the job (`current > ours`).
+    #[error("job {job_id}: fenced out, token {ours} is stale (current fence {current:?})")]
+    FencedOut {
+        /// The job.
+        job_id: JobId,
+        /// Our token.
+        ours: FencingToken,
+        /// The row's fence now (`None` when it was never claimed).
+        current: Option<FencingToken>,
+    },
+    /// The guard trigger refused a write to a guarded table (SQLSTATE
+    /// [`GUARD_SQLSTATE`]): outside a fenced transaction, or from a stale generation.
+    #[error("guard refused the write: {message}")]
+    GuardRefused {
+        /// The database's message (names the table, the job and the fences).
+        message: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The job row does not exist.
+    #[error("job {0} not found")]
+    NotFound(JobId),
+    /// The job is `done` or `dead`: there is nothing left to claim or write.
+    #[error("job {job_id} is {status}")]
+    Terminal {
+        /// The job.
+        job_id: JobId,
+        /// Its terminal status.
+        status: JobStatus,
+    },
+    /// The row's fence is below our token: our claim never committed (a
+    /// [`claim_and_begin`](super::FenceStore::claim_and_begin) transaction that was
+    /// dropped), so this token has no standing at the resource.
+    #[error("job {job_id}: token {ours} never claimed the row (fence {current:?})")]
+    NotClaimed {
+        /// The job.
+        job_id: JobId,
+        /// Our token.
+        ours: FencingToken,
+        /// The row's fence now.
+        current: Option<FencingToken>,
+    },
+    /// Our generation released the job (retry, graceful shutdown, or it was marked
+    /// dead by the operator path) and may not write any more.
+    #[error("job {job_id}: generation {token} already released the job")]
+    Released {
+        /// The job.
+        job_id: JobId,
+        /// Our token (still the row's fence).
+        token: FencingToken,
+    },
+    /// The fence is ours but the row is at another step: this step was already
+    /// committed (a duplicate) or the caller skipped one.
+    #[error(
+        "job {job_id}: step {expected} requested under token {token}, the row is at step {actual}"
+    )]
+    StepMismatch {
+        /// The job.
+        job_id: JobId,
+        /// Our token.
+        token: FencingToken,
+        /// The step the caller asked for.
+        expected: StepIndex,
+        /// The row's step.
+        actual: StepIndex,
+    },
+    /// [`insert_job`](super::FenceStore::insert_job) under an existing id with another
+    /// payload or job type (a re-enqueue never overwrites).
+    #[error("job {job_id} exists with another job type or payload")]
+    PayloadConflict {
+        /// The job.
+        job_id: JobId,
+    },
+    /// [`reset_for_redrive`](super::FenceStore::reset_for_redrive) on a job that is not dead.
+    #[error("job {job_id} is {status}, not dead")]
+    NotDead {
+        /// The job.
+        job_id: JobId,
+        /// Its status.
+        status: JobStatus,
+    },
+    /// A schema or table name that is not a plain identifier.
+    #[error("invalid {what} name {name:?}: {reason}")]
+    InvalidName {
+        /// `"schema"` or `"table"`.
+        what: &'static str,
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A row holds a value Tenure cannot represent (e.g. a negative counter written
+    /// by hand).
+    #[error("job {job_id}: corrupt row: {reason}")]
+    Corrupt {
+        /// The job.
+        job_id: JobId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A database error: I/O, timeout, contention, constraint. Not a fence verdict.
+    #[error("database error: {0}")]
+    Db(#[source] sqlx::Error),
+    /// Applying the embedded migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+}
+
+impl FenceError {
+    /// Whether this error means "a newer generation owns the job, or the write came
+    /// from no generation": [`FencedOut`](FenceError::FencedOut) or
+    /// [`GuardRefused`](FenceError::GuardRefused). Such a worker must stop and must not
+    /// ack; it is a stale rejection, never contention.
+    ///
+    /// ```
+    /// use tenure::{fence::FenceError, FencingToken, JobId};
+    /// let e = FenceError::FencedOut {
+    ///     job_id: JobId::from_key("t", "k"),
+    ///     ours: FencingToken::from_wire(41).unwrap(),
+    ///     current: FencingToken::from_wire(42),
+    /// };
+    /// assert!(e.is_fenced_out());
+    /// assert!(!FenceError::NotFound(JobId::from_key("t", "k")).is_fenced_out());
+    /// ```
+    pub fn is_fenced_out(&self) -> bool {
+        matches!(
+            self,
+            FenceError::FencedOut { .. } | FenceError::GuardRefused { .. }
+        )
+    }
+
+    /// Classifies a database error: the guard's SQLSTATE becomes
+    /// [`GuardRefused`](FenceError::GuardRefused), anything else [`Db`](FenceError::Db).
+    /// Use it on errors of a step's own writes (made through
+    /// [`FencedTx::conn`](super::FencedTx::conn)); `From<sqlx::Error>` does the same.
+    pub fn from_sqlx(err: sqlx::Error) -> Self {
+        if is_guard_refusal(&err) {
+            let message = err
+                .as_database_error()
+                .map(|d| d.message().to_string())
+                .unwrap_or_default();
+            FenceError::GuardRefused {
+                message,
+                source: err,
+            }
+        } else {
+            FenceError::Db(err)
+        }
+    }
+}
+
+impl From<sqlx::Error> for FenceError {
+    fn from(err: sqlx::Error) -> Self {
+        FenceError::from_sqlx(err)
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for FenceError {
+    fn from(err: sqlx::migrate::MigrateError) -> Self {
+        FenceError::Migrate(err)
+    }
+}

@@ -1,0 +1,246 @@
+//! The values read from and written to job rows.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::types::{FencingToken, JobId, StepIndex};
+
+use super::error::FenceError;
+
+/// A job's status.
+///
+/// `pending` (no live owner), `running` (a generation has claimed it and not
+/// released it), `done` (the last step committed), `dead` (given up: poison,
+/// retries exhausted, bad input). `done` and `dead` are terminal: no claim, no step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobStatus {
+    /// Not owned by a live generation.
+    Pending,
+    /// Claimed by the generation in `fence`.
+    Running,
+    /// Finished: the last step committed.
+    Done,
+    /// Given up (in the DLQ); an operator may redrive it.
+    Dead,
+}
+
+impl JobStatus {
+    /// The status as stored in the `status` column.
+    ///
+    /// ```
+    /// use tenure::fence::JobStatus;
+    /// assert_eq!(JobStatus::Dead.as_str(), "dead");
+    /// assert_eq!("running".parse::<JobStatus>().unwrap(), JobStatus::Running);
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::Running => "running",
+            JobStatus::Done => "done",
+            JobStatus::Dead => "dead",
+        }
+    }
+
+    /// `done` or `dead`.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, JobStatus::Done | JobStatus::Dead)
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A status string that is not one of `pending|running|done|dead`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown job status {0:?}")]
+pub struct UnknownStatus(pub String);
+
+impl FromStr for JobStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pending" => Ok(JobStatus::Pending),
+            "running" => Ok(JobStatus::Running),
+            "done" => Ok(JobStatus::Done),
+            "dead" => Ok(JobStatus::Dead),
+            other => Err(UnknownStatus(other.to_string())),
+        }
+    }
+}
+
+/// One job row, as read by [`FenceStore::job`](super::FenceStore::job) and
+/// [`FenceStore::list_jobs`](super::FenceStore::list_jobs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRow {
+    /// The job.
+    pub id: JobId,
+    /// Its job type.
+    pub job_type: String,
+    /// The input of step 0.
+    pub input: serde_json::Value,
+    /// The largest token the row accepted (0: never claimed).
+    pub fence: i64,
+    /// The next step to run (the number of committed steps).
+    pub step: StepIndex,
+    /// The output of the last committed step.
+    pub checkpoint: Option<serde_json::Value>,
+    /// The status.
+    pub status: JobStatus,
+    /// Whether generation `fence` released the job voluntarily.
+    pub released: bool,
+    /// Lost owners so far (claims that raised a fence whose generation did not release).
+    pub takeovers: u32,
+    /// Failed attempts so far.
+    pub attempts: u32,
+    /// The last recorded error or reason for death.
+    pub last_error: Option<String>,
+    /// When the row was inserted.
+    pub created_at: DateTime<Utc>,
+    /// When the row last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What [`FenceStore::insert_job`](super::FenceStore::insert_job) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// A new row.
+    New,
+    /// The same job (same id, job type and input) already existed; nothing changed.
+    Existing,
+}
+
+/// A successful claim: where to resume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The step to run next.
+    pub step: StepIndex,
+    /// The output of the last committed step (the input of `step`); `None` at step 0.
+    pub checkpoint: Option<serde_json::Value>,
+    /// The job's input (the input of step 0).
+    pub input: serde_json::Value,
+    /// Lost owners so far, including this claim if it was a takeover.
+    pub takeovers: u32,
+    /// Failed attempts so far.
+    pub attempts: u32,
+    /// Always [`JobStatus::Running`] (a terminal job is the error
+    /// [`FenceError::Terminal`]).
+    pub status: JobStatus,
+    /// The job type.
+    pub job_type: String,
+    /// The fence this claim replaced (`None`: first claim).
+    pub previous: Option<FencingToken>,
+    /// Whether this claim took the job from a generation that did not release it.
+    pub takeover: bool,
+}
+
+pub(crate) fn job_row(row: &PgRow) -> Result<JobRow, FenceError> {
+    let id = JobId::from_uuid(row.try_get("id")?);
+    let status: String = row.try_get("status")?;
+    Ok(JobRow {
+        id,
+        job_type: row.try_get("job_type")?,
+        input: row.try_get("input")?,
+        fence: row.try_get("fence")?,
+        step: step_from(id, row.try_get("step")?)?,
+        checkpoint: row.try_get("checkpoint")?,
+        status: status_from(id, &status)?,
+        released: row.try_get("released")?,
+        takeovers: count_from(id, "takeovers", row.try_get("takeovers")?)?,
+        attempts: count_from(id, "attempts", row.try_get("attempts")?)?,
+        last_error: row.try_get("last_error")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+pub(crate) fn claim_from(id: JobId, row: &PgRow) -> Result<Claim, FenceError> {
+    let status: String = row.try_get("status")?;
+    let prev: i64 = row.try_get("prev_fence")?;
+    Ok(Claim {
+        step: step_from(id, row.try_get("step")?)?,
+        checkpoint: row.try_get("checkpoint")?,
+        input: row.try_get("input")?,
+        takeovers: count_from(id, "takeovers", row.try_get("takeovers")?)?,
+        attempts: count_from(id, "attempts", row.try_get("attempts")?)?,
+        status: status_from(id, &status)?,
+        job_type: row.try_get("job_type")?,
+        previous: FencingToken::from_wire(prev),
+        takeover: row.try_get("took_over")?,
+    })
+}
+
+/// The few columns needed to say why a fenced statement matched zero rows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Diag {
+    pub fence: i64,
+    pub step: StepIndex,
+    pub status: JobStatus,
+    pub released: bool,
+}
+
+pub(crate) fn diag_from(id: JobId, row: &PgRow) -> Result<Diag, FenceError> {
+    let status: String = row.try_get("status")?;
+    Ok(Diag {
+        fence: row.try_get("fence")?,
+        step: step_from(id, row.try_get("step")?)?,
+        status: status_from(id, &status)?,
+        released: row.try_get("released")?,
+    })
+}
+
+pub(crate) fn step_from(id: JobId, raw: i32) -> Result<StepIndex, FenceError> {
+    u32::try_from(raw)
+        .map(StepIndex::new)
+        .map_err(|_| FenceError::Corrupt {
+            job_id: id,
+            reason: format!("negative step {raw}"),
+        })
+}
+
+pub(crate) fn step_to_sql(id: JobId, step: StepIndex) -> Result<i32, FenceError> {
+    i32::try_from(step.get()).map_err(|_| FenceError::Corrupt {
+        job_id: id,
+        reason: format!("step {step} does not fit the step column"),
+    })
+}
+
+fn count_from(id: JobId, what: &str, raw: i32) -> Result<u32, FenceError> {
+    u32::try_from(raw).map_err(|_| FenceError::Corrupt {
+        job_id: id,
+        reason: format!("negative {what} {raw}"),
+    })
+}
+
+fn status_from(id: JobId, raw: &str) -> Result<JobStatus, FenceError> {
+    raw.parse().map_err(|e: UnknownStatus| FenceError::Corrupt {
+        job_id: id,
+        reason: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_round_trips() {
+        for s in [
+            JobStatus::Pending,
+            JobStatus::Running,
+            JobStatus::Done,
+            JobStatus::Dead,
+        ] {
+            assert_eq!(s.as_str().parse::<JobStatus>(), Ok(s));
+        }
+        assert!("paused".parse::<JobStatus>().is_err());
+        assert!(JobStatus::Done.is_terminal() && JobStatus::Dead.is_terminal());
+        assert!(!JobStatus::Pending.is_terminal() && !JobStatus::Running.is_terminal());
+    }
+}

@@ -1,0 +1,112 @@
+//! The SQL text of every statement, qualified with the store's schema once, at
+//! construction. Runtime `query()` only: the build never needs a database.
+
+/// Columns of a full [`JobRow`](super::JobRow).
+const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status, released, \
+                           takeovers, attempts, last_error, created_at, updated_at";
+
+/// Columns a claim returns.
+const CLAIM_RETURNING: &str =
+    "job_type, input, step, checkpoint, status, takeovers, attempts, prev_fence, took_over";
+
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub insert: String,
+    pub same_payload: String,
+    pub job: String,
+    pub list: String,
+    pub diag: String,
+    pub claim: String,
+    pub claim_and_begin: String,
+    pub claim_current: String,
+    pub admit: String,
+    pub commit_step: String,
+    pub fail: String,
+    pub release: String,
+    pub dead: String,
+    pub dead_unfenced: String,
+    pub redrive: String,
+    pub guard_function: String,
+}
+
+impl Sql {
+    /// `schema` must already be validated (see `super::guard::check_schema`).
+    pub(crate) fn new(schema: &str) -> Self {
+        let t = format!("\"{schema}\".jobs");
+        // The claim: raise the fence, count a takeover unless the previous
+        // generation released. SET expressions all read the OLD row version.
+        let claim = format!(
+            "UPDATE {t} SET prev_fence = fence, \
+                            took_over = (fence > 0 AND NOT released), \
+                            takeovers = takeovers + (fence > 0 AND NOT released)::int, \
+                            fence = $2, released = false, status = 'running', updated_at = now() \
+             WHERE id = $1 AND fence < $2 AND status IN ('pending', 'running') \
+             RETURNING {CLAIM_RETURNING}"
+        );
+        let set_gucs = "set_config('tenure.job_id', $1::text, true) AS tenure_job_id, \
+                        set_config('tenure.fence', $2::text, true) AS tenure_fence";
+        Sql {
+            insert: format!(
+                "INSERT INTO {t} (id, job_type, input) VALUES ($1, $2, $3) \
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+            same_payload: format!(
+                "SELECT (job_type = $2 AND input = $3) AS same FROM {t} WHERE id = $1"
+            ),
+            job: format!("SELECT {ROW_COLUMNS} FROM {t} WHERE id = $1"),
+            list: format!(
+                "SELECT {ROW_COLUMNS} FROM {t} WHERE ($1::text IS NULL OR status = $1) \
+                 ORDER BY created_at, id LIMIT $2"
+            ),
+            diag: format!("SELECT fence, step, status, released FROM {t} WHERE id = $1"),
+            claim_and_begin: format!("{claim}, {set_gucs}"),
+            claim,
+            claim_current: format!(
+                "SELECT {CLAIM_RETURNING} FROM {t} \
+                 WHERE id = $1 AND fence = $2 AND status = 'running' AND NOT released"
+            ),
+            // MATERIALIZED: the lock (with READ COMMITTED's re-check of the WHERE on
+            // the newest row version) completes before set_config runs, so the GUCs
+            // are only ever set for an admitted generation.
+            admit: format!(
+                "WITH admitted AS MATERIALIZED ( \
+                     SELECT id FROM {t} \
+                     WHERE id = $1 AND fence = $2 AND step = $3 \
+                       AND status = 'running' AND NOT released \
+                     FOR UPDATE) \
+                 SELECT {set_gucs} FROM admitted"
+            ),
+            commit_step: format!(
+                "UPDATE {t} SET step = step + 1, checkpoint = $4, \
+                                status = CASE WHEN $5 THEN 'done' ELSE status END, \
+                                updated_at = now() \
+                 WHERE id = $1 AND fence = $2 AND step = $3 \
+                   AND status = 'running' AND NOT released"
+            ),
+            fail: format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = $3, released = true, \
+                                status = 'pending', updated_at = now() \
+                 WHERE id = $1 AND fence = $2 AND status = 'running' AND NOT released \
+                 RETURNING attempts"
+            ),
+            release: format!(
+                "UPDATE {t} SET released = true, status = 'pending', updated_at = now() \
+                 WHERE id = $1 AND fence = $2 AND status = 'running' AND NOT released"
+            ),
+            dead: format!(
+                "UPDATE {t} SET status = 'dead', last_error = $3, released = true, updated_at = now() \
+                 WHERE id = $1 AND fence = $2 AND status IN ('pending', 'running')"
+            ),
+            dead_unfenced: format!(
+                "UPDATE {t} SET status = 'dead', last_error = $2, released = true, updated_at = now() \
+                 WHERE id = $1 AND status IN ('pending', 'running')"
+            ),
+            redrive: format!(
+                "UPDATE {t} SET status = 'pending', takeovers = 0, attempts = 0, released = true, \
+                                updated_at = now() \
+                 WHERE id = $1 AND status = 'dead' AND fence = $2"
+            ),
+            guard_function: format!("\"{schema}\".tenure_guard()"),
+        }
+    }
+}

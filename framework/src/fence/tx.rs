@@ -1,0 +1,190 @@
+//! [`FencedTx`]: one step's database transaction, admitted under a fencing token.
+
+use std::fmt;
+
+use sqlx::{Postgres, Transaction};
+use tracing::Instrument;
+
+use crate::types::{FencingToken, JobId, StepIndex};
+
+use super::FenceStore;
+use super::error::FenceError;
+use super::row::step_to_sql;
+
+/// A step's fenced transaction.
+///
+/// Created by [`FenceStore::begin_step`] or [`FenceStore::claim_and_begin`]. It
+/// starts with the admission `SELECT .. FROM jobs WHERE id = $id AND fence = $token
+/// AND step = $k .. FOR UPDATE` (zero rows: an error before any user write), so it
+/// holds the job row's lock from its first statement to its end: no claim by a newer
+/// token can commit in between. It sets `tenure.job_id` and `tenure.fence` for this
+/// transaction only (`set_config(.., true)`, i.e. `SET LOCAL`), which is what the
+/// [guard](FenceStore::install_guard) on the user's tables checks.
+///
+/// Do the step's own writes through [`conn`](FencedTx::conn), then
+/// [`commit_step`](FencedTx::commit_step). Dropping it rolls back.
+///
+/// # Fencing
+/// Every write made through [`conn`](FencedTx::conn) commits if and only if the step
+/// CAS in [`commit_step`](FencedTx::commit_step) does, and both happen only while
+/// `fence = token` (see [the module docs](super#why-the-fence-holds-under-read-committed)).
+/// Never `COMMIT`/`ROLLBACK` through [`conn`](FencedTx::conn) with raw SQL: that would
+/// end the transaction (and release the row lock) behind the fence's back.
+///
+/// ```no_run
+/// # async fn demo(store: tenure::fence::FenceStore, id: tenure::JobId, token: tenure::FencingToken)
+/// # -> Result<(), tenure::fence::FenceError> {
+/// use tenure::StepIndex;
+/// let mut tx = store.begin_step(id, token, StepIndex::new(1)).await?;
+/// sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 7")
+///     .execute(tx.conn())
+///     .await?; // a guard refusal maps to FenceError::GuardRefused
+/// tx.commit_step(&serde_json::json!({"debited": 10}), false).await?;
+/// # Ok(()) }
+/// ```
+pub struct FencedTx {
+    tx: Transaction<'static, Postgres>,
+    store: FenceStore,
+    job_id: JobId,
+    token: FencingToken,
+    step: StepIndex,
+    /// The claim that raised the fence is part of this transaction
+    /// ([`FenceStore::claim_and_begin`]): a rollback must re-apply it.
+    carries_claim: bool,
+}
+
+impl fmt::Debug for FencedTx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FencedTx")
+            .field("job_id", &self.job_id)
+            .field("token", &self.token)
+            .field("step", &self.step)
+            .field("carries_claim", &self.carries_claim)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FencedTx {
+    pub(crate) fn new(
+        tx: Transaction<'static, Postgres>,
+        store: FenceStore,
+        job_id: JobId,
+        token: FencingToken,
+        step: StepIndex,
+        carries_claim: bool,
+    ) -> Self {
+        FencedTx {
+            tx,
+            store,
+            job_id,
+            token,
+            step,
+            carries_claim,
+        }
+    }
+
+    /// The connection for the step's own writes, inside this transaction.
+    ///
+    /// Errors of those writes are plain [`sqlx::Error`]s; turn them into
+    /// [`FenceError`] with `?`/[`FenceError::from_sqlx`] so a guard refusal becomes
+    /// [`FenceError::GuardRefused`].
+    pub fn conn(&mut self) -> &mut sqlx::PgConnection {
+        &mut self.tx
+    }
+
+    /// The job.
+    pub fn job_id(&self) -> JobId {
+        self.job_id
+    }
+
+    /// The token this transaction was admitted under.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The step this transaction commits.
+    pub fn step(&self) -> StepIndex {
+        self.step
+    }
+
+    /// Whether this transaction also carries the (not yet committed) claim
+    /// ([`FenceStore::claim_and_begin`]).
+    pub fn carries_claim(&self) -> bool {
+        self.carries_claim
+    }
+
+    /// The step CAS, then commit: `UPDATE jobs SET step = k + 1, checkpoint = output
+    /// [, status = 'done' when last] WHERE id AND fence = token AND step = k`.
+    ///
+    /// # Errors
+    /// Zero rows (only possible if the step's own SQL touched the job row, since the
+    /// row lock is held): [`FenceError::FencedOut`] or another state error, after a
+    /// rollback. [`FenceError::Db`] on I/O; if the `COMMIT` itself fails the outcome
+    /// is unknown: read the row (or claim again) to find out.
+    ///
+    /// # Fencing
+    /// The user's writes and the step's checkpoint commit atomically, under the row
+    /// lock taken at admission.
+    pub async fn commit_step(
+        mut self,
+        output: &serde_json::Value,
+        last: bool,
+    ) -> Result<(), FenceError> {
+        let span = tracing::info_span!(
+            "tenure.fence.commit_step",
+            job_id = %self.job_id,
+            token = %self.token,
+            step = %self.step,
+            last
+        );
+        async move {
+            let step = step_to_sql(self.job_id, self.step)?;
+            let done = sqlx::query(&self.store.sql.commit_step)
+                .bind(self.job_id.as_uuid())
+                .bind(self.token.get())
+                .bind(step)
+                .bind(output)
+                .bind(last)
+                .execute(&mut *self.tx)
+                .await?;
+            if done.rows_affected() != 1 {
+                let err = self
+                    .store
+                    .refusal(&mut *self.tx, self.job_id, self.token, Some(self.step))
+                    .await;
+                let _ = self.tx.rollback().await;
+                tracing::warn!(error = %err, "step commit refused");
+                return Err(err);
+            }
+            self.tx.commit().await?;
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Rolls the step back. If this transaction carries its claim
+    /// ([`FenceStore::claim_and_begin`]), the claim is re-applied on its own
+    /// (same token) so the generation keeps the fence and can
+    /// [`record_failure`](FenceStore::record_failure) or
+    /// [`record_release`](FenceStore::record_release).
+    ///
+    /// # Errors
+    /// [`FenceError::Db`] on I/O; when re-applying the claim, the errors of
+    /// [`FenceStore::claim`] (e.g. [`FenceError::FencedOut`] if a newer token got in).
+    pub async fn rollback(self) -> Result<(), FenceError> {
+        let FencedTx {
+            tx,
+            store,
+            job_id,
+            token,
+            carries_claim,
+            ..
+        } = self;
+        tx.rollback().await?;
+        if carries_claim {
+            store.claim(job_id, token).await?;
+        }
+        Ok(())
+    }
+}

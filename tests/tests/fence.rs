@@ -1,0 +1,1091 @@
+//! The fenced resource against a real PostgreSQL (the dev stack's): claims, fenced
+//! transactions, the guard on user tables, migrations per schema, and a property
+//! test of random interleavings of claims and step commits.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use serde_json::json;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Connection, Executor, PgConnection};
+use tenure::devstack::{DevStack, DevStackOptions};
+use tenure::fence::{FenceError, FenceStore, Inserted, JobStatus};
+use tenure::{FencingToken, JobId, StepIndex};
+
+/// One PostgreSQL-only dev stack per test binary (this file needs no etcd/NATS);
+/// each test takes its own schema.
+fn stack() -> &'static DevStack {
+    static STACK: OnceLock<Result<DevStack, String>> = OnceLock::new();
+    STACK
+        .get_or_init(|| {
+            std::thread::spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                rt.block_on(DevStack::start_with(DevStackOptions {
+                    etcd: false,
+                    nats: false,
+                    ..Default::default()
+                }))
+                .map_err(|e| e.to_string())
+            })
+            .join()
+            .unwrap_or_else(|_| Err("devstack start panicked".into()))
+        })
+        .as_ref()
+        .expect("postgres dev stack")
+}
+
+async fn pool(max: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(&stack().database_url())
+        .await
+        .expect("connect")
+}
+
+/// A migrated store in a fresh schema, with a user table `<schema>.ledger`.
+async fn store(prefix: &str) -> FenceStore {
+    let store = FenceStore::new(pool(12).await, &DevStack::unique_namespace(prefix)).unwrap();
+    store.migrate().await.expect("migrate");
+    let ledger = ledger(&store);
+    store
+        .pool()
+        .execute(
+            format!(
+                "CREATE TABLE {ledger} (n bigserial PRIMARY KEY, job uuid NOT NULL, \
+                 step int NOT NULL, token bigint NOT NULL, note text)"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("create ledger");
+    store
+}
+
+fn ledger(store: &FenceStore) -> String {
+    format!("{}.ledger", store.schema())
+}
+
+fn tok(n: i64) -> FencingToken {
+    FencingToken::for_tests(n)
+}
+
+fn step(k: u32) -> StepIndex {
+    StepIndex::new(k)
+}
+
+async fn new_job(store: &FenceStore, key: &str) -> JobId {
+    let id = JobId::from_key("test.job", key);
+    let ins = store
+        .insert_job(id, "test.job", &json!({ "key": key }))
+        .await
+        .unwrap();
+    assert_eq!(ins, Inserted::New);
+    id
+}
+
+/// A step's own write, as user code would do it.
+async fn write_ledger(
+    conn: &mut PgConnection,
+    table: &str,
+    id: JobId,
+    k: u32,
+    token: FencingToken,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "INSERT INTO {table} (job, step, token) VALUES ($1, $2, $3)"
+    ))
+    .bind(id.as_uuid())
+    .bind(k as i32)
+    .bind(token.get())
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+async fn ledger_rows(store: &FenceStore, id: JobId) -> Vec<(i32, i64)> {
+    sqlx::query_as(&format!(
+        "SELECT step, token FROM {} WHERE job = $1 ORDER BY n",
+        ledger(store)
+    ))
+    .bind(id.as_uuid())
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+fn assert_fenced_out(res: Result<impl std::fmt::Debug, FenceError>, current: i64) {
+    match res {
+        Err(e @ FenceError::FencedOut { .. }) => {
+            assert!(e.is_fenced_out());
+            let FenceError::FencedOut { current: c, .. } = e else {
+                unreachable!()
+            };
+            assert_eq!(c, Some(tok(current)), "current fence in the error");
+        }
+        other => panic!("expected FencedOut (current {current}), got {other:?}"),
+    }
+}
+
+fn assert_guard_refused(res: Result<sqlx::postgres::PgQueryResult, sqlx::Error>) {
+    let err = res.expect_err("the guard must refuse this write");
+    assert!(
+        tenure::fence::is_guard_refusal(&err),
+        "not a guard refusal: {err}"
+    );
+    let err = FenceError::from(err);
+    assert!(err.is_fenced_out());
+    assert!(matches!(err, FenceError::GuardRefused { .. }));
+}
+
+// ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_are_idempotent_concurrent_and_per_schema() {
+    let p = pool(16).await;
+    let a = FenceStore::new(p.clone(), &DevStack::unique_namespace("mig_a")).unwrap();
+    let b = FenceStore::new(p.clone(), &DevStack::unique_namespace("mig_b")).unwrap();
+    // Several "processes" migrate both schemas at once.
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move { s.migrate().await }));
+    }
+    for t in tasks {
+        t.await.unwrap().expect("concurrent migrate");
+    }
+    a.migrate().await.expect("idempotent");
+
+    for s in [&a, &b] {
+        let applied: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}._sqlx_migrations WHERE success",
+            s.schema()
+        ))
+        .fetch_one(&p)
+        .await
+        .unwrap();
+        assert_eq!(
+            applied,
+            2,
+            "both migrations recorded once in {}",
+            s.schema()
+        );
+    }
+    let public: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations')::text")
+            .fetch_one(&p)
+            .await
+            .unwrap();
+    assert_eq!(public, None, "bookkeeping stays inside the tenure schemas");
+
+    let id = new_job(&a, "only-in-a").await;
+    assert!(a.job(id).await.unwrap().is_some());
+    assert!(
+        b.job(id).await.unwrap().is_none(),
+        "schemas are independent"
+    );
+
+    assert!(matches!(
+        FenceStore::new(p.clone(), "Bad-Name"),
+        Err(FenceError::InvalidName { what: "schema", .. })
+    ));
+    assert!(matches!(
+        FenceStore::new(p, "x; drop table y"),
+        Err(FenceError::InvalidName { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_job_is_idempotent_and_never_overwrites() {
+    let s = store("insert").await;
+    let id = JobId::from_key("ledger.transfer", "t-1");
+    let input = json!({"from": 1, "to": 2, "amount": 10});
+    assert_eq!(
+        s.insert_job(id, "ledger.transfer", &input).await.unwrap(),
+        Inserted::New
+    );
+    // Same payload with another key order: the same job.
+    let reordered = json!({"amount": 10, "to": 2, "from": 1});
+    assert_eq!(
+        s.insert_job(id, "ledger.transfer", &reordered)
+            .await
+            .unwrap(),
+        Inserted::Existing
+    );
+    assert!(matches!(
+        s.insert_job(id, "ledger.transfer", &json!({"amount": 11})).await,
+        Err(FenceError::PayloadConflict { job_id }) if job_id == id
+    ));
+    assert!(matches!(
+        s.insert_job(id, "other.type", &input).await,
+        Err(FenceError::PayloadConflict { .. })
+    ));
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!(row.input, input);
+    assert_eq!(row.job_type, "ledger.transfer");
+    assert_eq!(
+        (row.fence, row.step, row.status),
+        (0, step(0), JobStatus::Pending)
+    );
+    assert_eq!((row.takeovers, row.attempts), (0, 0));
+
+    let other = new_job(&s, "second").await;
+    let all = s.list_jobs(None, 10).await.unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![id, other]
+    );
+    assert_eq!(
+        s.list_jobs(Some(JobStatus::Running), 10)
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
+    s.claim(other, tok(5)).await.unwrap();
+    let running = s.list_jobs(Some(JobStatus::Running), 10).await.unwrap();
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0].id, other);
+}
+
+/// The seed's timeline: 41 claims and writes; 42 claims; 41 is refused before and
+/// during 42's transaction; 42's writes succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_timeline_41_then_42() {
+    let s = store("seed").await;
+    let table = ledger(&s);
+    let id = new_job(&s, "seed").await;
+
+    let c41 = s.claim(id, tok(41)).await.unwrap();
+    assert_eq!(
+        (c41.step, c41.checkpoint.clone(), c41.takeovers),
+        (step(0), None, 0)
+    );
+    assert!(!c41.takeover && c41.previous.is_none());
+    assert_eq!(c41.input, json!({"key": "seed"}));
+    let mut tx = s.begin_step(id, tok(41), step(0)).await.unwrap();
+    write_ledger(tx.conn(), &table, id, 0, tok(41))
+        .await
+        .unwrap();
+    tx.commit_step(&json!({"by": 41}), false).await.unwrap();
+
+    // 42 takes over (41 never released: a lost owner).
+    let c42 = s.claim(id, tok(42)).await.unwrap();
+    assert!(c42.takeover);
+    assert_eq!(c42.previous, Some(tok(41)));
+    assert_eq!((c42.step, c42.takeovers), (step(1), 1));
+    assert_eq!(c42.checkpoint, Some(json!({"by": 41})));
+
+    // Before 42's transaction: every write under 41 is refused.
+    assert_fenced_out(s.begin_step(id, tok(41), step(1)).await, 42);
+    assert_fenced_out(s.claim(id, tok(41)).await, 42);
+    assert_fenced_out(s.record_failure(id, tok(41), "late").await, 42);
+    assert_fenced_out(s.record_release(id, tok(41)).await, 42);
+    assert_fenced_out(s.mark_dead(id, tok(41), "late").await, 42);
+
+    // During 42's transaction: still refused, and without waiting for 42's row lock
+    // (42's claim is committed, so the admission's WHERE already fails).
+    let mut tx42 = s.begin_step(id, tok(42), step(1)).await.unwrap();
+    write_ledger(tx42.conn(), &table, id, 1, tok(42))
+        .await
+        .unwrap();
+    let during = tokio::time::timeout(Duration::from_secs(20), s.begin_step(id, tok(41), step(1)))
+        .await
+        .expect("a stale admission must not wait for the newer owner's lock");
+    assert_fenced_out(during, 42);
+    // 41 even retrying its old step 0 is stale, not a "step mismatch".
+    assert_fenced_out(s.begin_step(id, tok(41), step(0)).await, 42);
+    tx42.commit_step(&json!({"by": 42}), false).await.unwrap();
+
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.fence, row.step, row.status),
+        (42, step(2), JobStatus::Running)
+    );
+    assert_eq!(row.checkpoint, Some(json!({"by": 42})));
+    assert_eq!(ledger_rows(&s, id).await, vec![(0, 41), (1, 42)]);
+}
+
+/// A stale owner whose transaction started before the takeover committed cannot
+/// write: two connections and the row lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_transaction_started_before_takeover_cannot_commit() {
+    let s = store("stale_tx").await;
+    let table = ledger(&s);
+    let id = new_job(&s, "stale").await;
+    s.claim(id, tok(41)).await.unwrap();
+
+    // (a) 42 claims and opens its step in one transaction: it holds the row lock,
+    // its claim is not committed yet. 41's step transaction starts now and blocks
+    // on the row lock; once 42 commits, READ COMMITTED re-checks 41's WHERE on the
+    // new row version: zero rows, FencedOut, before any user write.
+    let (claim42, mut tx42) = s.claim_and_begin(id, tok(42)).await.unwrap();
+    assert!(claim42.takeover);
+    let s41 = s.clone();
+    let stale = tokio::spawn(async move { s41.begin_step(id, tok(41), step(0)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !stale.is_finished(),
+        "41's admission must wait for the row lock"
+    );
+    write_ledger(tx42.conn(), &table, id, 0, tok(42))
+        .await
+        .unwrap();
+    tx42.commit_step(&json!({"by": 42}), false).await.unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(20), stale)
+        .await
+        .expect("unblocked by 42's commit")
+        .unwrap();
+    assert_fenced_out(res, 42);
+    assert_eq!(ledger_rows(&s, id).await, vec![(0, 42)]);
+
+    // (b) The other order: 42's step transaction holds the lock and has written;
+    // 43 takes over meanwhile. 43's claim waits for the lock, so 42's step commits
+    // entirely before the takeover (and 43 resumes from it); 42's next step is
+    // refused.
+    let mut tx42 = s.begin_step(id, tok(42), step(1)).await.unwrap();
+    write_ledger(tx42.conn(), &table, id, 1, tok(42))
+        .await
+        .unwrap();
+    let s43 = s.clone();
+    let claim43 = tokio::spawn(async move { s43.claim(id, tok(43)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !claim43.is_finished(),
+        "a claim must wait for a step in progress"
+    );
+    tx42.commit_step(&json!({"by": 42, "k": 1}), false)
+        .await
+        .unwrap();
+    let c43 = claim43.await.unwrap().unwrap();
+    assert_eq!(c43.step, step(2));
+    assert_eq!(c43.checkpoint, Some(json!({"by": 42, "k": 1})));
+    assert_fenced_out(s.begin_step(id, tok(42), step(2)).await, 43);
+
+    // (c) Same, but the stale side gives up (its pre-commit check saw the lease
+    // lost): nothing of its step survives, the new owner redoes the step.
+    let mut tx43 = s.begin_step(id, tok(43), step(2)).await.unwrap();
+    write_ledger(tx43.conn(), &table, id, 2, tok(43))
+        .await
+        .unwrap();
+    let s44 = s.clone();
+    let claim44 = tokio::spawn(async move { s44.claim(id, tok(44)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!claim44.is_finished());
+    tx43.rollback().await.unwrap();
+    let c44 = claim44.await.unwrap().unwrap();
+    assert_eq!(c44.step, step(2));
+    assert_fenced_out(s.begin_step(id, tok(43), step(2)).await, 44);
+
+    // (d) A stale generation's plain transaction (not a FencedTx) that carried its
+    // settings from before the takeover: the guard refuses its write once the
+    // takeover committed.
+    s.install_guard(&table).await.unwrap();
+    let mut conn = s.pool().acquire().await.unwrap();
+    let mut plain = conn.begin().await.unwrap();
+    set_generation(&mut plain, id, 44).await;
+    let s45 = s.clone();
+    s45.claim(id, tok(45)).await.unwrap();
+    assert_guard_refused(
+        sqlx::query(&format!(
+            "INSERT INTO {table} (job, step, token) VALUES ($1, 2, 44)"
+        ))
+        .bind(id.as_uuid())
+        .execute(&mut *plain)
+        .await,
+    );
+    drop(plain);
+
+    assert_eq!(ledger_rows(&s, id).await, vec![(0, 42), (1, 42)]);
+}
+
+async fn set_generation(conn: &mut PgConnection, id: JobId, fence: i64) {
+    sqlx::query(
+        "SELECT set_config('tenure.job_id', $1, true), set_config('tenure.fence', $2, true)",
+    )
+    .bind(id.to_string())
+    .bind(fence.to_string())
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_refuses_plain_sql_and_stale_generations_and_the_escape_works() {
+    let s = store("guard").await;
+    let table = ledger(&s);
+    let id = new_job(&s, "guarded").await;
+    let insert = format!("INSERT INTO {table} (job, step, token) VALUES ($1, 0, 0)");
+
+    assert!(!s.is_guarded(&table).await.unwrap());
+    s.install_guard(&table).await.unwrap();
+    s.install_guard(&table).await.unwrap(); // idempotent
+    assert!(s.is_guarded(&table).await.unwrap());
+
+    // Plain SQL outside any fenced transaction: every kind of write is refused.
+    assert_guard_refused(
+        sqlx::query(&insert)
+            .bind(id.as_uuid())
+            .execute(s.pool())
+            .await,
+    );
+    assert_guard_refused(
+        s.pool()
+            .execute(format!("UPDATE {table} SET note = 'x'").as_str())
+            .await,
+    );
+    assert_guard_refused(
+        s.pool()
+            .execute(format!("DELETE FROM {table}").as_str())
+            .await,
+    );
+    assert_guard_refused(s.pool().execute(format!("TRUNCATE {table}").as_str()).await);
+    // Reads are not guarded.
+    let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+
+    // Inside the current generation's fenced transaction: allowed.
+    s.claim(id, tok(41)).await.unwrap();
+    let mut tx = s.begin_step(id, tok(41), step(0)).await.unwrap();
+    write_ledger(tx.conn(), &table, id, 0, tok(41))
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "UPDATE {table} SET note = 'in step' WHERE job = $1"
+    ))
+    .bind(id.as_uuid())
+    .execute(tx.conn())
+    .await
+    .unwrap();
+    // A step that grabbed its own pool connection meanwhile is refused.
+    assert_guard_refused(
+        sqlx::query(&insert)
+            .bind(id.as_uuid())
+            .execute(s.pool())
+            .await,
+    );
+    tx.commit_step(&json!(0), false).await.unwrap();
+
+    // The guard's check holds the job row FOR SHARE: a write carrying the current
+    // generation's settings (here made by hand) keeps a takeover waiting until its
+    // transaction ends, so the check cannot go stale while the statement runs.
+    let mut plain = s.pool().begin().await.unwrap();
+    set_generation(&mut plain, id, 41).await;
+    sqlx::query(&format!(
+        "UPDATE {table} SET note = 'current generation' WHERE job = $1"
+    ))
+    .bind(id.as_uuid())
+    .execute(&mut *plain)
+    .await
+    .unwrap();
+    let s42 = s.clone();
+    let claim42 = tokio::spawn(async move { s42.claim(id, tok(42)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !claim42.is_finished(),
+        "a takeover must wait for a guarded write in flight"
+    );
+    plain.commit().await.unwrap();
+    claim42.await.unwrap().unwrap();
+
+    // A stale generation (settings of 41 after 42 claimed) is refused...
+    let mut plain = s.pool().begin().await.unwrap();
+    set_generation(&mut plain, id, 41).await;
+    assert_guard_refused(
+        sqlx::query(&insert)
+            .bind(id.as_uuid())
+            .execute(&mut *plain)
+            .await,
+    );
+    drop(plain);
+    // ...and so is a generation that released the job, and a job that does not exist.
+    s.record_release(id, tok(42)).await.unwrap();
+    let mut plain = s.pool().begin().await.unwrap();
+    set_generation(&mut plain, id, 42).await;
+    assert_guard_refused(
+        sqlx::query(&insert)
+            .bind(id.as_uuid())
+            .execute(&mut *plain)
+            .await,
+    );
+    drop(plain);
+    let mut plain = s.pool().begin().await.unwrap();
+    set_generation(&mut plain, JobId::from_key("test.job", "nope"), 42).await;
+    assert_guard_refused(
+        sqlx::query(&insert)
+            .bind(id.as_uuid())
+            .execute(&mut *plain)
+            .await,
+    );
+    drop(plain);
+
+    // The escape hatch: explicit, for this transaction only.
+    let mut ops = s.pool().begin().await.unwrap();
+    FenceStore::bypass_guard(&mut ops).await.unwrap();
+    sqlx::query(&insert)
+        .bind(id.as_uuid())
+        .execute(&mut *ops)
+        .await
+        .unwrap();
+    ops.execute(format!("UPDATE {table} SET note = 'ops fix'").as_str())
+        .await
+        .unwrap();
+    ops.commit().await.unwrap();
+    // It cannot be hit by accident: a session-wide bypass on a pooled connection
+    // (even set to a real transaction id) opens nothing in later transactions.
+    let mut conn = s.pool().acquire().await.unwrap();
+    conn.execute("SET tenure.guard_bypass = 'on'")
+        .await
+        .unwrap();
+    assert_guard_refused(
+        sqlx::query(&insert)
+            .bind(id.as_uuid())
+            .execute(&mut *conn)
+            .await,
+    );
+    conn.execute("SELECT set_config('tenure.guard_bypass', txid_current()::text, false)")
+        .await
+        .unwrap();
+    assert_guard_refused(
+        sqlx::query(&insert)
+            .bind(id.as_uuid())
+            .execute(&mut *conn)
+            .await,
+    );
+    conn.execute("RESET tenure.guard_bypass").await.unwrap();
+    drop(conn);
+
+    let rows = ledger_rows(&s, id).await;
+    assert_eq!(rows, vec![(0, 41), (0, 0)]);
+
+    // Removing the guard restores plain writes.
+    s.remove_guard(&table).await.unwrap();
+    assert!(!s.is_guarded(&table).await.unwrap());
+    sqlx::query(&insert)
+        .bind(id.as_uuid())
+        .execute(s.pool())
+        .await
+        .unwrap();
+
+    for bad in ["", "a.b.c", "x; drop table y", "1abc", "t\"x"] {
+        assert!(
+            matches!(
+                s.install_guard(bad).await,
+                Err(FenceError::InvalidName { .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        s.install_guard("no_such_table").await,
+        Err(FenceError::Db(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_returns_the_last_committed_checkpoint_and_counts_takeovers() {
+    let s = store("resume").await;
+    let table = ledger(&s);
+    let id = new_job(&s, "resume").await;
+
+    let (c, tx) = s.claim_and_begin(id, tok(10)).await.unwrap();
+    assert_eq!(c.step, step(0));
+    assert!(tx.carries_claim());
+    tx.commit_step(&json!({"out": "a"}), false).await.unwrap();
+    let tx = s.begin_step(id, tok(10), step(1)).await.unwrap();
+    tx.commit_step(&json!({"out": "b"}), false).await.unwrap();
+    // Step 2 in flight when the owner dies: its writes never commit.
+    let mut tx = s.begin_step(id, tok(10), step(2)).await.unwrap();
+    write_ledger(tx.conn(), &table, id, 2, tok(10))
+        .await
+        .unwrap();
+    drop(tx);
+
+    let c = s.claim(id, tok(20)).await.unwrap();
+    assert_eq!(c.step, step(2));
+    assert_eq!(c.checkpoint, Some(json!({"out": "b"})));
+    assert!(c.takeover);
+    assert_eq!(c.takeovers, 1);
+    assert!(ledger_rows(&s, id).await.is_empty());
+    // Same token again: idempotent, no second takeover.
+    let again = s.claim(id, tok(20)).await.unwrap();
+    assert_eq!(
+        (again.step, again.takeovers, again.takeover),
+        (step(2), 1, false)
+    );
+    // A duplicate commit of an already committed step is a step mismatch, not stale.
+    assert!(matches!(
+        s.begin_step(id, tok(20), step(1)).await,
+        Err(FenceError::StepMismatch { actual, .. }) if actual == step(2)
+    ));
+
+    // A failed attempt releases voluntarily: attempts counts, takeovers does not.
+    assert_eq!(s.record_failure(id, tok(20), "boom").await.unwrap(), 1);
+    assert!(matches!(
+        s.begin_step(id, tok(20), step(2)).await,
+        Err(FenceError::Released { .. })
+    ));
+    assert!(matches!(
+        s.claim(id, tok(20)).await,
+        Err(FenceError::Released { .. })
+    ));
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.released, row.attempts),
+        (JobStatus::Pending, true, 1)
+    );
+    assert_eq!(row.last_error.as_deref(), Some("boom"));
+    let c = s.claim(id, tok(30)).await.unwrap();
+    assert_eq!(
+        (c.step, c.takeovers, c.attempts, c.takeover),
+        (step(2), 1, 1, false)
+    );
+    assert_eq!(c.checkpoint, Some(json!({"out": "b"})));
+
+    // A graceful release: no takeover either; idempotent.
+    s.record_release(id, tok(30)).await.unwrap();
+    s.record_release(id, tok(30)).await.unwrap();
+    let c = s.claim(id, tok(40)).await.unwrap();
+    assert_eq!((c.takeovers, c.takeover), (1, false));
+
+    // The last step marks the row done; a done job is not claimable (not stale).
+    let (c, tx) = s.claim_and_begin(id, tok(50)).await.unwrap();
+    assert!(c.takeover, "40 neither released nor failed");
+    assert_eq!(c.takeovers, 2);
+    tx.commit_step(&json!({"out": "c"}), true).await.unwrap();
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!((row.status, row.step), (JobStatus::Done, step(3)));
+    let err = s.claim(id, tok(60)).await.unwrap_err();
+    assert!(matches!(
+        err,
+        FenceError::Terminal {
+            status: JobStatus::Done,
+            ..
+        }
+    ));
+    assert!(!err.is_fenced_out());
+    assert!(matches!(
+        s.begin_step(id, tok(50), step(3)).await,
+        Err(FenceError::Terminal { .. })
+    ));
+    assert!(matches!(
+        s.claim(JobId::from_key("x", "y"), tok(1)).await,
+        Err(FenceError::NotFound(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_and_begin_rollback_keeps_the_claim_and_drop_loses_it() {
+    let s = store("cab").await;
+    let id = new_job(&s, "cab").await;
+
+    let (_, tx) = s.claim_and_begin(id, tok(7)).await.unwrap();
+    tx.rollback().await.unwrap();
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!((row.fence, row.status), (7, JobStatus::Running));
+    assert_eq!(
+        s.record_failure(id, tok(7), "step failed").await.unwrap(),
+        1
+    );
+
+    let (_, tx) = s.claim_and_begin(id, tok(8)).await.unwrap();
+    drop(tx);
+    assert_eq!(s.job(id).await.unwrap().unwrap().fence, 7);
+    assert!(matches!(
+        s.record_failure(id, tok(8), "x").await,
+        Err(FenceError::NotClaimed { current: Some(c), .. }) if c == tok(7)
+    ));
+
+    // Retried claim_and_begin under a token that already holds the fence.
+    s.claim(id, tok(9)).await.unwrap();
+    let (c, tx) = s.claim_and_begin(id, tok(9)).await.unwrap();
+    assert!(!tx.carries_claim());
+    assert_eq!(c.step, step(0));
+    tx.commit_step(&json!(1), false).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_jobs_and_redrive() {
+    let s = store("dead").await;
+    let id = new_job(&s, "dead").await;
+    s.claim(id, tok(3)).await.unwrap();
+    s.begin_step(id, tok(3), step(0))
+        .await
+        .unwrap()
+        .commit_step(&json!("s0"), false)
+        .await
+        .unwrap();
+    assert_eq!(s.record_failure(id, tok(3), "e1").await.unwrap(), 1);
+    // The released generation may still bury the job (retries exhausted).
+    s.mark_dead(id, tok(3), "retries exhausted").await.unwrap();
+    s.mark_dead(id, tok(3), "again").await.unwrap();
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Dead);
+    assert_eq!(row.last_error.as_deref(), Some("retries exhausted"));
+    assert!(matches!(
+        s.claim(id, tok(4)).await,
+        Err(FenceError::Terminal {
+            status: JobStatus::Dead,
+            ..
+        })
+    ));
+    s.mark_dead_unfenced(id, "broker gave up").await.unwrap();
+    assert_eq!(
+        s.job(id).await.unwrap().unwrap().last_error.as_deref(),
+        Some("retries exhausted")
+    );
+
+    s.reset_for_redrive(id).await.unwrap();
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.takeovers, row.attempts, row.step),
+        (JobStatus::Pending, 0, 0, step(1))
+    );
+    assert!(matches!(
+        s.reset_for_redrive(id).await,
+        Err(FenceError::NotDead {
+            status: JobStatus::Pending,
+            ..
+        })
+    ));
+    let c = s.claim(id, tok(4)).await.unwrap();
+    assert_eq!(
+        (c.step, c.takeover, c.checkpoint),
+        (step(1), false, Some(json!("s0")))
+    );
+
+    // Fenced death by a stale token is refused; by the owner it works.
+    assert_fenced_out(s.mark_dead(id, tok(3), "stale").await, 4);
+    s.mark_dead(id, tok(4), "poison").await.unwrap();
+
+    // Unfenced death: bad input on a job nobody ever claimed.
+    let other = new_job(&s, "bad-input").await;
+    s.mark_dead_unfenced(other, "payload does not deserialize")
+        .await
+        .unwrap();
+    assert_eq!(s.job(other).await.unwrap().unwrap().status, JobStatus::Dead);
+    assert!(matches!(
+        s.mark_dead_unfenced(JobId::from_key("x", "none"), "r")
+            .await,
+        Err(FenceError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.reset_for_redrive(JobId::from_key("x", "none")).await,
+        Err(FenceError::NotFound(_))
+    ));
+}
+
+/// Latency of the two ways into a step. Prints, asserts nothing about speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_claim_and_begin_vs_claim_then_begin() {
+    let s = store("latency").await;
+    let id = new_job(&s, "latency").await;
+    let mut t = 0i64;
+    let mut k = 0u32;
+    let mut fused = Vec::new();
+    let mut separate = Vec::new();
+    // Warm up the pool's connections and statement caches.
+    for round in 0..220 {
+        t += 1;
+        let start = tokio::time::Instant::now();
+        if round % 2 == 0 {
+            let (c, tx) = s.claim_and_begin(id, tok(t)).await.unwrap();
+            assert_eq!(c.step, step(k));
+            tx.commit_step(&json!(k), false).await.unwrap();
+            if round >= 20 {
+                fused.push(start.elapsed());
+            }
+        } else {
+            let c = s.claim(id, tok(t)).await.unwrap();
+            assert_eq!(c.step, step(k));
+            let tx = s.begin_step(id, tok(t), c.step).await.unwrap();
+            tx.commit_step(&json!(k), false).await.unwrap();
+            if round >= 20 {
+                separate.push(start.elapsed());
+            }
+        }
+        k += 1;
+    }
+    let stats = |v: &mut Vec<Duration>| {
+        v.sort();
+        let mean = v.iter().sum::<Duration>() / v.len() as u32;
+        (mean, v[v.len() / 2], v[v.len() * 9 / 10])
+    };
+    let (fm, f50, f90) = stats(&mut fused);
+    let (sm, s50, s90) = stats(&mut separate);
+    println!(
+        "claim_and_begin + commit_step:        mean {fm:?} p50 {f50:?} p90 {f90:?} (n={})",
+        fused.len()
+    );
+    println!(
+        "claim + begin_step + commit_step:     mean {sm:?} p50 {s50:?} p90 {s90:?} (n={})",
+        separate.len()
+    );
+    assert_eq!(s.job(id).await.unwrap().unwrap().step, step(k));
+}
+
+// ---------------------------------------------------------------------------------
+// Property test: random interleavings of claims and step commits from several
+// tokens never advance a step under a token lower than the fence at that time, and
+// commit every step index at most once.
+
+const STEPS: u32 = 6;
+
+#[derive(Debug, Clone)]
+enum Action {
+    /// Take a fresh token (the next "etcd revision") and claim with it.
+    Claim { fused: bool },
+    /// Run the next step: admission, a user write, a pause, then commit or roll back.
+    Step { pause_ms: u8, commit: bool },
+    /// Voluntary release of our generation.
+    Release,
+    /// Record a failure of our generation.
+    Fail,
+    /// Do nothing for a while.
+    Pause { ms: u8 },
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        3 => any::<bool>().prop_map(|fused| Action::Claim { fused }),
+        6 => (0u8..4, prop::bool::weighted(0.85)).prop_map(|(pause_ms, commit)| Action::Step { pause_ms, commit }),
+        1 => Just(Action::Release),
+        1 => Just(Action::Fail),
+        2 => (0u8..4).prop_map(|ms| Action::Pause { ms }),
+    ]
+}
+
+fn schedule() -> impl Strategy<Value = Vec<Vec<Action>>> {
+    prop::collection::vec(prop::collection::vec(action(), 1..10), 2..5)
+}
+
+struct Prop {
+    rt: tokio::runtime::Runtime,
+    store: FenceStore,
+    revision: AtomicI64,
+}
+
+fn prop_env() -> &'static Prop {
+    static ENV: OnceLock<Prop> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = rt.block_on(async {
+            let s = store("prop").await;
+            // An audit of every change of every job row, in commit order per row
+            // (the row lock serializes them), with the generation that made it.
+            s.pool()
+                .execute(
+                    format!(
+                        "CREATE TABLE {sc}.audit (n bigserial PRIMARY KEY, job uuid, \
+                           old_fence bigint, new_fence bigint, old_step int, new_step int, \
+                           writer text); \
+                         CREATE FUNCTION {sc}.audit_jobs() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                         BEGIN \
+                           INSERT INTO {sc}.audit (job, old_fence, new_fence, old_step, new_step, writer) \
+                           VALUES (NEW.id, OLD.fence, NEW.fence, OLD.step, NEW.step, \
+                                   current_setting('tenure.fence', true)); \
+                           RETURN NULL; \
+                         END $$; \
+                         CREATE TRIGGER audit AFTER UPDATE ON {sc}.jobs \
+                           FOR EACH ROW EXECUTE FUNCTION {sc}.audit_jobs();",
+                        sc = s.schema()
+                    )
+                    .as_str(),
+                )
+                .await
+                .unwrap();
+            s.install_guard(&ledger(&s)).await.unwrap();
+            s
+        });
+        Prop {
+            rt,
+            store,
+            revision: AtomicI64::new(0),
+        }
+    })
+}
+
+async fn run_worker(s: FenceStore, id: JobId, actions: Vec<Action>, revision: &'static AtomicI64) {
+    let table = ledger(&s);
+    let mut token: Option<FencingToken> = None;
+    let mut next = StepIndex::new(0);
+    for a in actions {
+        match a {
+            Action::Claim { fused } => {
+                let t = tok(revision.fetch_add(1, Ordering::SeqCst) + 1);
+                if fused {
+                    match s.claim_and_begin(id, t).await {
+                        Ok((c, mut tx)) => {
+                            token = Some(t);
+                            write_ledger(tx.conn(), &table, id, c.step.get(), t)
+                                .await
+                                .expect("the guard admits the current generation");
+                            let last = c.step.get() + 1 == STEPS;
+                            tx.commit_step(&json!({"step": c.step.get(), "token": t.get()}), last)
+                                .await
+                                .expect("a claimed step commits: the row lock is ours");
+                            next = c.step.next();
+                        }
+                        Err(e) => {
+                            check_refusal(&e);
+                            token = None;
+                        }
+                    }
+                } else {
+                    match s.claim(id, t).await {
+                        Ok(c) => {
+                            token = Some(t);
+                            next = c.step;
+                        }
+                        Err(e) => {
+                            check_refusal(&e);
+                            token = None;
+                        }
+                    }
+                }
+            }
+            Action::Step { pause_ms, commit } => {
+                let Some(t) = token else { continue };
+                match s.begin_step(id, t, next).await {
+                    Ok(mut tx) => {
+                        write_ledger(tx.conn(), &table, id, next.get(), t)
+                            .await
+                            .expect("the guard admits the current generation");
+                        tokio::time::sleep(Duration::from_millis(pause_ms.into())).await;
+                        if commit {
+                            let last = next.get() + 1 == STEPS;
+                            tx.commit_step(&json!({"step": next.get(), "token": t.get()}), last)
+                                .await
+                                .expect("an admitted step commits: the row lock is ours");
+                            next = next.next();
+                        } else {
+                            tx.rollback().await.unwrap();
+                        }
+                    }
+                    Err(e) => {
+                        check_refusal(&e);
+                        token = None;
+                    }
+                }
+            }
+            Action::Release => {
+                if let Some(t) = token.take()
+                    && let Err(e) = s.record_release(id, t).await
+                {
+                    check_refusal(&e);
+                }
+            }
+            Action::Fail => {
+                if let Some(t) = token.take()
+                    && let Err(e) = s.record_failure(id, t, "random failure").await
+                {
+                    check_refusal(&e);
+                }
+            }
+            Action::Pause { ms } => tokio::time::sleep(Duration::from_millis(ms.into())).await,
+        }
+    }
+}
+
+/// Refusals a worker may legitimately meet; anything else (I/O, corruption) fails.
+fn check_refusal(e: &FenceError) {
+    assert!(
+        matches!(
+            e,
+            FenceError::FencedOut { .. } | FenceError::Terminal { .. }
+        ),
+        "unexpected error: {e:?}"
+    );
+}
+
+async fn check_invariants(s: &FenceStore, id: JobId) {
+    let audit: Vec<(i64, i64, i32, i32, Option<String>)> = sqlx::query_as(&format!(
+        "SELECT old_fence, new_fence, old_step, new_step, writer FROM {}.audit WHERE job = $1 ORDER BY n",
+        s.schema()
+    ))
+    .bind(id.as_uuid())
+    .fetch_all(s.pool())
+    .await
+    .unwrap();
+    let mut committed_by = Vec::new();
+    let mut fence = 0i64;
+    let mut steps = 0i32;
+    for (old_fence, new_fence, old_step, new_step, writer) in &audit {
+        assert_eq!(
+            (*old_fence, *old_step),
+            (fence, steps),
+            "audit is the row's history"
+        );
+        assert!(new_fence >= old_fence, "the fence never goes down");
+        if new_step != old_step {
+            assert_eq!(*new_step, old_step + 1, "one step at a time");
+            assert_eq!(new_fence, old_fence, "a step commit never moves the fence");
+            let writer: i64 = writer
+                .as_deref()
+                .expect("a step commits in a FencedTx")
+                .parse()
+                .unwrap();
+            assert_eq!(
+                writer, *old_fence,
+                "step {old_step} advanced under {writer}, fence was {old_fence}"
+            );
+            committed_by.push((*old_step, writer));
+        }
+        fence = *new_fence;
+        steps = *new_step;
+    }
+    // Every step index committed at most once, with the user's writes of exactly
+    // that generation.
+    let rows = ledger_rows(s, id).await;
+    assert_eq!(rows, committed_by, "user writes == committed steps");
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!(row.fence, fence);
+    assert_eq!(row.step.get() as i32, steps);
+    match committed_by.last() {
+        Some((k, t)) => assert_eq!(row.checkpoint, Some(json!({"step": k, "token": t}))),
+        None => assert_eq!(row.checkpoint, None),
+    }
+    assert_eq!(row.status == JobStatus::Done, row.step.get() == STEPS);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 40,
+        max_shrink_iters: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn random_interleavings_keep_the_fence(workers in schedule()) {
+        let env = prop_env();
+        let s = env.store.clone();
+        env.rt.block_on(async {
+            static CASE: AtomicI64 = AtomicI64::new(0);
+            let n = CASE.fetch_add(1, Ordering::SeqCst);
+            let id = new_job(&s, &format!("prop-{n}")).await;
+            let mut tasks = Vec::new();
+            for actions in workers {
+                let s = s.clone();
+                tasks.push(tokio::spawn(run_worker(s, id, actions, &env.revision)));
+            }
+            for t in tasks {
+                t.await.expect("worker");
+            }
+            check_invariants(&s, id).await;
+        });
+    }
+}
