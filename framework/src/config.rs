@@ -279,6 +279,19 @@ impl Config {
     pub fn ack_wait(&self) -> Duration {
         self.lease_ttl
     }
+    /// PostgreSQL `idle_in_transaction_session_timeout` of Tenure's connections
+    /// (the lease TTL): a transaction left idle by a paused or partitioned owner is
+    /// ended by the server, releasing the job row for the next owner. A step must
+    /// not keep its database transaction idle for that long (do slow external work
+    /// before its first [`StepCtx::db`](crate::StepCtx::db) call).
+    pub fn idle_in_transaction_timeout(&self) -> Duration {
+        self.lease_ttl
+    }
+    /// PostgreSQL `lock_timeout` of Tenure's connections (twice the lease TTL,
+    /// longer than a stale owner's idle transaction can live).
+    pub fn lock_timeout(&self) -> Duration {
+        self.lease_ttl * 2
+    }
     /// Etcd key prefix of this namespace: `<ns>/`.
     pub fn etcd_prefix(&self) -> String {
         format!("{}/", self.namespace)

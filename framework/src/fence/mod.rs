@@ -124,9 +124,20 @@ impl FenceStore {
     pub async fn connect(cfg: &Config) -> Result<Self, FenceError> {
         guard::check_schema(&cfg.schema)?;
         let max = u32::try_from(cfg.max_in_flight.saturating_add(4)).unwrap_or(u32::MAX);
+        let options: sqlx::postgres::PgConnectOptions = cfg.database_url.parse()?;
+        // A paused or partitioned owner's open transaction must not hold the job
+        // row (or user rows) hostage: PostgreSQL ends it once it sits idle for
+        // longer than the lease could survive, and lock waits are bounded too.
+        let options = options.options([
+            (
+                "idle_in_transaction_session_timeout",
+                cfg.idle_in_transaction_timeout().as_millis().to_string(),
+            ),
+            ("lock_timeout", cfg.lock_timeout().as_millis().to_string()),
+        ]);
         let pool = PgPoolOptions::new()
             .max_connections(max)
-            .connect(&cfg.database_url)
+            .connect_with(options)
             .await?;
         Self::new(pool, &cfg.schema)
     }
