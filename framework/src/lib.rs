@@ -22,6 +22,8 @@
 //! - `testing`: test-only constructors (raw fencing tokens). Never in production.
 
 pub mod config;
+pub mod lease;
+pub mod retry;
 pub mod types;
 
 #[cfg(feature = "devstack")]
