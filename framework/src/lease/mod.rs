@@ -345,8 +345,9 @@ impl fmt::Debug for Session {
 }
 
 /// At most this many jobs go into one etcd transaction (etcd's default
-/// `--max-txn-ops` is 128 per level); larger batches are split.
-pub const MAX_BATCH: usize = 128;
+/// `--max-txn-ops` is 128, and etcd 3.4 refuses 128 nested txns but accepts
+/// 127); larger batches are split.
+pub const MAX_BATCH: usize = 100;
 
 impl Session {
     /// Connects to etcd, grants a lease of `cfg.lease_ttl`, opens its keepalive
