@@ -99,6 +99,7 @@ where
             // Unreachable: every path to Lost returns below.
             let since_last_ack = clock.since_last_ack(Instant::now());
             return lost(
+                clock.state(),
                 &mut clock,
                 &out,
                 &params,
@@ -128,19 +129,19 @@ where
                         if let Some(t) = t {
                             if t.to == Health::Lost {
                                 let since = clock.since_last_ack(now);
-                                return lost(&mut clock, &out, &params, LostReason::Deadline { since_last_ack: since });
+                                return lost(t.from, &mut clock, &out, &params, LostReason::Deadline { since_last_ack: since });
                             }
                             publish(t, &out, &params, "keepalive acknowledged");
                         }
                     }
                     Some(Ok(ttl)) => {
-                        return lost(&mut clock, &out, &params, LostReason::Revoked { ttl });
+                        return lost(clock.state(), &mut clock, &out, &params, LostReason::Revoked { ttl });
                     }
                     Some(Err(e)) => {
-                        return lost(&mut clock, &out, &params, LostReason::StreamError(e));
+                        return lost(clock.state(), &mut clock, &out, &params, LostReason::StreamError(e));
                     }
                     None => {
-                        return lost(&mut clock, &out, &params, LostReason::StreamEnded);
+                        return lost(clock.state(), &mut clock, &out, &params, LostReason::StreamEnded);
                     }
                 }
             }
@@ -149,7 +150,7 @@ where
                 if let Some(t) = clock.poll(now) {
                     let since = clock.since_last_ack(now);
                     if t.to == Health::Lost {
-                        return lost(&mut clock, &out, &params, LostReason::Deadline { since_last_ack: since });
+                        return lost(t.from, &mut clock, &out, &params, LostReason::Deadline { since_last_ack: since });
                     }
                     publish(t, &out, &params, &format!("no keepalive acknowledged for {since:?}"));
                 }
@@ -169,7 +170,7 @@ where
                         tracing::trace!(lease_id = %params.lease_id, "keepalive sent");
                     }
                     Ok(Err(e)) => {
-                        return lost(&mut clock, &out, &params, LostReason::StreamError(format!("send: {e}")));
+                        return lost(clock.state(), &mut clock, &out, &params, LostReason::StreamError(format!("send: {e}")));
                     }
                     Err(_) => {
                         tracing::debug!(lease_id = %params.lease_id, "keepalive send blocked; the health clock decides");
@@ -194,13 +195,15 @@ fn publish(t: Transition, out: &Published, params: &KeeperParams, reason: &str) 
     }
 }
 
+/// Declares the session lost. `clock` may already be `Lost` (a deadline), so the
+/// state before is passed in.
 fn lost(
+    from: Health,
     clock: &mut HealthClock,
     out: &Published,
     params: &KeeperParams,
     reason: LostReason,
 ) -> LostReason {
-    let from = clock.state();
     clock.fail();
     let _ = out.lost_reason.set(reason.clone());
     out.health.send_replace(Health::Lost);
@@ -218,6 +221,7 @@ fn lost(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use tokio::sync::mpsc;

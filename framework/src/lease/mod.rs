@@ -377,11 +377,9 @@ impl Session {
         cfg.validate()?;
         let timeout = cfg.etcd_request_timeout;
         let options = etcd_client::ConnectOptions::new().with_connect_timeout(timeout);
-        let client = bounded(
-            "connect",
-            timeout,
-            etcd_client::Client::connect(&cfg.etcd_endpoints, Some(options)),
-        )
+        let client = bounded("connect", timeout, || {
+            etcd_client::Client::connect(&cfg.etcd_endpoints, Some(options.clone()))
+        })
         .await
         .map_err(|e| match e {
             LeaseError::Etcd { source, .. } => LeaseError::Connect {
@@ -392,16 +390,19 @@ impl Session {
         })?;
 
         let ttl_secs = i64::try_from(cfg.lease_ttl.as_secs()).unwrap_or(i64::MAX);
-        let mut lease_client = client.lease_client();
-        let grant = bounded("grant", timeout, lease_client.grant(ttl_secs, None))
-            .await
-            .map_err(|e| match e {
-                LeaseError::Etcd { source, .. } => LeaseError::Grant {
-                    ttl: cfg.lease_ttl,
-                    source,
-                },
-                other => other,
-            })?;
+        let lease_client = client.lease_client();
+        let grant = bounded("grant", timeout, || {
+            let mut c = lease_client.clone();
+            async move { c.grant(ttl_secs, None).await }
+        })
+        .await
+        .map_err(|e| match e {
+            LeaseError::Etcd { source, .. } => LeaseError::Grant {
+                ttl: cfg.lease_ttl,
+                source,
+            },
+            other => other,
+        })?;
         if grant.ttl() <= 0 || !grant.error().is_empty() {
             return Err(LeaseError::Unexpected {
                 op: "grant",
@@ -414,11 +415,15 @@ impl Session {
         // etcd-client's keep_alive opens the stream, sends one request and waits for
         // its answer (an error if ttl <= 0): that answer is our first ack.
         let first_sent = Instant::now();
-        let opened = bounded("keepalive", timeout, lease_client.keep_alive(lease.get())).await;
+        let opened = bounded("keepalive", timeout, || {
+            let mut c = lease_client.clone();
+            async move { c.keep_alive(lease.get()).await }
+        })
+        .await;
         let (keeper_tx, keeper_rx) = match opened {
             Ok(pair) => pair,
             Err(e) => {
-                let _ = bounded("revoke", timeout, lease_client.revoke(lease.get())).await;
+                let _ = revoke(&lease_client, lease, timeout).await;
                 return Err(match e {
                     LeaseError::Etcd { source, .. } => LeaseError::KeepAlive {
                         lease_id: lease,
@@ -454,7 +459,7 @@ impl Session {
             let reason = keeper::run(keeper_tx, keeper_rx, clock, params, published).await;
             if !matches!(reason, LostReason::Revoked { .. }) {
                 // Free our job locks now rather than at TTL expiry, if etcd answers.
-                match bounded("revoke", timeout, lease_client.revoke(lease.get())).await {
+                match revoke(&lease_client, lease, timeout).await {
                     Ok(_) => tracing::info!("revoked the lost lease"),
                     Err(e) => tracing::debug!(error = %e, "could not revoke the lost lease"),
                 }
@@ -584,8 +589,12 @@ impl Session {
     }
 
     async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse, LeaseError> {
-        let mut kv = self.client.kv_client();
-        bounded(op, self.request_timeout, kv.txn(txn)).await
+        let kv = self.client.kv_client();
+        bounded(op, self.request_timeout, || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     /// Creates the lock of `job_id` under this session's lease if nobody holds it
@@ -936,14 +945,8 @@ impl Session {
                 let _ = keeper.await;
             }
             self.cancel.cancel();
-            let mut lease_client = self.client.lease_client();
-            match bounded(
-                "revoke",
-                self.request_timeout,
-                lease_client.revoke(self.lease.get()),
-            )
-            .await
-            {
+            let lease_client = self.client.lease_client();
+            match revoke(&lease_client, self.lease, self.request_timeout).await {
                 Ok(_) => Ok(()),
                 Err(LeaseError::Etcd { source, .. })
                     if source.to_string().contains("lease not found") =>
@@ -1004,15 +1007,70 @@ fn header_revision(resp: &TxnResponse, op: &'static str) -> Result<i64, LeaseErr
         })
 }
 
-/// Runs one etcd request bounded by `after`.
-async fn bounded<T>(
+/// Pause between retries of a request that never reached etcd.
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+
+/// Runs one etcd request, bounded by `after` in total.
+///
+/// A request that provably never reached etcd (the connection to the endpoint
+/// the client picked could not be made: a dead member) is retried within the
+/// same bound, so one dead member does not fail a share of all requests. Any
+/// other failure is returned: its effect is unknown, and retrying a create
+/// could report our own key as contended.
+async fn bounded<T, F, Fut>(
     op: &'static str,
     after: Duration,
-    fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, LeaseError> {
-    match tokio::time::timeout(after, fut).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(source)) => Err(LeaseError::Etcd { op, source }),
-        Err(_) => Err(LeaseError::Timeout { op, after }),
+    mut request: F,
+) -> Result<T, LeaseError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = Instant::now() + after;
+    let mut retries = 0u32;
+    loop {
+        match tokio::time::timeout_at(deadline, request()).await {
+            Ok(Ok(v)) => {
+                if retries > 0 {
+                    tracing::debug!(op, retries, "etcd request succeeded after retries");
+                }
+                return Ok(v);
+            }
+            Ok(Err(e)) if never_sent(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                retries += 1;
+                tracing::trace!(op, error = %e, "etcd request not sent; retrying");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Ok(Err(source)) => return Err(LeaseError::Etcd { op, source }),
+            Err(_) => return Err(LeaseError::Timeout { op, after }),
+        }
     }
+}
+
+/// Whether an etcd request failed before anything was sent (connection refused
+/// or not openable, or an HTTP/2 stream the server refused unprocessed).
+fn never_sent(e: &etcd_client::Error) -> bool {
+    const MARKERS: [&str; 3] = ["tcp connect error", "tcp open error", "REFUSED_STREAM"];
+    // The Debug forms carry the whole source chain (hyper-util's ConnectError,
+    // h2's reason); there is no typed way to reach them through etcd-client.
+    let text = match e {
+        etcd_client::Error::GRpcStatus(s) => format!("{s:?}"),
+        etcd_client::Error::TransportError(t) => format!("{t:?}"),
+        _ => return false,
+    };
+    MARKERS.iter().any(|m| text.contains(m))
+}
+
+/// Revokes `lease`, bounded by `after`.
+async fn revoke(
+    client: &etcd_client::LeaseClient,
+    lease: LeaseId,
+    after: Duration,
+) -> Result<(), LeaseError> {
+    bounded("revoke", after, || {
+        let mut c = client.clone();
+        async move { c.revoke(lease.get()).await }
+    })
+    .await
+    .map(|_| ())
 }
