@@ -332,9 +332,7 @@ async fn a_sigstopped_worker_process_loses_its_job_to_a_strictly_larger_token() 
     assert!(lost.starts_with("lost reason=Some("), "{lost}");
     let release = next_child_line(&mut lines, Duration::from_secs(20)).await;
     assert_eq!(release, "release=Ok(false)");
-    let (lease, rev, _) = read_key(&cfg.etcd_endpoints, lock.key())
-        .await
-        .unwrap();
+    let (lease, rev, _) = read_key(&cfg.etcd_endpoints, lock.key()).await.unwrap();
     assert_eq!((lease, rev), (parent.lease_id().get(), lock.token().get()));
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
         .await
@@ -818,4 +816,13 @@ async fn a_thousand_sequential_acquisitions_strictly_increase_across_a_leader_ki
     for s in sessions {
         let _ = s.close().await;
     }
+}
+
+#[test]
+fn public_types_can_be_shared_across_tasks() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Session>();
+    send_sync::<JobLock>();
+    send_sync::<Acquire>();
+    send_sync::<LeaseError>();
 }

@@ -43,6 +43,8 @@
 //! tries once to revoke the lease so the worker's job locks go at once rather
 //! than at TTL expiry.
 //!
+//! [`WatchdogPolicy::AbortProcess`]: crate::config::WatchdogPolicy::AbortProcess
+//!
 //! # Fencing
 //! The token is the lock key's `create_revision`: etcd's one global, durable,
 //! strictly increasing revision, so every new owner of a job holds a larger token
