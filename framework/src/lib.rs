@@ -25,6 +25,8 @@ pub mod config;
 pub mod fence;
 pub mod job;
 pub mod telemetry;
+pub mod lease;
+pub mod retry;
 pub mod types;
 
 #[cfg(feature = "devstack")]

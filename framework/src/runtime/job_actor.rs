@@ -157,7 +157,7 @@ impl JobRun {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "admission read failed; retrying later");
-                self.retry_later(delivery, retry::delay(&sh.cfg.retry_backoff, 0))
+                self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
                     .await;
                 return Err(Stop::Quiet);
             }
@@ -203,7 +203,7 @@ impl JobRun {
         let session = match sh.healthy_session() {
             Some(s) => s,
             None => {
-                self.retry_later(delivery, retry::delay(&sh.cfg.contention_backoff, 0))
+                self.retry_later(delivery, retry::jittered(&sh.cfg.contention_backoff, 0))
                     .await;
                 return Err(Stop::Quiet);
             }
@@ -220,14 +220,14 @@ impl JobRun {
                 sh.metrics.contention(job.name());
                 let attempt = u32::try_from(delivery.delivery_count().saturating_sub(1))
                     .unwrap_or(u32::MAX);
-                let delay = retry::delay(&sh.cfg.contention_backoff, attempt);
+                let delay = retry::jittered(&sh.cfg.contention_backoff, attempt);
                 tracing::debug!(holder = ?holder, ?delay, "job lock held by another session");
                 self.retry_later(delivery, delay).await;
                 return Err(Stop::Quiet);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "acquiring the job lock failed");
-                self.retry_later(delivery, retry::delay(&sh.cfg.contention_backoff, 0))
+                self.retry_later(delivery, retry::jittered(&sh.cfg.contention_backoff, 0))
                     .await;
                 return Err(Stop::Quiet);
             }
@@ -261,7 +261,7 @@ impl JobRun {
             Err(e) => {
                 tracing::warn!(error = %e, "claim failed; retrying later");
                 sh.locks.release(session.clone(), lock).await;
-                self.retry_later(delivery, retry::delay(&sh.cfg.retry_backoff, 0))
+                self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
                     .await;
                 return Err(Stop::Quiet);
             }
@@ -512,7 +512,7 @@ impl JobRun {
                 if let Some(lock) = owned.lock.take() {
                     sh.locks.release(owned.session.clone(), lock).await;
                 }
-                self.retry_later(delivery, retry::delay(&sh.cfg.retry_backoff, 0))
+                self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
                     .await;
                 return;
             }
@@ -526,7 +526,7 @@ impl JobRun {
             return;
         }
         sh.metrics.retried(owned.job.name());
-        let delay = retry::delay(&sh.cfg.retry_backoff, attempts.saturating_sub(1));
+        let delay = retry::jittered(&sh.cfg.retry_backoff, attempts.saturating_sub(1));
         tracing::info!(attempts, ?delay, %reason, "step failed; retrying");
         if let Some(lock) = owned.lock.take() {
             sh.locks.release(owned.session.clone(), lock).await;
@@ -571,7 +571,7 @@ impl JobRun {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "marking the job dead failed; retrying later");
-                self.retry_later(delivery, retry::delay(&sh.cfg.retry_backoff, 0))
+                self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
                     .await;
                 return;
             }
