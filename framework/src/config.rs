@@ -4,8 +4,9 @@
 //! use std::time::Duration;
 //! let cfg = tenure::Config::new("payments")
 //!     .with_etcd_endpoints(["http://127.0.0.1:2379"])
-//!     .with_lease_ttl(Duration::from_secs(5));
-//! assert_eq!(cfg.keepalive_interval(), Duration::from_millis(1666));
+//!     .with_lease_ttl(Duration::from_secs(6));
+//! assert_eq!(cfg.keepalive_interval(), Duration::from_secs(1));
+//! assert_eq!(cfg.lost_after(), Duration::from_millis(4200));
 //! cfg.validate().unwrap();
 //! ```
 
@@ -68,7 +69,7 @@ pub struct Config {
     pub database_url: String,
     /// This worker's name (logs, metrics, lock values).
     pub worker_id: String,
-    /// Session lease TTL (default 5 s). Keepalive every TTL/3, `Degraded` after
+    /// Session lease TTL (default 5 s). Keepalive every TTL/6, `Degraded` after
     /// TTL/3 without an ack, `Lost` at 70% of TTL.
     pub lease_ttl: Duration,
     /// What to do when the session is lost.
@@ -262,9 +263,12 @@ impl Config {
         self
     }
 
-    /// Keepalive period: TTL/3.
+    /// Keepalive period: TTL/6, twice per `Degraded` window (TTL/3), so that one
+    /// round trip of latency never turns a healthy session `Degraded`. (The design
+    /// card says TTL/3; sending exactly every TTL/3 makes every ack arrive just
+    /// after the TTL/3 threshold.)
     pub fn keepalive_interval(&self) -> Duration {
-        self.lease_ttl / 3
+        self.degraded_after() / 2
     }
     /// `Healthy` -> `Degraded` when no ack arrived within this of the previous one (TTL/3).
     pub fn degraded_after(&self) -> Duration {
@@ -312,7 +316,7 @@ mod tests {
     #[test]
     fn derived_timings_follow_the_ttl() {
         let cfg = Config::new("t").with_lease_ttl(Duration::from_secs(6));
-        assert_eq!(cfg.keepalive_interval(), Duration::from_secs(2));
+        assert_eq!(cfg.keepalive_interval(), Duration::from_secs(1));
         assert_eq!(cfg.degraded_after(), Duration::from_secs(2));
         assert_eq!(cfg.lost_after(), Duration::from_millis(4200));
     }

@@ -984,7 +984,7 @@ impl Drop for Session {
 /// Keepalive requests go out every TTL/6: twice per `Degraded` window, so one
 /// round trip of latency never turns the session `Degraded`.
 fn keepalive_period(cfg: &Config) -> Duration {
-    cfg.degraded_after() / 2
+    cfg.keepalive_interval()
 }
 
 /// `None` if the (single-job) create succeeded; `Some(holder)` otherwise.
