@@ -1,6 +1,6 @@
 //! The dev stack is real: etcd quorum behaviour, NATS file storage, PostgreSQL,
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! pause/resume, and nothing left behind after drop.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
 
