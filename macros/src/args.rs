@@ -28,7 +28,10 @@ pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
         Err(e) => {
             errors.push(syn::Error::new(
                 e.span(),
-                format!("{e}: the arguments of #[tenure::job] are {KNOWN}, separated by commas"),
+                format!(
+                    "{e} (the arguments of #[tenure::job] are `name = \"...\"`, \
+                     `max_takeovers = N` and `retries = N`, separated by commas)"
+                ),
             ));
             // Do not also complain that `name` is missing: we could not read it.
             return args;
@@ -184,6 +187,7 @@ fn validate_name(lit: &LitStr) -> syn::Result<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use quote::quote;
 

@@ -159,6 +159,7 @@ fn int(e: &Expr) -> Option<u128> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use syn::parse_quote;
 

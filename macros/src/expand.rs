@@ -172,14 +172,20 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
             ::tenure::job::decode_checkpoint::<#input>(step, input)?
         );
         let call = quote_spanned!(located(ident)=> Self::#ident(self, ctx, input).await);
-        let convert = quote_spanned!(located(&s.error)=> ?);
+        let error_ty = &s.error;
+        let convert = quote_spanned!(located(error_ty)=>
+            <#error_ty as __TenureIntoStepError>::__tenure_into_step_error(error)
+        );
         let encode = quote_spanned!(located(output)=>
             ::tenure::job::encode_checkpoint::<#output>(step, &output)
         );
         quote! {
             #index => {
                 let input = #decode;
-                let output = #call #convert;
+                let output = match #call {
+                    ::core::result::Result::Ok(output) => output,
+                    ::core::result::Result::Err(error) => return ::core::result::Result::Err(#convert),
+                };
                 #encode
             }
         }
@@ -189,6 +195,23 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
         #(#cfgs)*
         const _: () = {
             #(#chain_items)*
+
+            // `?` on a step's result, with an error that names the step's error type.
+            #[diagnostic::on_unimplemented(
+                message = "the error type of a step must convert into `tenure::StepError`; `{Self}` does not",
+                label = "use `StepError`, or an error type that implements `std::error::Error + Send + Sync + 'static`"
+            )]
+            trait __TenureIntoStepError {
+                fn __tenure_into_step_error(self) -> ::tenure::job::StepError;
+            }
+            impl<E> __TenureIntoStepError for E
+            where
+                ::tenure::job::StepError: ::core::convert::From<E>,
+            {
+                fn __tenure_into_step_error(self) -> ::tenure::job::StepError {
+                    ::core::convert::From::from(self)
+                }
+            }
 
             #[automatically_derived]
             impl ::tenure::Job for #self_ty {
@@ -224,6 +247,7 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 
@@ -278,7 +302,8 @@ mod tests {
             "Option :: Some (3u32)",
             "0u32 =>",
             "decode_checkpoint :: < TransferReq > (step , input) ?",
-            "Self :: reserve (self , ctx , input) . await ?",
+            "match Self :: reserve (self , ctx , input) . await {",
+            "< StepError as __TenureIntoStepError > :: __tenure_into_step_error (error)",
             "encode_checkpoint :: < () > (step , & output)",
             "2u32 =>",
             "no_such_step :: < Self > (step)",

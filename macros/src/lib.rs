@@ -90,7 +90,9 @@ mod parse;
 /// - The future of a step must be `Send` (steps run on a multi-threaded runtime).
 ///
 /// # Generated code
-/// The impl block is kept as written, minus the `#[step]` markers, and the macro
+/// The impl block is kept as written, minus the `#[step]` markers (each step gets
+/// `#[allow(clippy::unused_async, clippy::needless_pass_by_ref_mut)]` instead: its
+/// shape is fixed even when it does not await or mutate `ctx`), and the macro
 /// adds the `Job` impl exactly as one would write it by hand (see the `Job` trait's
 /// documentation for a full hand-written job). For the example above:
 ///

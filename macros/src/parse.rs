@@ -110,14 +110,25 @@ pub(crate) fn parse_job(item: &mut ItemImpl, errors: &mut Errors) -> Option<JobD
             }
         }
         let ImplItem::Fn(f) = impl_item else {
+            let kind = match impl_item {
+                ImplItem::Const(_) => "an associated const",
+                ImplItem::Type(_) => "an associated type",
+                ImplItem::Macro(_) => "a macro invocation",
+                _ => "this item",
+            };
             errors.spanned(
                 marker,
-                format!("#[step] marks a method of the job: {SIGNATURE}"),
+                format!("#[step] goes on a step method, not on {kind}: {SIGNATURE}"),
             );
             step_errors = true;
             continue;
         };
         let step = parse_step(f, errors);
+        // The shape of a step is fixed: `async` even when it does not await, and
+        // `&mut StepCtx` even when it does not mutate the context.
+        f.attrs.push(syn::parse_quote!(
+            #[allow(clippy::unused_async, clippy::needless_pass_by_ref_mut)]
+        ));
         match step {
             Some(step) if ok => match first_index.get(&step.name) {
                 Some(&first) => {
@@ -323,6 +334,14 @@ pub(crate) fn parse_step(f: &ImplItemFn, errors: &mut Errors) -> Option<StepDef>
                 );
             }
         }
+        [input_param, ctx, ..]
+            if ctx_problem(&input_param.ty).is_some() && ctx_problem(&ctx.ty).is_none() =>
+        {
+            fail(
+                quote!(#input_param, #ctx),
+                format!("step `{name}` takes `ctx: &mut StepCtx` before its input: {SIGNATURE}"),
+            );
+        }
         [ctx, input_param, extra @ ..] => {
             if let Some(problem) = ctx_problem(&ctx.ty) {
                 let ty = &ctx.ty;
@@ -474,6 +493,7 @@ pub(crate) fn located(tokens: &impl Spanned) -> Span {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use syn::parse_quote;
 
@@ -605,7 +625,7 @@ mod tests {
         assert_eq!(errors.len(), 3, "{errors:?}");
         assert!(errors[0].starts_with("#[step] takes no arguments"));
         assert!(errors[1].starts_with("duplicate #[step]"));
-        assert!(errors[2].starts_with("#[step] marks a method"));
+        assert!(errors[2].starts_with("#[step] goes on a step method, not on an associated const"));
     }
 
     #[test]
