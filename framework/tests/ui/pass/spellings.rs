@@ -2,6 +2,9 @@
 //! error types that convert into `StepError`, raw identifiers, lifetimes,
 //! `self: &Self`, one step, the same type spelled differently, other attributes.
 
+// Generated code must not warn in user crates.
+#![deny(warnings)]
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,8 @@
 //! The job from the design document, as a user writes it.
 
+// Generated code must not warn in user crates.
+#![deny(warnings)]
+
 use serde::{Deserialize, Serialize};
 use tenure::{Job, StepCtx, StepError};
 
