@@ -166,7 +166,8 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
     let arms = steps.iter().enumerate().map(|(i, s)| {
         let index = u32::try_from(i).unwrap_or(u32::MAX);
         let (ident, input, output) = (&s.ident, &s.input, &s.output);
-        // Spans: a decode/encode bound failure points at the user's type, a failed
+        // One boxed future per step, located at the step's name: a step whose
+        // future is not `Send` is reported there. Spans: a decode/encode bound failure points at the user's type, a failed
         // error conversion at the user's error type.
         let decode = quote_spanned!(located(input)=>
             ::tenure::job::decode_checkpoint::<#input>(step, input)?
@@ -179,15 +180,15 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
         let encode = quote_spanned!(located(output)=>
             ::tenure::job::encode_checkpoint::<#output>(step, &output)
         );
-        quote! {
-            #index => {
+        quote_spanned! {located(ident)=>
+            #index => ::std::boxed::Box::pin(async move {
                 let input = #decode;
                 let output = match #call {
                     ::core::result::Result::Ok(output) => output,
                     ::core::result::Result::Err(error) => return ::core::result::Result::Err(#convert),
                 };
                 #encode
-            }
+            }),
         }
     });
 
@@ -232,14 +233,12 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
                     ::core::result::Result<::tenure::__private::serde_json::Value, ::tenure::job::StepError>,
                 > {
                     #(#chain_checks)*
-                    ::std::boxed::Box::pin(async move {
-                        match step.get() {
-                            #(#arms)*
-                            _ => ::core::result::Result::Err(
-                                ::tenure::job::StepError::no_such_step::<Self>(step),
-                            ),
-                        }
-                    })
+                    match step.get() {
+                        #(#arms)*
+                        _ => ::std::boxed::Box::pin(::core::future::ready(::core::result::Result::Err(
+                            ::tenure::job::StepError::no_such_step::<Self>(step),
+                        ))),
+                    }
                 }
             }
         };
@@ -300,7 +299,7 @@ mod tests {
             "StepInfo { name : \"reserve\" } , :: tenure :: job :: StepInfo { name : \"debit\" } , :: tenure :: job :: StepInfo { name : \"notify\" }",
             "Option :: Some (5u32)",
             "Option :: Some (3u32)",
-            "0u32 =>",
+            "0u32 => :: std :: boxed :: Box :: pin (async move {",
             "decode_checkpoint :: < TransferReq > (step , input) ?",
             "match Self :: reserve (self , ctx , input) . await {",
             "< StepError as __TenureIntoStepError > :: __tenure_into_step_error (error)",

@@ -111,18 +111,16 @@ mod parse;
 ///         fn run_step<'a>(&'a self, step: StepIndex, ctx: &'a mut StepCtx, input: serde_json::Value)
 ///             -> BoxFuture<'a, Result<serde_json::Value, StepError>>
 ///         {
-///             Box::pin(async move {
-///                 match step.get() {
-///                     0 => {
-///                         let input = ::tenure::job::decode_checkpoint::<TransferReq>(step, input)?;
-///                         let output = Self::reserve(self, ctx, input).await?;
-///                         ::tenure::job::encode_checkpoint::<Reserved>(step, &output)
-///                     }
-///                     1 => { /* debit: Reserved -> Debited */ }
-///                     2 => { /* notify: Debited -> () */ }
-///                     _ => Err(StepError::no_such_step::<Self>(step)),
-///                 }
-///             })
+///             match step.get() {
+///                 0 => Box::pin(async move {
+///                     let input = ::tenure::job::decode_checkpoint::<TransferReq>(step, input)?;
+///                     let output = Self::reserve(self, ctx, input).await?;
+///                     ::tenure::job::encode_checkpoint::<Reserved>(step, &output)
+///                 }),
+///                 1 => Box::pin(async move { /* debit: Reserved -> Debited */ }),
+///                 2 => Box::pin(async move { /* notify: Debited -> () */ }),
+///                 _ => Box::pin(std::future::ready(Err(StepError::no_such_step::<Self>(step)))),
+///             }
 ///         }
 ///     }
 /// };
