@@ -167,8 +167,8 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
         let index = u32::try_from(i).unwrap_or(u32::MAX);
         let (ident, input, output) = (&s.ident, &s.input, &s.output);
         // One boxed future per step, located at the step's name: a step whose
-        // future is not `Send` is reported there. Spans: a decode/encode bound failure points at the user's type, a failed
-        // error conversion at the user's error type.
+        // future is not `Send` is reported there. A decode/encode bound failure
+        // points at the user's type, a failed error conversion at the error type.
         let decode = quote_spanned!(located(input)=>
             ::tenure::job::decode_checkpoint::<#input>(step, input)?
         );
