@@ -10,10 +10,7 @@ use tenure::devstack::DevStack;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let (_stack, cfg) = if Config::env_has_servers() {
-        (
-            None,
-            Config::from_env().context("reading TENURE_* variables")?,
-        )
+        (None, Config::from_env().context("reading TENURE_* variables")?)
     } else {
         println!("starting the embedded dev stack (3 etcd members, NATS, PostgreSQL)...");
         let stack = DevStack::start().await.context("starting the dev stack")?;
