@@ -1,0 +1,306 @@
+//! The arguments of `#[tenure::job(name = "...", max_takeovers = N, retries = N)]`.
+
+use proc_macro2::{Span, TokenStream};
+use syn::parse::Parser;
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, Lit, LitStr, Meta, Token};
+
+use crate::errors::Errors;
+
+/// The arguments, validated. Missing or invalid ones are `None` (and reported).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct JobArgs {
+    /// `name = "ledger.transfer"`.
+    pub(crate) name: Option<String>,
+    /// `max_takeovers = 5`.
+    pub(crate) max_takeovers: Option<u32>,
+    /// `retries = 3`.
+    pub(crate) retries: Option<u32>,
+}
+
+const KNOWN: &str = "expected `name = \"...\"`, `max_takeovers = N` or `retries = N`";
+
+/// Parses the attribute's arguments, reporting every problem into `errors`.
+pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
+    let mut args = JobArgs::default();
+    let metas = match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr) {
+        Ok(metas) => metas,
+        Err(e) => {
+            errors.push(syn::Error::new(
+                e.span(),
+                format!(
+                    "{e} (the arguments of #[tenure::job] are `name = \"...\"`, \
+                     `max_takeovers = N` and `retries = N`, separated by commas)"
+                ),
+            ));
+            // Do not also complain that `name` is missing: we could not read it.
+            return args;
+        }
+    };
+
+    let mut seen_name = false;
+    let mut seen_takeovers = false;
+    let mut seen_retries = false;
+    for meta in metas {
+        let key = meta.path().get_ident().map(ToString::to_string);
+        let (seen, kind) = match key.as_deref() {
+            Some("name") => (&mut seen_name, Kind::Name),
+            Some("max_takeovers") => (&mut seen_takeovers, Kind::Count),
+            Some("retries") => (&mut seen_retries, Kind::Count),
+            _ => {
+                let path = meta.path();
+                let shown = quote::quote!(#path).to_string().replace(' ', "");
+                errors.spanned(path, format!("unknown argument `{shown}`: {KNOWN}"));
+                continue;
+            }
+        };
+        let key = key.unwrap_or_default();
+        if std::mem::replace(seen, true) {
+            errors.spanned(meta.path(), format!("duplicate argument `{key}`"));
+            continue;
+        }
+        let value = match &meta {
+            Meta::NameValue(nv) => &nv.value,
+            Meta::Path(p) => {
+                errors.spanned(p, format!("`{key}` needs a value: {}", kind.example(&key)));
+                continue;
+            }
+            Meta::List(l) => {
+                errors.spanned(l, format!("write `{key}` as {}", kind.example(&key)));
+                continue;
+            }
+        };
+        match kind {
+            Kind::Name => match value {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Str(s), ..
+                }) => match validate_name(s) {
+                    Ok(name) => args.name = Some(name),
+                    Err(e) => errors.push(e),
+                },
+                other => errors.spanned(
+                    other,
+                    "`name` must be a string literal, e.g. `name = \"ledger.transfer\"`",
+                ),
+            },
+            Kind::Count => {
+                let n = parse_count(&key, value, errors);
+                if key == "retries" {
+                    args.retries = n;
+                } else {
+                    args.max_takeovers = n;
+                }
+            }
+        }
+    }
+
+    if !seen_name {
+        errors.at(
+            Span::call_site(),
+            "missing `name = \"...\"`: every job type needs a stable name, stored in job \
+             rows and message headers, e.g. #[tenure::job(name = \"ledger.transfer\")]",
+        );
+    }
+    args
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Name,
+    Count,
+}
+
+impl Kind {
+    fn example(self, key: &str) -> String {
+        match self {
+            Kind::Name => "`name = \"ledger.transfer\"`".to_owned(),
+            Kind::Count => format!("`{key} = 3`"),
+        }
+    }
+}
+
+fn parse_count(key: &str, value: &Expr, errors: &mut Errors) -> Option<u32> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => match i.suffix() {
+            "" | "u32" => match i.base10_parse::<u32>() {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    errors.spanned(i, format!("`{key}` must fit in a u32: {e}"));
+                    None
+                }
+            },
+            suffix => {
+                errors.spanned(i, format!("`{key}` is a u32; remove the `{suffix}` suffix"));
+                None
+            }
+        },
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => {
+            errors.spanned(
+                s,
+                format!(
+                    "`{key}` must be an integer literal, not a string: `{key} = {}`",
+                    if s.value().trim().parse::<u32>().is_ok() {
+                        s.value().trim().to_owned()
+                    } else {
+                        "3".to_owned()
+                    }
+                ),
+            );
+            None
+        }
+        other => {
+            errors.spanned(
+                other,
+                format!("`{key}` must be a non-negative integer literal, e.g. `{key} = 3`"),
+            );
+            None
+        }
+    }
+}
+
+/// Job names end up in job rows, message headers and (possibly) NATS subjects:
+/// non-empty, ASCII letters, digits, `_` and `-`, in `.`-separated non-empty parts.
+fn validate_name(lit: &LitStr) -> syn::Result<String> {
+    let name = lit.value();
+    let parts_ok = !name.is_empty()
+        && name.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        });
+    if parts_ok {
+        Ok(name)
+    } else {
+        Err(syn::Error::new_spanned(
+            lit,
+            format!(
+                "invalid job name {name:?}: use ASCII letters, digits, `_` and `-` in \
+                 non-empty parts separated by `.`, e.g. \"ledger.transfer\""
+            ),
+        ))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use quote::quote;
+
+    use super::*;
+
+    fn parse(attr: TokenStream) -> (JobArgs, Vec<String>) {
+        let mut errors = Errors::default();
+        let args = parse_args(attr, &mut errors);
+        (args, errors.messages())
+    }
+
+    #[test]
+    fn all_arguments() {
+        let (args, errors) = parse(quote!(
+            name = "ledger.transfer",
+            max_takeovers = 5,
+            retries = 3,
+        ));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            args,
+            JobArgs {
+                name: Some("ledger.transfer".into()),
+                max_takeovers: Some(5),
+                retries: Some(3),
+            }
+        );
+    }
+
+    #[test]
+    fn only_name() {
+        let (args, errors) = parse(quote!(name = "a"));
+        assert!(errors.is_empty());
+        assert_eq!(args.name.as_deref(), Some("a"));
+        assert_eq!((args.max_takeovers, args.retries), (None, None));
+    }
+
+    #[test]
+    fn missing_name() {
+        let (_, errors) = parse(quote!(retries = 3));
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].starts_with("missing `name"), "{errors:?}");
+        let (_, errors) = parse(quote!());
+        assert!(errors[0].starts_with("missing `name"), "{errors:?}");
+    }
+
+    #[test]
+    fn every_error_is_reported() {
+        let (args, errors) = parse(quote!(
+            name = 5,
+            retries = "x",
+            max_takeovers = -1,
+            colour = "red",
+            retries = 2,
+        ));
+        assert_eq!(args, JobArgs::default());
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        assert!(errors[0].contains("`name` must be a string literal"));
+        assert!(errors[1].contains("`retries` must be an integer literal, not a string"));
+        assert!(errors[2].contains("non-negative integer literal"));
+        assert!(errors[3].contains("unknown argument `colour`"));
+        assert!(errors[4].contains("duplicate argument `retries`"));
+    }
+
+    #[test]
+    fn string_number_suggests_the_number() {
+        let (_, errors) = parse(quote!(name = "a", retries = "4"));
+        assert!(errors[0].contains("`retries = 4`"), "{errors:?}");
+    }
+
+    #[test]
+    fn out_of_range_and_suffixes() {
+        let (_, errors) = parse(quote!(
+            name = "a",
+            retries = 4294967296,
+            max_takeovers = 3u8
+        ));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].contains("must fit in a u32"));
+        assert!(errors[1].contains("remove the `u8` suffix"));
+        let (args, errors) = parse(quote!(name = "a", retries = 4294967295u32));
+        assert!(errors.is_empty());
+        assert_eq!(args.retries, Some(u32::MAX));
+    }
+
+    #[test]
+    fn value_less_and_list_forms() {
+        let (_, errors) = parse(quote!(name, retries(3)));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].contains("`name` needs a value"));
+        assert!(errors[1].contains("write `retries` as `retries = 3`"));
+    }
+
+    #[test]
+    fn unparsable_arguments_are_one_error() {
+        let (_, errors) = parse(quote!(name = ));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("the arguments of #[tenure::job]"));
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["a", "ledger.transfer", "a-b_c.D9"] {
+            assert!(
+                validate_name(&LitStr::new(ok, Span::call_site())).is_ok(),
+                "{ok}"
+            );
+        }
+        for bad in ["", ".a", "a.", "a..b", "a b", "a*", "a>", "ä", "a/b"] {
+            assert!(
+                validate_name(&LitStr::new(bad, Span::call_site())).is_err(),
+                "{bad}"
+            );
+        }
+    }
+}
