@@ -91,6 +91,10 @@ pub struct Config {
     pub max_deliver: i64,
     /// JetStream duplicate window for `Nats-Msg-Id`.
     pub duplicate_window: Duration,
+    /// Timeout of a single NATS request (a JetStream API call, a publish
+    /// confirmation, a confirmed ack); also the slack a fetch allows past its wait
+    /// for the server's answer (default 5 s).
+    pub nats_request_timeout: Duration,
     /// How long graceful shutdown waits for running steps.
     pub shutdown_grace: Duration,
 }
@@ -125,6 +129,7 @@ impl Config {
             max_retries: 3,
             max_deliver: 1000,
             duplicate_window: Duration::from_secs(120),
+            nats_request_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -167,9 +172,13 @@ impl Config {
     /// Whether all three `TENURE_*` server variables are set (examples use this to
     /// choose real servers over the embedded dev stack).
     pub fn env_has_servers() -> bool {
-        ["TENURE_ETCD_ENDPOINTS", "TENURE_NATS_URL", "TENURE_DATABASE_URL"]
-            .iter()
-            .all(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
+        [
+            "TENURE_ETCD_ENDPOINTS",
+            "TENURE_NATS_URL",
+            "TENURE_DATABASE_URL",
+        ]
+        .iter()
+        .all(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
     }
 
     /// Checks names and bounds.
@@ -180,14 +189,17 @@ impl Config {
         let ident = |name: &'static str, v: &str| {
             let ok = !v.is_empty()
                 && v.len() <= 48
-                && v.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                && v.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
                 && !v.starts_with(|c: char| c.is_ascii_digit());
             if ok {
                 Ok(())
             } else {
                 Err(ConfigError::Invalid {
                     name,
-                    reason: format!("{v:?} must be 1-48 chars of [a-z0-9_], not starting with a digit"),
+                    reason: format!(
+                        "{v:?} must be 1-48 chars of [a-z0-9_], not starting with a digit"
+                    ),
                 })
             }
         };
@@ -206,6 +218,12 @@ impl Config {
             return Err(ConfigError::Invalid {
                 name: "lease_ttl",
                 reason: "etcd leases have whole-second TTLs".into(),
+            });
+        }
+        if self.nats_request_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                name: "nats_request_timeout",
+                reason: "must be positive".into(),
             });
         }
         if self.max_in_flight == 0 {
@@ -254,6 +272,11 @@ impl Config {
     /// Builder: lease TTL (whole seconds).
     pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
+        self
+    }
+    /// Builder: timeout of a single NATS request.
+    pub fn with_nats_request_timeout(mut self, timeout: Duration) -> Self {
+        self.nats_request_timeout = timeout;
         self
     }
     /// Builder: watchdog policy.
@@ -308,11 +331,19 @@ mod tests {
     fn bad_values_are_typed_errors() {
         assert!(matches!(
             Config::new("Bad-NS").validate(),
-            Err(ConfigError::Invalid { name: "namespace", .. })
+            Err(ConfigError::Invalid {
+                name: "namespace",
+                ..
+            })
         ));
         assert!(matches!(
-            Config::new("ok").with_lease_ttl(Duration::from_millis(1500)).validate(),
-            Err(ConfigError::Invalid { name: "lease_ttl", .. })
+            Config::new("ok")
+                .with_lease_ttl(Duration::from_millis(1500))
+                .validate(),
+            Err(ConfigError::Invalid {
+                name: "lease_ttl",
+                ..
+            })
         ));
         assert!(Config::new("ok").validate().is_ok());
     }

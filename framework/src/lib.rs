@@ -22,6 +22,7 @@
 //! - `testing`: test-only constructors (raw fencing tokens). Never in production.
 
 pub mod config;
+pub mod queue;
 pub mod types;
 
 #[cfg(feature = "devstack")]
