@@ -410,6 +410,39 @@ async fn dead_letter_keeps_every_header() {
     assert_eq!(stats.dlq_messages, 1);
 }
 
+/// A stale worker and its replacement both dead-letter the same work message:
+/// one DLQ entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_lettering_one_message_twice_stores_one_entry() {
+    let stack = nats();
+    let queue = Queue::connect(&config(stack, "q_dlq_once", 1))
+        .await
+        .expect("connect");
+    queue
+        .publish_job(job(1), "test.job", "x".into())
+        .await
+        .expect("publish");
+    let stale = fetch_one(&queue, Duration::from_secs(5))
+        .await
+        .expect("delivery");
+    let fresh = fetch_one(&queue, Duration::from_secs(10))
+        .await
+        .expect("redelivery");
+    assert_eq!(fresh.stream_sequence(), stale.stream_sequence());
+    fresh
+        .dead_letter(DeadLetterInfo::new("first"))
+        .await
+        .expect("dead letter");
+    stale
+        .dead_letter(DeadLetterInfo::new("second"))
+        .await
+        .expect("dead letter again");
+    let dl = queue.dead_letters(10).await.expect("DLQ");
+    assert_eq!(dl.len(), 1, "{dl:?}");
+    assert_eq!(dl[0].reason, "first");
+    assert_eq!(queue.stats().await.expect("stats").work_messages, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redrive_puts_the_message_back_and_it_can_be_acked() {
     let stack = nats();
@@ -534,7 +567,10 @@ async fn message_exceeding_max_deliver_lands_in_the_dlq_via_the_advisory() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // With the listener running, a second poison message follows the same path.
+    // With the listener running (and a second worker's listener racing it), a
+    // second poison message follows the same path, and is dead-lettered once.
+    let other_worker = Queue::connect(&cfg).await.expect("second worker");
+    let other_listener = other_worker.spawn_max_deliveries_listener();
     queue
         .publish_job(job(2), "test.job", "poison 2".into())
         .await
@@ -556,8 +592,11 @@ async fn message_exceeding_max_deliver_lands_in_the_dlq_via_the_advisory() {
             .await
             .expect("fetch");
     }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(queue.dead_letters(10).await.expect("DLQ").len(), 2);
     assert!(!listener.is_finished());
     drop(listener);
+    drop(other_listener);
 
     // Redriven, it is served again (and MaxDeliver counts afresh).
     assert_eq!(queue.redrive(job(1)).await.expect("redrive"), 1);
@@ -854,26 +893,41 @@ async fn throughput_scratch() {
         total as f64 / publish.as_secs_f64()
     );
 
-    let t = Instant::now();
-    let mut acked = 0;
-    let max = 64;
-    let mut acks = futures::stream::FuturesUnordered::new();
-    while acked < total {
-        for d in queue
-            .fetch(max, Duration::from_secs(1))
-            .await
-            .expect("fetch")
-        {
-            acks.push(d.ack());
+    // Consume in three ways, a third of the messages each.
+    let third = total / 3;
+    let mut consumed = 0;
+    for (max, concurrent_acks) in [(64, true), (64, false), (256, true)] {
+        let t = Instant::now();
+        let mut acked = 0;
+        let mut acks = futures::stream::FuturesUnordered::new();
+        while acked < third && consumed + acked < total {
+            for d in queue
+                .fetch(max, Duration::from_secs(1))
+                .await
+                .expect("fetch")
+            {
+                if concurrent_acks {
+                    acks.push(d.ack());
+                } else {
+                    d.ack().await.expect("ack");
+                    acked += 1;
+                }
+            }
+            while let Some(r) = acks.next().await {
+                r.expect("ack");
+                acked += 1;
+            }
         }
-        while let Some(r) = acks.next().await {
-            r.expect("ack");
-            acked += 1;
-        }
+        consumed += acked;
+        let el = t.elapsed();
+        println!(
+            "fetch({max}) + confirmed acks ({}): {acked} in {el:?} = {:.0}/s",
+            if concurrent_acks {
+                "concurrent"
+            } else {
+                "one by one"
+            },
+            acked as f64 / el.as_secs_f64()
+        );
     }
-    let el = t.elapsed();
-    println!(
-        "fetch(64) + confirmed acks (acks of a batch concurrent): {total} in {el:?} = {:.0}/s",
-        total as f64 / el.as_secs_f64()
-    );
 }

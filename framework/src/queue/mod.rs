@@ -2,7 +2,7 @@
 //! and the dead-letter queue (DLQ). The only code in Tenure that talks to NATS.
 //!
 //! The queue only says "look at job X": job state lives in PostgreSQL (the
-//! [`fence`](crate) module's job rows), and this module never touches it. The
+//! `fence` module's job rows), and this module never touches it. The
 //! client composes the two: enqueue = insert the job row + [`Queue::publish_job`];
 //! redrive = [`Queue::redrive`] + reset the row.
 //!
