@@ -92,6 +92,10 @@ pub struct Config {
     pub max_deliver: i64,
     /// JetStream duplicate window for `Nats-Msg-Id`.
     pub duplicate_window: Duration,
+    /// Timeout of a single NATS request (a JetStream API call, a publish
+    /// confirmation, a confirmed ack); also the slack a fetch allows past its wait
+    /// for the server's answer (default 5 s).
+    pub nats_request_timeout: Duration,
     /// How long graceful shutdown waits for running steps.
     pub shutdown_grace: Duration,
 }
@@ -126,6 +130,7 @@ impl Config {
             max_retries: 3,
             max_deliver: 1000,
             duplicate_window: Duration::from_secs(120),
+            nats_request_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -209,6 +214,12 @@ impl Config {
                 reason: "etcd leases have whole-second TTLs".into(),
             });
         }
+        if self.nats_request_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                name: "nats_request_timeout",
+                reason: "must be positive".into(),
+            });
+        }
         if self.max_in_flight == 0 {
             return Err(ConfigError::Invalid {
                 name: "max_in_flight",
@@ -255,6 +266,11 @@ impl Config {
     /// Builder: lease TTL (whole seconds).
     pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
+        self
+    }
+    /// Builder: timeout of a single NATS request.
+    pub fn with_nats_request_timeout(mut self, timeout: Duration) -> Self {
+        self.nats_request_timeout = timeout;
         self
     }
     /// Builder: watchdog policy.

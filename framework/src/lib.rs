@@ -21,17 +21,21 @@
 //! - `devstack`: the embedded dev stack ([`devstack`]).
 //! - `testing`: test-only constructors (raw fencing tokens). Never in production.
 
+mod client;
 pub mod config;
 pub mod fence;
 pub mod job;
-pub mod telemetry;
 pub mod lease;
+pub mod queue;
 pub mod retry;
+pub mod runtime;
+pub mod telemetry;
 pub mod types;
 
 #[cfg(feature = "devstack")]
 pub mod devstack;
 
+pub use client::{Client, ClientError, Enqueued};
 pub use config::Config;
 pub use job::{Job, StepCtx, StepError};
 pub use tenure_macros::{job, step};

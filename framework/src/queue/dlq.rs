@@ -1,0 +1,641 @@
+//! The dead-letter queue: writing entries, reading them back, redriving them, and
+//! the listener that dead-letters messages the broker gave up on.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
+use async_nats::jetstream::{AckKind, message::StreamMessage};
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use super::{Published, Queue, QueueError, boxed, headers};
+use crate::config::BackoffConfig;
+use crate::{FencingToken, JobId};
+
+/// Stable DLQ reasons written by the queue itself.
+pub mod reasons {
+    /// The broker delivered the message `MaxDeliver` times without an ack.
+    pub const MAX_DELIVERIES: &str = "max_deliveries";
+    /// Prefix of the reasons of [`BadMessage`](super::super::BadMessage)s.
+    pub const BAD_MESSAGE: &str = "bad_message";
+}
+
+/// What the worker knows when it dead-letters a job (from the job row).
+///
+/// ```
+/// use tenure::queue::DeadLetterInfo;
+/// let info = DeadLetterInfo::new("poison: 6 takeovers");
+/// assert_eq!(info.attempts, 0);
+/// assert!(info.last_token.is_none());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterInfo {
+    /// Why (e.g. `takeovers`, `retries_exhausted`, a [`BadMessage`](super::BadMessage) reason).
+    pub reason: String,
+    /// The token of the last owner that claimed the job, if any.
+    pub last_token: Option<FencingToken>,
+    /// Owners the job lost.
+    pub takeovers: u32,
+    /// Failed attempts.
+    pub attempts: u32,
+}
+
+impl DeadLetterInfo {
+    /// A reason with no owner, takeovers or attempts.
+    pub fn new(reason: impl Into<String>) -> Self {
+        DeadLetterInfo {
+            reason: reason.into(),
+            last_token: None,
+            takeovers: 0,
+            attempts: 0,
+        }
+    }
+}
+
+/// An entry of the DLQ stream, as [`Queue::dead_letters`] reads it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The entry's sequence in the DLQ stream.
+    pub dlq_sequence: u64,
+    /// The job id, when the message carried a valid one.
+    pub job_id: Option<JobId>,
+    /// The job type header, when present.
+    pub job_type: Option<String>,
+    /// Why it was dead-lettered (empty if the header is missing).
+    pub reason: String,
+    /// Every header, sorted by name.
+    pub headers: Vec<(String, String)>,
+    /// The original payload.
+    pub payload: Bytes,
+    /// The message's sequence in the work stream.
+    pub original_sequence: Option<u64>,
+    /// The message's subject in the work stream.
+    pub original_subject: Option<String>,
+    /// How many times the broker had delivered it.
+    pub deliveries: Option<u64>,
+    /// Failed attempts, when the worker knew them.
+    pub attempts: Option<u32>,
+    /// Lost owners, when the worker knew them.
+    pub takeovers: Option<u32>,
+    /// The last owner's token, when there was one.
+    pub last_token: Option<FencingToken>,
+}
+
+impl DeadLetter {
+    fn from_stored(m: StreamMessage) -> Self {
+        let get = |name: &str| m.headers.get(name).map(|v| v.as_str().to_string());
+        let num = |name: &str| get(name).and_then(|v| v.parse::<u64>().ok());
+        let small = |name: &str| get(name).and_then(|v| v.parse::<u32>().ok());
+        DeadLetter {
+            dlq_sequence: m.sequence,
+            job_id: get(headers::JOB_ID).and_then(|v| v.parse().ok()),
+            job_type: get(headers::JOB_TYPE),
+            reason: get(headers::REASON).unwrap_or_default(),
+            headers: headers::to_pairs(Some(&m.headers)),
+            original_sequence: num(headers::ORIGINAL_SEQ),
+            original_subject: get(headers::ORIGINAL_SUBJECT),
+            deliveries: num(headers::DELIVERIES),
+            attempts: small(headers::ATTEMPTS),
+            takeovers: small(headers::TAKEOVERS),
+            last_token: get(headers::LAST_TOKEN)
+                .and_then(|v| v.parse::<i64>().ok())
+                .and_then(FencingToken::from_wire),
+            payload: m.payload,
+        }
+    }
+
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The work message being dead-lettered.
+pub(super) struct Original<'a> {
+    pub(super) subject: &'a str,
+    pub(super) headers: Option<&'a HeaderMap>,
+    pub(super) payload: Bytes,
+    pub(super) sequence: u64,
+    pub(super) deliveries: u64,
+}
+
+/// Owns the task started by [`Queue::spawn_max_deliveries_listener`]; dropping
+/// it stops the task.
+#[derive(Debug)]
+pub struct AdvisoryListener {
+    task: JoinHandle<()>,
+}
+
+impl AdvisoryListener {
+    /// Whether the task has ended (it only ends when stopped).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Stops the task (as dropping the handle does).
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for AdvisoryListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The server's `io.nats.jetstream.advisory.v1.max_deliver` event.
+#[derive(Debug, serde::Deserialize)]
+struct MaxDeliveriesAdvisory {
+    stream: String,
+    consumer: String,
+    stream_seq: u64,
+    deliveries: u64,
+}
+
+/// `min(cap, base * 2^attempt) * rand(0.5, 1.5)`.
+fn backoff(cfg: BackoffConfig, attempt: u32) -> Duration {
+    let exp = cfg
+        .base
+        .saturating_mul(2u32.saturating_pow(attempt.min(30)))
+        .min(cfg.cap);
+    exp.mul_f64(rand::random_range(0.5..1.5))
+}
+
+/// Headers a direct get adds to the stored ones.
+const DIRECT_GET_HEADERS: [&str; 6] = [
+    "Nats-Stream",
+    "Nats-Sequence",
+    "Nats-Subject",
+    "Nats-Time-Stamp",
+    "Nats-Last-Sequence",
+    "Nats-Num-Pending",
+];
+
+/// The message as it was stored: without the headers the direct get added.
+fn as_stored(mut m: StreamMessage) -> StreamMessage {
+    let mut h = HeaderMap::new();
+    for (name, values) in m.headers.iter() {
+        if DIRECT_GET_HEADERS.contains(&name.to_string().as_str()) {
+            continue;
+        }
+        for v in values {
+            h.append(name.clone(), v.clone());
+        }
+    }
+    m.headers = h;
+    m
+}
+
+impl Queue {
+    /// Publishes a dead letter for `original` and waits for the confirmation.
+    pub(super) async fn publish_dead_letter(
+        &self,
+        original: Original<'_>,
+        reason: &str,
+        known: Option<&DeadLetterInfo>,
+    ) -> Result<Published, QueueError> {
+        let mut h = HeaderMap::new();
+        if let Some(orig) = original.headers {
+            for (name, values) in orig.iter() {
+                let text = name.to_string();
+                let target = if headers::is_nats_header(&text) {
+                    match headers::name(&format!("{}{text}", headers::ORIGINAL_PREFIX)) {
+                        Some(n) => n,
+                        None => continue,
+                    }
+                } else {
+                    name.clone()
+                };
+                for v in values {
+                    h.append(target.clone(), v.clone());
+                }
+            }
+        }
+        h.insert(headers::REASON, headers::value(reason));
+        h.insert(
+            headers::DELIVERIES,
+            headers::value(&original.deliveries.to_string()),
+        );
+        h.insert(
+            headers::ORIGINAL_SEQ,
+            headers::value(&original.sequence.to_string()),
+        );
+        h.insert(headers::ORIGINAL_SUBJECT, headers::value(original.subject));
+        if let Some(k) = known {
+            h.insert(headers::TAKEOVERS, headers::value(&k.takeovers.to_string()));
+            h.insert(headers::ATTEMPTS, headers::value(&k.attempts.to_string()));
+            if let Some(t) = k.last_token {
+                h.insert(headers::LAST_TOKEN, headers::value(&t.get().to_string()));
+            }
+        }
+        // One entry per work message, however many paths dead-letter it.
+        h.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            headers::value(&format!("tenure-dlq/{}", original.sequence)),
+        );
+        let job_id = original
+            .headers
+            .and_then(|h| h.get(headers::JOB_ID))
+            .and_then(|v| v.as_str().parse::<JobId>().ok());
+        let subject = self.inner.names.dlq_subject(job_id);
+        self.publish_confirmed(subject, h, original.payload).await
+    }
+
+    /// Reads up to `limit` DLQ entries, oldest first.
+    ///
+    /// # Errors
+    /// [`QueueError::Read`].
+    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        self.dead_letters_after(0, limit).await
+    }
+
+    /// Reads up to `limit` DLQ entries with a sequence above `after` (paging:
+    /// pass the last [`DeadLetter::dlq_sequence`] seen).
+    ///
+    /// # Errors
+    /// [`QueueError::Read`].
+    pub async fn dead_letters_after(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        let all = format!("{}>", self.inner.names.dlq_subject_prefix);
+        let mut out = Vec::new();
+        let mut seq = after.saturating_add(1);
+        while out.len() < limit {
+            match self.next_dead_letter(&all, seq).await? {
+                Some(m) => {
+                    seq = m.sequence.saturating_add(1);
+                    out.push(DeadLetter::from_stored(m));
+                }
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first DLQ entry on `subject` at or after `seq`.
+    async fn next_dead_letter(
+        &self,
+        subject: &str,
+        seq: u64,
+    ) -> Result<Option<StreamMessage>, QueueError> {
+        let names = &self.inner.names;
+        self.get_stored(
+            &self.inner.dlq_stream,
+            &names.dlq_stream,
+            seq,
+            Some(subject),
+        )
+        .await
+    }
+
+    /// A stored message by sequence (or the first at or after `seq` on `subject`);
+    /// `None` when there is none.
+    ///
+    /// A direct get, not the typed `STREAM.MSG.GET` of async-nats 0.51: that one
+    /// keeps only the last value of a header that has several. The headers the
+    /// direct get adds (`Nats-Stream`, `Nats-Sequence`, ...) are removed.
+    async fn get_stored(
+        &self,
+        stream: &Stream<()>,
+        name: &str,
+        seq: u64,
+        subject: Option<&str>,
+    ) -> Result<Option<StreamMessage>, QueueError> {
+        let mut get = stream.direct_get_builder().sequence(seq);
+        if let Some(subject) = subject {
+            get = get.next_by_subject(subject);
+        }
+        match get.send().await {
+            Ok(m) => Ok(Some(as_stored(m))),
+            Err(e) if matches!(e.kind(), DirectGetErrorKind::NotFound) => Ok(None),
+            Err(e) => Err(QueueError::Read {
+                stream: name.to_string(),
+                source: boxed(e),
+            }),
+        }
+    }
+
+    /// The DLQ's last sequence now: a scan stops there, so entries that fail
+    /// again while it runs are not redriven twice in one pass.
+    async fn dlq_last_sequence(&self) -> Result<u64, QueueError> {
+        let stream = self
+            .inner
+            .js
+            .get_stream(&self.inner.names.dlq_stream)
+            .await
+            .map_err(|e| QueueError::Read {
+                stream: self.inner.names.dlq_stream.clone(),
+                source: boxed(e),
+            })?;
+        Ok(stream.cached_info().state.last_sequence)
+    }
+
+    /// Republishes every DLQ entry of `job_id` to the work stream (its original
+    /// subject, its original headers minus the DLQ ones, a fresh `Nats-Msg-Id`
+    /// `<job_id>/redrive/<dlq_sequence>` so the duplicate window does not drop it),
+    /// waits for each confirmation, then deletes the entry from the DLQ. Returns
+    /// how many entries were redriven (0: none for that job).
+    ///
+    /// Running it twice, or concurrently, is safe: inside the duplicate window the
+    /// republish is de-duplicated; later a second message for the job is admitted
+    /// against the job row like any duplicate.
+    ///
+    /// # Fencing
+    /// The job row's takeovers and attempts must be reset too (with a fenced
+    /// update, by the caller), or the job goes straight back to the DLQ.
+    ///
+    /// # Errors
+    /// [`QueueError::Read`], [`QueueError::Publish`], [`QueueError::Delete`],
+    /// [`QueueError::Redrive`] (an entry without an original subject or job type).
+    pub async fn redrive(&self, job_id: JobId) -> Result<usize, QueueError> {
+        let span = tracing::info_span!("tenure.queue.redrive", %job_id);
+        async move {
+            let last = self.dlq_last_sequence().await?;
+            let subject = self.inner.names.dlq_subject(Some(job_id));
+            let mut seq = 1;
+            let mut n = 0;
+            while let Some(m) = self.next_dead_letter(&subject, seq).await? {
+                if m.sequence > last {
+                    break;
+                }
+                seq = m.sequence.saturating_add(1);
+                self.redrive_entry(DeadLetter::from_stored(m)).await?;
+                n += 1;
+            }
+            tracing::info!(entries = n, "redriven");
+            Ok(n)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Redrives every DLQ entry whose reason is exactly `reason` and that names a
+    /// valid job (entries without one stay: they would fail the same way); returns
+    /// the job ids, each once, in DLQ order. See [`Queue::redrive`].
+    ///
+    /// # Fencing
+    /// Reset each returned job's row as for [`Queue::redrive`].
+    ///
+    /// # Errors
+    /// As [`Queue::redrive`]; entries redriven before the error stay redriven.
+    pub async fn redrive_reason(&self, reason: &str) -> Result<Vec<JobId>, QueueError> {
+        let span = tracing::info_span!("tenure.queue.redrive_reason", reason);
+        async move {
+            let last = self.dlq_last_sequence().await?;
+            let all = format!("{}>", self.inner.names.dlq_subject_prefix);
+            let mut seq = 1;
+            let mut jobs = Vec::new();
+            while let Some(m) = self.next_dead_letter(&all, seq).await? {
+                if m.sequence > last {
+                    break;
+                }
+                seq = m.sequence.saturating_add(1);
+                let entry = DeadLetter::from_stored(m);
+                if entry.reason != reason {
+                    continue;
+                }
+                let Some(job) = entry.job_id else {
+                    tracing::warn!(
+                        dlq_sequence = entry.dlq_sequence,
+                        "entry without a valid job id is not redriven"
+                    );
+                    continue;
+                };
+                self.redrive_entry(entry).await?;
+                if !jobs.contains(&job) {
+                    jobs.push(job);
+                }
+            }
+            tracing::info!(jobs = jobs.len(), "redriven");
+            Ok(jobs)
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn redrive_entry(&self, entry: DeadLetter) -> Result<(), QueueError> {
+        let names = &self.inner.names;
+        let subject = match (&entry.original_subject, &entry.job_type) {
+            (Some(s), _) if s.starts_with(&names.subject_prefix) => s.clone(),
+            (_, Some(t)) if super::validate_job_type(t).is_ok() => names.work_subject(t),
+            _ => {
+                return Err(QueueError::Redrive {
+                    dlq_sequence: entry.dlq_sequence,
+                    reason: "no original subject in the work stream and no valid job type".into(),
+                });
+            }
+        };
+        let mut h = HeaderMap::new();
+        for (k, v) in &entry.headers {
+            let dlq_only = headers::DLQ_ONLY.contains(&k.as_str())
+                || k.starts_with(headers::ORIGINAL_PREFIX)
+                || headers::is_nats_header(k);
+            if dlq_only {
+                continue;
+            }
+            if let Some(name) = headers::name(k) {
+                h.append(name, headers::value(v));
+            }
+        }
+        let job = entry
+            .job_id
+            .map_or_else(|| "_invalid".to_string(), |j| j.to_string());
+        h.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            headers::value(&format!("{job}/redrive/{}", entry.dlq_sequence)),
+        );
+        let published = self.publish_confirmed(subject, h, entry.payload).await?;
+        tracing::info!(
+            dlq_sequence = entry.dlq_sequence,
+            sequence = published.sequence,
+            duplicate = published.duplicate,
+            "republished to the work stream"
+        );
+        self.delete_stored(
+            &self.inner.dlq_stream,
+            &names.dlq_stream,
+            entry.dlq_sequence,
+        )
+        .await
+    }
+
+    /// Deletes a stored message; one already gone counts as deleted.
+    async fn delete_stored(
+        &self,
+        stream: &Stream<()>,
+        name: &str,
+        sequence: u64,
+    ) -> Result<(), QueueError> {
+        match stream.delete_message(sequence).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // nats-server 2.9 answers a missing sequence with error 10057 and
+                // varying descriptions: ask whether the message is still there.
+                if self
+                    .get_stored(stream, name, sequence, None)
+                    .await?
+                    .is_none()
+                {
+                    Ok(())
+                } else {
+                    Err(QueueError::Delete {
+                        stream: name.to_string(),
+                        sequence,
+                        source: boxed(e),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Starts the task that dead-letters every message the broker gives up on
+    /// (reason [`reasons::MAX_DELIVERIES`]): for each max-deliveries advisory it
+    /// loads the message by its stream sequence, publishes it to the DLQ (server
+    /// confirmed), deletes it from the work stream, then acks the advisory.
+    ///
+    /// The advisories are captured in the advisory stream, so one raised while no
+    /// listener runs is handled when one starts; every worker may run a listener
+    /// (they share the durable consumer, and a message is dead-lettered once even
+    /// if two listeners race). Errors are logged and retried with
+    /// [`Config::retry_backoff`](crate::Config::retry_backoff); the task ends only
+    /// when the returned handle is dropped.
+    pub fn spawn_max_deliveries_listener(&self) -> AdvisoryListener {
+        let queue = self.clone();
+        let span = tracing::info_span!(
+            "tenure.queue.advisory_listener",
+            consumer = %self.inner.names.advisory_consumer
+        );
+        AdvisoryListener {
+            task: tokio::spawn(async move { queue.advisory_loop().await }.instrument(span)),
+        }
+    }
+
+    async fn advisory_loop(self) {
+        let mut failures: u32 = 0;
+        loop {
+            match self.advisory_round().await {
+                Ok(()) => failures = 0,
+                Err(e) => {
+                    let sleep = backoff(self.inner.settings.backoff, failures);
+                    tracing::warn!(error = %e, retry_in = ?sleep, "max-deliveries listener");
+                    failures = failures.saturating_add(1);
+                    tokio::time::sleep(sleep).await;
+                }
+            }
+        }
+    }
+
+    /// One pull from the advisory stream, each advisory handled and acked.
+    async fn advisory_round(&self) -> Result<(), QueueError> {
+        let wait = self.inner.settings.ack_wait;
+        let batch = self
+            .pull(
+                &self.inner.advisories,
+                &self.inner.names.advisory_consumer,
+                16,
+                wait,
+            )
+            .await?;
+        for message in batch {
+            let reply = message.reply.clone();
+            let outcome = self.handle_advisory(&message.payload).await;
+            let Some(reply) = reply else { continue };
+            match outcome {
+                Ok(()) => {
+                    self.ack_request(reply, Bytes::from(AckKind::Ack), "ack", 0)
+                        .await?
+                }
+                Err(e) => {
+                    let delay = self.inner.settings.backoff.base;
+                    // Without the nak it comes back after AckWait anyway.
+                    let _ = self
+                        .ack_request(reply, Bytes::from(AckKind::Nak(Some(delay))), "nak", 0)
+                        .await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_advisory(&self, payload: &[u8]) -> Result<(), QueueError> {
+        let names = &self.inner.names;
+        let adv: MaxDeliveriesAdvisory = match serde_json::from_slice(payload) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "unreadable max-deliveries advisory, dropped");
+                return Ok(());
+            }
+        };
+        if adv.stream != names.stream || adv.consumer != names.consumer {
+            return Ok(());
+        }
+        let span = tracing::info_span!(
+            "tenure.queue.max_deliveries",
+            stream_sequence = adv.stream_seq,
+            deliveries = adv.deliveries,
+            job_id = tracing::field::Empty,
+        );
+        async move {
+            let stored = self
+                .get_stored(&self.inner.work_stream, &names.stream, adv.stream_seq, None)
+                .await?;
+            let Some(stored) = stored else {
+                tracing::debug!("message already gone");
+                return Ok(());
+            };
+            if let Some(id) = stored.headers.get(headers::JOB_ID) {
+                tracing::Span::current().record("job_id", id.as_str());
+            }
+            let original = Original {
+                subject: stored.subject.as_str(),
+                headers: Some(&stored.headers),
+                payload: stored.payload.clone(),
+                sequence: adv.stream_seq,
+                deliveries: adv.deliveries,
+            };
+            let published = self
+                .publish_dead_letter(original, reasons::MAX_DELIVERIES, None)
+                .await?;
+            self.delete_stored(&self.inner.work_stream, &names.stream, adv.stream_seq)
+                .await?;
+            tracing::warn!(
+                dlq_sequence = published.sequence,
+                "the broker gave up on the message: dead-lettered"
+            );
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_stays_within_jitter_of_the_capped_exponential() {
+        let cfg = BackoffConfig {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(1),
+        };
+        for attempt in 0..40 {
+            let d = backoff(cfg, attempt);
+            let exp = (cfg.base * 2u32.saturating_pow(attempt.min(30))).min(cfg.cap);
+            assert!(
+                d >= exp.mul_f64(0.5) && d <= exp.mul_f64(1.5),
+                "{attempt}: {d:?}"
+            );
+        }
+    }
+}

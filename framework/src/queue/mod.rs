@@ -1,0 +1,821 @@
+//! The queue: NATS JetStream delivery of job messages, enqueue de-duplication,
+//! and the dead-letter queue (DLQ). The only code in Tenure that talks to NATS.
+//!
+//! The queue only says "look at job X": job state lives in PostgreSQL (the
+//! `fence` module's job rows), and this module never touches it. The
+//! client composes the two: enqueue = insert the job row + [`Queue::publish_job`];
+//! redrive = [`Queue::redrive`] + reset the row.
+//!
+//! # What [`Queue::connect`] sets up (idempotent, namespace-prefixed)
+//! - the **work stream** `TENURE_<NS>_JOBS` on `<ns>.jobs.>`: file storage,
+//!   work-queue retention (an acked or terminated message leaves the stream), a
+//!   duplicate window of [`Config::duplicate_window`] for `Nats-Msg-Id`;
+//! - the durable pull **consumer** `<ns>_workers`: explicit acks, one
+//!   `filter_subject` (nats-server 2.9 ignores `filter_subjects`), `AckWait` =
+//!   [`Config::ack_wait`] (the lease TTL), `MaxDeliver` = [`Config::max_deliver`],
+//!   no `MaxAckPending` limit (each worker bounds its own in-flight jobs);
+//! - the **DLQ stream** `TENURE_<NS>_DLQ` on `<ns>.dlq.>` (subject
+//!   `<ns>.dlq.<job_id>`, or `<ns>.dlq._invalid` for a message without a valid
+//!   job id), file storage, kept until an operator redrives or purges it;
+//! - the **advisory stream** `TENURE_<NS>_ADVISORIES`, which captures the server's
+//!   `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>` events, and
+//!   its durable consumer `<ns>_advisories`. Core NATS advisories are fire and
+//!   forget; captured in a stream, an advisory raised while no worker listens (or
+//!   while a worker reconnects) is handled later instead of lost, and several
+//!   workers' listeners share the work (see [`Queue::spawn_max_deliveries_listener`]).
+//!
+//! # Server compatibility
+//! Verified against nats-server 2.9.10 with async-nats 0.51: every typed call used
+//! here (stream create/update/info, consumer create/info, publish acks, direct
+//! get with `next_by_subj`, `MSG.DELETE`, pull requests with `no_wait` +
+//! `expires`) parses 2.9's replies. Stored messages are read with a direct get
+//! (streams have `allow_direct`), not the typed `STREAM.MSG.GET`, whose header
+//! parser keeps only the last value of a repeated header. Acks go as plain
+//! requests on the ack subject, so the server's empty reply confirms them (this
+//! is what "double ack" is).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tenure::queue::QueueError> {
+//! use std::time::Duration;
+//! use tenure::queue::Queue;
+//! use tenure::{Config, JobId};
+//!
+//! let cfg = Config::new("payments").with_nats_url("nats://127.0.0.1:4222");
+//! let queue = Queue::connect(&cfg).await?;
+//! let job = JobId::from_key("ledger.transfer", "transfer-42");
+//! let published = queue.publish_job(job, "ledger.transfer", "{}".into()).await?;
+//! assert!(!published.duplicate);
+//!
+//! let _listener = queue.spawn_max_deliveries_listener();
+//! for delivery in queue.fetch(64, Duration::from_secs(1)).await? {
+//!     match delivery.job_id() {
+//!         Ok(_id) => delivery.ack().await?,
+//!         Err(bad) => delivery.dead_letter(bad.dead_letter_info()).await?,
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+mod delivery;
+mod dlq;
+pub mod headers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use async_nats::{ConnectOptions, Event, HeaderMap};
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::config::{BackoffConfig, ConfigError};
+use crate::{Config, JobId};
+
+pub use delivery::{BadMessage, Delivery};
+pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, reasons};
+
+/// A boxed error from the NATS client, kept as the `source` of a [`QueueError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Errors of the queue.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// The configuration is invalid.
+    #[error("invalid configuration")]
+    Config(#[from] ConfigError),
+    /// The first connection to NATS failed.
+    #[error("cannot connect to NATS at {url}")]
+    Connect {
+        /// The URL tried.
+        url: String,
+        /// The client's error.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// Creating or updating a stream or consumer failed (for instance an existing
+    /// stream with a retention policy that cannot be changed).
+    #[error("JetStream setup of {what} failed")]
+    Setup {
+        /// The stream or consumer.
+        what: String,
+        /// The server's or client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A job type that cannot be part of a NATS subject.
+    #[error("invalid job type {job_type:?}: {reason}")]
+    InvalidJobType {
+        /// The job type given.
+        job_type: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A publish was not confirmed by the server (it may still have been stored:
+    /// publish again; the `Nats-Msg-Id` makes that safe inside the duplicate window).
+    #[error("publish to {subject} was not confirmed")]
+    Publish {
+        /// The subject.
+        subject: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A pull request failed or got no answer in time.
+    #[error("fetch from consumer {consumer} failed")]
+    Fetch {
+        /// The consumer.
+        consumer: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The connection to NATS is down and did not come back within the wait; the
+    /// client keeps reconnecting in the background.
+    #[error("NATS is disconnected (waited {waited:?} for the reconnect)")]
+    Disconnected {
+        /// How long the call waited for a reconnect.
+        waited: Duration,
+    },
+    /// An ack, nak, term or progress was not confirmed by the server. The message
+    /// may or may not have been acknowledged: the protocol tolerates a redelivery.
+    #[error("{kind} of stream sequence {stream_sequence} was not confirmed")]
+    Ack {
+        /// `ack`, `nak`, `term` or `progress`.
+        kind: &'static str,
+        /// The message's sequence in the work stream.
+        stream_sequence: u64,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// Reading a stream (a stored message, stream or consumer info) failed.
+    #[error("reading {stream} failed")]
+    Read {
+        /// The stream.
+        stream: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// Deleting a stored message failed.
+    #[error("deleting sequence {sequence} from {stream} failed")]
+    Delete {
+        /// The stream.
+        stream: String,
+        /// The message's sequence.
+        sequence: u64,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A dead letter cannot be redriven (it names no work subject).
+    #[error("DLQ entry {dlq_sequence} cannot be redriven: {reason}")]
+    Redrive {
+        /// The entry's sequence in the DLQ stream.
+        dlq_sequence: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl QueueError {
+    /// Whether retrying the same call later can succeed (NATS down, a timeout),
+    /// as opposed to a configuration or input error.
+    pub fn is_transient(&self) -> bool {
+        !matches!(
+            self,
+            QueueError::Config(_) | QueueError::InvalidJobType { .. } | QueueError::Redrive { .. }
+        )
+    }
+}
+
+/// Causes the queue reports as the `source` of a [`QueueError`].
+#[derive(Debug, thiserror::Error)]
+enum Cause {
+    #[error("no answer from NATS within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// The names of a namespace's streams, subjects and consumers.
+///
+/// ```
+/// use tenure::queue::QueueNames;
+/// let n = QueueNames::new("payments");
+/// assert_eq!(n.stream, "TENURE_PAYMENTS_JOBS");
+/// assert_eq!(n.subject_prefix, "payments.jobs.");
+/// assert_eq!(n.consumer, "payments_workers");
+/// assert_eq!(n.dlq_stream, "TENURE_PAYMENTS_DLQ");
+/// assert_eq!(n.dlq_subject_prefix, "payments.dlq.");
+/// assert_eq!(
+///     n.advisory_subject,
+///     "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TENURE_PAYMENTS_JOBS.payments_workers"
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueNames {
+    /// The work stream, `TENURE_<NS>_JOBS`.
+    pub stream: String,
+    /// Work subjects are `<ns>.jobs.<job_type>`.
+    pub subject_prefix: String,
+    /// The durable pull consumer of the work stream, `<ns>_workers`.
+    pub consumer: String,
+    /// The DLQ stream, `TENURE_<NS>_DLQ`.
+    pub dlq_stream: String,
+    /// DLQ subjects are `<ns>.dlq.<job_id>` (or `<ns>.dlq._invalid`).
+    pub dlq_subject_prefix: String,
+    /// The stream capturing the consumer's max-deliveries advisories,
+    /// `TENURE_<NS>_ADVISORIES`.
+    pub advisory_stream: String,
+    /// `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>`.
+    pub advisory_subject: String,
+    /// The durable consumer of the advisory stream, `<ns>_advisories`.
+    pub advisory_consumer: String,
+}
+
+/// The last token of DLQ subjects of messages without a valid job id.
+const INVALID_JOB_TOKEN: &str = "_invalid";
+
+impl QueueNames {
+    /// The names for `namespace` (already validated by [`Config::validate`]).
+    pub fn new(namespace: &str) -> Self {
+        let upper = namespace.to_ascii_uppercase();
+        let stream = format!("TENURE_{upper}_JOBS");
+        let consumer = format!("{namespace}_workers");
+        QueueNames {
+            advisory_subject: format!(
+                "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
+            ),
+            stream,
+            subject_prefix: format!("{namespace}.jobs."),
+            consumer,
+            dlq_stream: format!("TENURE_{upper}_DLQ"),
+            dlq_subject_prefix: format!("{namespace}.dlq."),
+            advisory_stream: format!("TENURE_{upper}_ADVISORIES"),
+            advisory_consumer: format!("{namespace}_advisories"),
+        }
+    }
+
+    /// The work subject of `job_type`.
+    pub fn work_subject(&self, job_type: &str) -> String {
+        format!("{}{job_type}", self.subject_prefix)
+    }
+
+    /// The DLQ subject of a job (`None`: a message without a valid job id).
+    pub fn dlq_subject(&self, job_id: Option<JobId>) -> String {
+        match job_id {
+            Some(id) => format!("{}{id}", self.dlq_subject_prefix),
+            None => format!("{}{INVALID_JOB_TOKEN}", self.dlq_subject_prefix),
+        }
+    }
+}
+
+/// Checks that a job type can be the tail of a NATS subject: 1-128 characters of
+/// `[A-Za-z0-9_-.]`, dot-separated non-empty tokens.
+///
+/// # Errors
+/// [`QueueError::InvalidJobType`] with the reason.
+pub fn validate_job_type(job_type: &str) -> Result<(), QueueError> {
+    let fail = |reason| {
+        Err(QueueError::InvalidJobType {
+            job_type: job_type.to_string(),
+            reason,
+        })
+    };
+    if job_type.is_empty() || job_type.len() > 128 {
+        return fail("must be 1-128 characters");
+    }
+    if !job_type
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return fail("only ASCII letters, digits, '_', '-' and '.' are allowed");
+    }
+    if job_type.split('.').any(str::is_empty) {
+        return fail("dot-separated parts must not be empty");
+    }
+    Ok(())
+}
+
+/// The server's confirmation of a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// The message's sequence in the work stream (for a duplicate: the sequence of
+    /// the message stored first).
+    pub sequence: u64,
+    /// The broker dropped this publish as a duplicate of one inside the duplicate
+    /// window (same `Nats-Msg-Id`). Outside the window the broker cannot tell:
+    /// the job row is the source of truth for enqueue de-duplication.
+    pub duplicate: bool,
+}
+
+/// Counts for operators and tests ([`Queue::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// Messages stored in the work stream (not yet acked or terminated).
+    pub work_messages: u64,
+    /// Messages in the DLQ stream.
+    pub dlq_messages: u64,
+    /// Messages the consumer has not delivered yet.
+    pub pending: u64,
+    /// Messages delivered and not yet acked.
+    pub ack_pending: u64,
+    /// Messages delivered more than once and not yet acked.
+    pub redelivered: u64,
+    /// Max-deliveries advisories not yet handled.
+    pub advisories: u64,
+}
+
+/// Settings the queue keeps from [`Config`].
+#[derive(Debug, Clone)]
+struct Settings {
+    request_timeout: Duration,
+    ack_wait: Duration,
+    max_deliver: i64,
+    backoff: BackoffConfig,
+}
+
+struct Inner {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    names: QueueNames,
+    work: consumer::PullConsumer,
+    work_stream: stream::Stream<()>,
+    dlq_stream: stream::Stream<()>,
+    advisories: consumer::PullConsumer,
+    connected: watch::Receiver<bool>,
+    settings: Settings,
+}
+
+/// A connection to the namespace's streams. Cheap to clone (one NATS connection
+/// shared by the clones).
+#[derive(Clone)]
+pub struct Queue {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("names", &self.inner.names)
+            .field("connection", &self.inner.client.connection_state())
+            .finish_non_exhaustive()
+    }
+}
+
+fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> BoxError {
+    Box::new(e)
+}
+
+fn setup<E: std::error::Error + Send + Sync + 'static>(what: &str) -> impl FnOnce(E) -> QueueError {
+    let what = what.to_string();
+    move |e| QueueError::Setup {
+        what,
+        source: boxed(e),
+    }
+}
+
+fn read<E: std::error::Error + Send + Sync + 'static>(
+    stream: &str,
+) -> impl FnOnce(E) -> QueueError {
+    let stream = stream.to_string();
+    move |e| QueueError::Read {
+        stream,
+        source: boxed(e),
+    }
+}
+
+impl Queue {
+    /// Connects to [`Config::nats_url`] and creates or updates the streams and
+    /// consumers (see the [module docs](self)). Idempotent: every worker calls it
+    /// at start; a changed `AckWait`, `MaxDeliver` or duplicate window is applied.
+    ///
+    /// # Errors
+    /// [`QueueError::Config`], [`QueueError::Connect`] (NATS unreachable: the first
+    /// connection is not retried), [`QueueError::Setup`] (for instance a stream of
+    /// the same name with an incompatible configuration).
+    #[tracing::instrument(name = "tenure.queue.connect", skip_all, fields(namespace = %cfg.namespace))]
+    pub async fn connect(cfg: &Config) -> Result<Queue, QueueError> {
+        cfg.validate()?;
+        let names = QueueNames::new(&cfg.namespace);
+        let (state_tx, state_rx) = watch::channel(false);
+        let state_tx = Arc::new(state_tx);
+        let events_tx = Arc::clone(&state_tx);
+        let client = ConnectOptions::new()
+            .name(format!("tenure-{}", cfg.worker_id))
+            .connection_timeout(cfg.nats_request_timeout)
+            .request_timeout(Some(cfg.nats_request_timeout))
+            .event_callback(move |event| {
+                let tx = Arc::clone(&events_tx);
+                async move {
+                    match event {
+                        Event::Connected => {
+                            tracing::info!("NATS connected");
+                            tx.send_replace(true);
+                        }
+                        Event::Disconnected | Event::Closed => {
+                            tracing::warn!(%event, "NATS connection lost");
+                            tx.send_replace(false);
+                        }
+                        other => tracing::warn!(event = %other, "NATS event"),
+                    }
+                }
+            })
+            .connect(cfg.nats_url.as_str())
+            .await
+            .map_err(|source| QueueError::Connect {
+                url: cfg.nats_url.clone(),
+                source,
+            })?;
+        state_tx
+            .send_replace(client.connection_state() == async_nats::connection::State::Connected);
+        let js = jetstream::ContextBuilder::new()
+            .timeout(cfg.nats_request_timeout)
+            .ack_timeout(cfg.nats_request_timeout)
+            .build(client.clone());
+
+        js.create_or_update_stream(stream::Config {
+            name: names.stream.clone(),
+            description: Some(format!("Tenure work queue of namespace {}", cfg.namespace)),
+            subjects: vec![format!("{}>", names.subject_prefix)],
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::WorkQueue,
+            duplicate_window: cfg.duplicate_window,
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(setup(&names.stream))?;
+        js.create_or_update_stream(stream::Config {
+            name: names.dlq_stream.clone(),
+            description: Some(format!(
+                "Tenure dead letters of namespace {}",
+                cfg.namespace
+            )),
+            subjects: vec![format!("{}>", names.dlq_subject_prefix)],
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::Limits,
+            duplicate_window: cfg.duplicate_window,
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(setup(&names.dlq_stream))?;
+        js.create_or_update_stream(stream::Config {
+            name: names.advisory_stream.clone(),
+            description: Some(format!(
+                "Tenure max-deliveries advisories of namespace {}",
+                cfg.namespace
+            )),
+            subjects: vec![names.advisory_subject.clone()],
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .map_err(setup(&names.advisory_stream))?;
+
+        let work_stream = js
+            .get_stream_no_info(&names.stream)
+            .await
+            .map_err(setup(&names.stream))?;
+        let work: consumer::PullConsumer = work_stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some(names.consumer.clone()),
+                description: Some("Tenure workers".into()),
+                filter_subject: format!("{}>", names.subject_prefix),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: cfg.ack_wait(),
+                max_deliver: cfg.max_deliver,
+                max_ack_pending: -1,
+                ..Default::default()
+            })
+            .await
+            .map_err(setup(&names.consumer))?;
+        let advisory_stream = js
+            .get_stream_no_info(&names.advisory_stream)
+            .await
+            .map_err(setup(&names.advisory_stream))?;
+        let advisories: consumer::PullConsumer = advisory_stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some(names.advisory_consumer.clone()),
+                description: Some("Tenure max-deliveries listeners".into()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: cfg.ack_wait(),
+                max_ack_pending: -1,
+                ..Default::default()
+            })
+            .await
+            .map_err(setup(&names.advisory_consumer))?;
+        let dlq_stream = js
+            .get_stream_no_info(&names.dlq_stream)
+            .await
+            .map_err(setup(&names.dlq_stream))?;
+
+        tracing::info!(stream = %names.stream, consumer = %names.consumer, "queue ready");
+        Ok(Queue {
+            inner: Arc::new(Inner {
+                client,
+                js,
+                names,
+                work,
+                work_stream,
+                dlq_stream,
+                advisories,
+                connected: state_rx,
+                settings: Settings {
+                    request_timeout: cfg.nats_request_timeout,
+                    ack_wait: cfg.ack_wait(),
+                    max_deliver: cfg.max_deliver,
+                    backoff: cfg.retry_backoff,
+                },
+            }),
+        })
+    }
+
+    /// The names of the streams, subjects and consumers.
+    pub fn names(&self) -> &QueueNames {
+        &self.inner.names
+    }
+
+    /// Whether the NATS connection is up right now.
+    pub fn is_connected(&self) -> bool {
+        self.inner.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Publishes the message of job `job_id` to `<ns>.jobs.<job_type>` with
+    /// `Nats-Msg-Id` = the job id and the [`headers::JOB_ID`] and
+    /// [`headers::JOB_TYPE`] headers, and waits for the server to confirm it is
+    /// stored (file storage).
+    ///
+    /// A second publish of the same job inside the duplicate window is dropped
+    /// by the broker and reported as [`Published::duplicate`]. Outside the window
+    /// the broker stores it again: enqueue de-duplication for good is the job
+    /// row's primary key, and a second message for an existing job is harmless (the
+    /// worker admits it against the row).
+    ///
+    /// # Errors
+    /// [`QueueError::InvalidJobType`]; [`QueueError::Publish`] when the server did
+    /// not confirm within [`Config::nats_request_timeout`] (publishing again is safe).
+    pub async fn publish_job(
+        &self,
+        job_id: JobId,
+        job_type: &str,
+        payload: bytes::Bytes,
+    ) -> Result<Published, QueueError> {
+        let span = tracing::debug_span!("tenure.queue.publish", %job_id, job_type);
+        async move {
+            validate_job_type(job_type)?;
+            let subject = self.inner.names.work_subject(job_type);
+            let id = job_id.to_string();
+            let mut h = HeaderMap::new();
+            h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(&id));
+            h.insert(headers::JOB_ID, headers::value(&id));
+            h.insert(headers::JOB_TYPE, headers::value(job_type));
+            let ack = self.publish_confirmed(subject, h, payload).await?;
+            tracing::debug!(
+                sequence = ack.sequence,
+                duplicate = ack.duplicate,
+                "published"
+            );
+            Ok(ack)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Publishes to any subject of the namespace's streams and waits for the
+    /// server's confirmation.
+    async fn publish_confirmed(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: bytes::Bytes,
+    ) -> Result<Published, QueueError> {
+        let err = |source| QueueError::Publish {
+            subject: subject.clone(),
+            source,
+        };
+        let ack = self
+            .inner
+            .js
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await
+            .map_err(|e| err(boxed(e)))?
+            .await
+            .map_err(|e| err(boxed(e)))?;
+        Ok(Published {
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// One pull request for up to `max` messages: waits up to `wait` for the first
+    /// message, then returns what the server has ready (at most `max`, maybe fewer;
+    /// an empty `Vec` when nothing arrived within `wait`). The server ends the
+    /// request once it has delivered something, so no request stays open after
+    /// the call returns and nothing is delivered to a caller that stopped
+    /// listening. Each [`Delivery`] must be acked, retried or dead-lettered; one
+    /// that is dropped is redelivered after `AckWait`.
+    ///
+    /// Call it in a loop with `max` = the free slots of the worker; it uses the
+    /// consumer created by [`Queue::connect`] (no per-call setup besides the
+    /// pull request's reply subscription).
+    ///
+    /// # Errors
+    /// [`QueueError::Disconnected`] when NATS is down for the whole `wait` (the
+    /// client keeps reconnecting: call again later); [`QueueError::Fetch`] when the
+    /// server answers with an error or not within `wait` +
+    /// [`Config::nats_request_timeout`].
+    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
+        let span = tracing::debug_span!("tenure.queue.fetch", max, got = tracing::field::Empty);
+        let messages = self
+            .pull(&self.inner.work, &self.inner.names.consumer, max, wait)
+            .instrument(span.clone())
+            .await?;
+        span.record("got", messages.len());
+        let mut out = Vec::with_capacity(messages.len());
+        for message in messages {
+            match Delivery::new(message, self.clone()) {
+                Ok(d) => out.push(d),
+                Err(e) => tracing::error!(error = %e, "not a JetStream delivery, skipped"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// One pull request (`no_wait` + `expires` = `wait`): the server answers as soon
+    /// as it has delivered something, or with a timeout status at `wait`.
+    async fn pull(
+        &self,
+        consumer: &consumer::PullConsumer,
+        name: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<jetstream::Message>, QueueError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.wait_connected(wait).await?;
+        let err = |source| QueueError::Fetch {
+            consumer: name.to_string(),
+            source,
+        };
+        let slack = self.inner.settings.request_timeout;
+        let deadline = Instant::now() + wait + slack;
+        let mut batch = tokio::time::timeout_at(
+            deadline,
+            consumer.fetch().max_messages(max).expires(wait).messages(),
+        )
+        .await
+        .map_err(|_| err(boxed(Cause::TimedOut(wait + slack))))?
+        .map_err(|e| err(boxed(e)))?;
+        let mut out = Vec::with_capacity(max.min(256));
+        loop {
+            match tokio::time::timeout_at(deadline, batch.next()).await {
+                Ok(None) => break,
+                Ok(Some(Ok(message))) => out.push(message),
+                Ok(Some(Err(e))) => {
+                    if out.is_empty() {
+                        return Err(err(e));
+                    }
+                    tracing::warn!(error = %e, "pull request ended with an error");
+                    break;
+                }
+                Err(_) => {
+                    if out.is_empty() {
+                        return Err(err(boxed(Cause::TimedOut(wait + slack))));
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Returns at once when connected; otherwise waits up to `wait` for the
+    /// client to reconnect.
+    async fn wait_connected(&self, wait: Duration) -> Result<(), QueueError> {
+        let until = Instant::now() + wait;
+        let mut rx = self.inner.connected.clone();
+        loop {
+            if self.is_connected() {
+                return Ok(());
+            }
+            // Woken by every connection event; the client's own state is the truth.
+            match tokio::time::timeout_at(until, rx.changed()).await {
+                Ok(Ok(())) => tokio::task::yield_now().await,
+                _ => break,
+            }
+        }
+        if self.is_connected() {
+            Ok(())
+        } else {
+            Err(QueueError::Disconnected { waited: wait })
+        }
+    }
+
+    /// Counts of the work stream, its consumer, the DLQ and pending advisories.
+    ///
+    /// # Errors
+    /// [`QueueError::Read`].
+    pub async fn stats(&self) -> Result<QueueStats, QueueError> {
+        let names = &self.inner.names;
+        let work = self
+            .inner
+            .js
+            .get_stream(&names.stream)
+            .await
+            .map_err(read(&names.stream))?;
+        let dlq = self
+            .inner
+            .js
+            .get_stream(&names.dlq_stream)
+            .await
+            .map_err(read(&names.dlq_stream))?;
+        let mut consumer = self.inner.work.clone();
+        let info = consumer
+            .info()
+            .await
+            .map_err(read(&names.consumer))?
+            .clone();
+        let mut adv = self.inner.advisories.clone();
+        let adv = adv.info().await.map_err(read(&names.advisory_consumer))?;
+        Ok(QueueStats {
+            work_messages: work.cached_info().state.messages,
+            dlq_messages: dlq.cached_info().state.messages,
+            pending: info.num_pending,
+            ack_pending: info.num_ack_pending as u64,
+            redelivered: info.num_redelivered as u64,
+            advisories: adv.num_pending + adv.num_ack_pending as u64,
+        })
+    }
+
+    /// A request on an ack subject, confirmed by the server's reply.
+    async fn ack_request(
+        &self,
+        reply: async_nats::Subject,
+        body: bytes::Bytes,
+        kind: &'static str,
+        stream_sequence: u64,
+    ) -> Result<(), QueueError> {
+        self.inner
+            .client
+            .send_request(
+                reply,
+                async_nats::Request::new()
+                    .payload(body)
+                    .timeout(Some(self.inner.settings.request_timeout)),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| QueueError::Ack {
+                kind,
+                stream_sequence,
+                source: boxed(e),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_types_must_fit_in_a_subject() {
+        assert!(validate_job_type("ledger.transfer").is_ok());
+        assert!(validate_job_type("a-b_c.D9").is_ok());
+        for bad in [
+            "",
+            "a..b",
+            ".a",
+            "a.",
+            "a b",
+            "a.*",
+            "a.>",
+            "ä",
+            &"x".repeat(129),
+        ] {
+            assert!(
+                matches!(
+                    validate_job_type(bad),
+                    Err(QueueError::InvalidJobType { .. })
+                ),
+                "{bad:?} must be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn dlq_subjects_name_the_job() {
+        let n = QueueNames::new("ns");
+        let id = JobId::from_key("t", "k");
+        assert_eq!(n.dlq_subject(Some(id)), format!("ns.dlq.{id}"));
+        assert_eq!(n.dlq_subject(None), "ns.dlq._invalid");
+        assert_eq!(n.work_subject("a.b"), "ns.jobs.a.b");
+    }
+}
