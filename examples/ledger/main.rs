@@ -131,7 +131,7 @@ async fn demo() -> anyhow::Result<bool> {
 
     // Worker A, its own OS process, so that it can really be frozen.
     tl.say("demo", "starting worker A (a separate process)");
-    let mut a = spawn_worker("A", &cfg)?;
+    let a = spawn_worker("A", &cfg)?;
     let a_lines = a.lines.clone();
     wait_for(&a_lines, "READY", Duration::from_secs(30)).await?;
 

@@ -567,13 +567,41 @@ impl Queue {
         job_type: &str,
         payload: bytes::Bytes,
     ) -> Result<Published, QueueError> {
+        self.publish_with_msg_id(job_id, job_type, payload, job_id.to_string())
+            .await
+    }
+
+    /// Publishes a job message afresh for an operator's redrive of a job whose
+    /// DLQ entry is gone: the message id is `<job_id>/redrive/<random>`, so the
+    /// duplicate window does not drop it.
+    ///
+    /// # Errors
+    /// As [`Queue::publish_job`].
+    pub async fn publish_redrive(
+        &self,
+        job_id: JobId,
+        job_type: &str,
+        payload: bytes::Bytes,
+    ) -> Result<Published, QueueError> {
+        let msg_id = format!("{job_id}/redrive/{}", uuid::Uuid::new_v4());
+        self.publish_with_msg_id(job_id, job_type, payload, msg_id)
+            .await
+    }
+
+    async fn publish_with_msg_id(
+        &self,
+        job_id: JobId,
+        job_type: &str,
+        payload: bytes::Bytes,
+        msg_id: String,
+    ) -> Result<Published, QueueError> {
         let span = tracing::debug_span!("tenure.queue.publish", %job_id, job_type);
         async move {
             validate_job_type(job_type)?;
             let subject = self.inner.names.work_subject(job_type);
             let id = job_id.to_string();
             let mut h = HeaderMap::new();
-            h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(&id));
+            h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(&msg_id));
             h.insert(headers::JOB_ID, headers::value(&id));
             h.insert(headers::JOB_TYPE, headers::value(job_type));
             let ack = self.publish_confirmed(subject, h, payload).await?;
