@@ -62,11 +62,26 @@ impl Bank {
     pub async fn create(&self, accounts: &[(&str, i64)]) -> anyhow::Result<()> {
         let pool = self.store.pool();
         for ddl in [
-            format!("CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0))", self.t("accounts")),
-            format!("CREATE TABLE IF NOT EXISTS {} (job_id uuid PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)", self.t("holds")),
-            format!("CREATE TABLE IF NOT EXISTS {} (job_id uuid NOT NULL, step int NOT NULL, account text NOT NULL, delta bigint NOT NULL, token bigint NOT NULL)", self.t("entries")),
-            format!("CREATE TABLE IF NOT EXISTS {} (idempotency_key text PRIMARY KEY, body text NOT NULL)", self.t("notifications")),
-            format!("CREATE TABLE IF NOT EXISTS {} (n bigint NOT NULL)", self.t("notification_requests")),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0))",
+                self.t("accounts")
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (job_id uuid PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)",
+                self.t("holds")
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (job_id uuid NOT NULL, step int NOT NULL, account text NOT NULL, delta bigint NOT NULL, token bigint NOT NULL)",
+                self.t("entries")
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (idempotency_key text PRIMARY KEY, body text NOT NULL)",
+                self.t("notifications")
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (n bigint NOT NULL)",
+                self.t("notification_requests")
+            ),
         ] {
             sqlx::query(&ddl).execute(pool).await?;
         }
@@ -100,9 +115,10 @@ impl Bank {
 
     /// (notifications delivered, duplicate requests the provider absorbed).
     pub async fn notifications(&self) -> anyhow::Result<(i64, i64)> {
-        let sent: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", self.t("notifications")))
-            .fetch_one(self.store.pool())
-            .await?;
+        let sent: i64 =
+            sqlx::query_scalar(&format!("SELECT count(*) FROM {}", self.t("notifications")))
+                .fetch_one(self.store.pool())
+                .await?;
         let requests: i64 = sqlx::query_scalar(&format!(
             "SELECT count(*) FROM {}",
             self.t("notification_requests")
@@ -122,12 +138,7 @@ impl Bank {
         .await?)
     }
 
-    async fn apply(
-        &self,
-        ctx: &mut StepCtx,
-        account: &str,
-        delta: i64,
-    ) -> Result<i64, StepError> {
+    async fn apply(&self, ctx: &mut StepCtx, account: &str, delta: i64) -> Result<i64, StepError> {
         let (job, step, token) = (
             ctx.job_id().as_uuid(),
             i32::try_from(ctx.step().get()).unwrap_or(i32::MAX),
@@ -160,9 +171,12 @@ impl Bank {
     /// the fence (its own pool connection), like any external API.
     async fn notify(&self, key: &str, body: &str) -> Result<(), StepError> {
         let pool = self.store.pool();
-        sqlx::query(&format!("INSERT INTO {} (n) VALUES (1)", self.t("notification_requests")))
-            .execute(pool)
-            .await?;
+        sqlx::query(&format!(
+            "INSERT INTO {} (n) VALUES (1)",
+            self.t("notification_requests")
+        ))
+        .execute(pool)
+        .await?;
         sqlx::query(&format!(
             "INSERT INTO {} (idempotency_key, body) VALUES ($1, $2) ON CONFLICT DO NOTHING",
             self.t("notifications")
@@ -198,11 +212,12 @@ impl Transfer {
         let (accounts, holds) = (self.bank.t("accounts"), self.bank.t("holds"));
         let job = ctx.job_id().as_uuid();
         let db = ctx.db().await?;
-        let balance: Option<i64> =
-            sqlx::query_scalar(&format!("SELECT balance FROM {accounts} WHERE id = $1 FOR UPDATE"))
-                .bind(&req.from)
-                .fetch_optional(&mut *db)
-                .await?;
+        let balance: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT balance FROM {accounts} WHERE id = $1 FOR UPDATE"
+        ))
+        .bind(&req.from)
+        .fetch_optional(&mut *db)
+        .await?;
         let Some(balance) = balance else {
             return Err(StepError::permanent(format!("no account {:?}", req.from)));
         };
@@ -212,12 +227,14 @@ impl Transfer {
                 req.from, req.amount
             )));
         }
-        sqlx::query(&format!("INSERT INTO {holds} (job_id, account, amount) VALUES ($1, $2, $3)"))
-            .bind(job)
-            .bind(&req.from)
-            .bind(req.amount)
-            .execute(&mut *db)
-            .await?;
+        sqlx::query(&format!(
+            "INSERT INTO {holds} (job_id, account, amount) VALUES ($1, $2, $3)"
+        ))
+        .bind(job)
+        .bind(&req.from)
+        .bind(req.amount)
+        .execute(&mut *db)
+        .await?;
         Ok(Reserved { req })
     }
 

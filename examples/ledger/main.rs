@@ -78,7 +78,10 @@ impl WorkerObserver for Narrator {
         let step_name = bank::STEP_NAMES.get(step.get() as usize).unwrap_or(&"?");
         self.tl.say(
             self.who,
-            format!("{} committed step {step_name} with token {token}", self.tl.name(job_id)),
+            format!(
+                "{} committed step {step_name} with token {token}",
+                self.tl.name(job_id)
+            ),
         );
     }
     fn stale_rejected(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
@@ -87,7 +90,10 @@ impl WorkerObserver for Narrator {
         }
         self.tl.say(
             self.who,
-            format!("{} step {step}: write with token {token} REFUSED (stale)", self.tl.name(job_id)),
+            format!(
+                "{} step {step}: write with token {token} REFUSED (stale)",
+                self.tl.name(job_id)
+            ),
         );
     }
 }
@@ -98,7 +104,9 @@ async fn demo() -> anyhow::Result<bool> {
         println!("using the servers named by TENURE_*");
         (None, Config::from_env()?)
     } else {
-        println!("starting the embedded dev stack (3 etcd members, NATS JetStream, PostgreSQL 15)...");
+        println!(
+            "starting the embedded dev stack (3 etcd members, NATS JetStream, PostgreSQL 15)..."
+        );
         let stack = DevStack::start().await.context("starting the dev stack")?;
         let cfg = Config::new("ledger")
             .with_etcd_endpoints(stack.etcd_endpoints())
@@ -146,7 +154,10 @@ async fn demo() -> anyhow::Result<bool> {
         .enqueue::<Transfer>("T1", &t1)
         .await
         .context("enqueue T1")?;
-    tl.names.lock().map_err(|_| anyhow::anyhow!("lock"))?.insert(e1.job_id, "T1".into());
+    tl.names
+        .lock()
+        .map_err(|_| anyhow::anyhow!("lock"))?
+        .insert(e1.job_id, "T1".into());
     tl.say("demo", "enqueued T1: alice -> bob, 300");
     // Narrate A's events as they arrive.
     let narrate = {
@@ -212,17 +223,20 @@ async fn demo() -> anyhow::Result<bool> {
             debit_latency_ms: 0,
         };
         let e = client.enqueue::<Transfer>(name, &req).await?;
-        tl.names.lock().map_err(|_| anyhow::anyhow!("lock"))?.insert(e.job_id, name.into());
+        tl.names
+            .lock()
+            .map_err(|_| anyhow::anyhow!("lock"))?
+            .insert(e.job_id, name.into());
         ids.push(e.job_id);
         tl.say("demo", format!("enqueued {name}: {from} -> {to}, {amount}"));
     }
     let all_done = wait_until(Duration::from_secs(60), || async {
         let mut done = 0;
         for id in &ids {
-            if let Ok(Some(row)) = client.job(*id).await {
-                if row.status == tenure::fence::JobStatus::Done {
-                    done += 1;
-                }
+            if let Ok(Some(row)) = client.job(*id).await
+                && row.status == tenure::fence::JobStatus::Done
+            {
+                done += 1;
             }
         }
         done == ids.len()
@@ -242,7 +256,10 @@ async fn demo() -> anyhow::Result<bool> {
 
     // A wakes up and carries on with its debit, under its old token.
     a.signal("-CONT")?;
-    tl.say("demo", "SIGCONT worker A: it wakes up and carries on with T1's debit");
+    tl.say(
+        "demo",
+        "SIGCONT worker A: it wakes up and carries on with T1's debit",
+    );
     let stale_line = format!("STALE {} ", e1.job_id);
     let refused = wait_for(&a_lines, &stale_line, Duration::from_secs(30))
         .await
@@ -258,13 +275,19 @@ async fn demo() -> anyhow::Result<bool> {
     for (acct, bal) in &balances {
         println!("  {acct:<6} {bal:>6}");
     }
-    let expected = [("alice", 1_000 - 300 + 75 - 40), ("bob", 1_000 + 300 - 120), ("carol", 1_000 + 120 - 75 + 40)];
+    let expected = [
+        ("alice", 1_000 - 300 + 75 - 40),
+        ("bob", 1_000 + 300 - 120),
+        ("carol", 1_000 + 120 - 75 + 40),
+    ];
     let balances_ok = expected
         .iter()
         .all(|(a, want)| balances.iter().any(|(n, b)| n == a && b == want));
     println!("  total  {total:>6} (started with 3000)");
     let (sent, deduped) = bank.notifications().await?;
-    println!("notifications delivered: {sent} (duplicate requests absorbed by idempotency key: {deduped})");
+    println!(
+        "notifications delivered: {sent} (duplicate requests absorbed by idempotency key: {deduped})"
+    );
     let double = bank.double_applied().await?;
 
     let _ = provider.force_flush();
@@ -304,7 +327,10 @@ fn narrate_child(tl: &Timeline, line: &str) {
         ["COMMIT", id, step, token] => {
             let i: usize = step.parse().unwrap_or(usize::MAX);
             let name = bank::STEP_NAMES.get(i).unwrap_or(&"?");
-            tl.say("worker A", format!("{} committed step {name} with token {token}", job(id)));
+            tl.say(
+                "worker A",
+                format!("{} committed step {name} with token {token}", job(id)),
+            );
         }
         ["STALE", id, step, token] => {
             let i: usize = step.parse().unwrap_or(usize::MAX);

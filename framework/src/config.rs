@@ -173,9 +173,13 @@ impl Config {
     /// Whether all three `TENURE_*` server variables are set (examples use this to
     /// choose real servers over the embedded dev stack).
     pub fn env_has_servers() -> bool {
-        ["TENURE_ETCD_ENDPOINTS", "TENURE_NATS_URL", "TENURE_DATABASE_URL"]
-            .iter()
-            .all(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
+        [
+            "TENURE_ETCD_ENDPOINTS",
+            "TENURE_NATS_URL",
+            "TENURE_DATABASE_URL",
+        ]
+        .iter()
+        .all(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
     }
 
     /// Checks names and bounds.
@@ -186,14 +190,17 @@ impl Config {
         let ident = |name: &'static str, v: &str| {
             let ok = !v.is_empty()
                 && v.len() <= 48
-                && v.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                && v.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
                 && !v.starts_with(|c: char| c.is_ascii_digit());
             if ok {
                 Ok(())
             } else {
                 Err(ConfigError::Invalid {
                     name,
-                    reason: format!("{v:?} must be 1-48 chars of [a-z0-9_], not starting with a digit"),
+                    reason: format!(
+                        "{v:?} must be 1-48 chars of [a-z0-9_], not starting with a digit"
+                    ),
                 })
             }
         };
@@ -341,11 +348,19 @@ mod tests {
     fn bad_values_are_typed_errors() {
         assert!(matches!(
             Config::new("Bad-NS").validate(),
-            Err(ConfigError::Invalid { name: "namespace", .. })
+            Err(ConfigError::Invalid {
+                name: "namespace",
+                ..
+            })
         ));
         assert!(matches!(
-            Config::new("ok").with_lease_ttl(Duration::from_millis(1500)).validate(),
-            Err(ConfigError::Invalid { name: "lease_ttl", .. })
+            Config::new("ok")
+                .with_lease_ttl(Duration::from_millis(1500))
+                .validate(),
+            Err(ConfigError::Invalid {
+                name: "lease_ttl",
+                ..
+            })
         ));
         assert!(Config::new("ok").validate().is_ok());
     }

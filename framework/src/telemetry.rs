@@ -162,7 +162,8 @@ impl Metrics {
     }
     /// A keepalive round trip took `secs`.
     pub fn keepalive_rtt(&self, secs: f64) {
-        self.keepalive.record(secs, std::slice::from_ref(&self.worker));
+        self.keepalive
+            .record(secs, std::slice::from_ref(&self.worker));
     }
     /// The session moved between health states (numbers as in the gauge).
     pub fn lease_transition(&self, from: &'static str, to: &'static str, to_level: i64) {

@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 pub struct JobId(uuid::Uuid);
 
 /// UUID v5 namespace for job ids (a fixed random UUID, never change it).
-const JOB_ID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6d1f_2b9e_4c0a_4f3b_9a51_7e2c_d8b4_1a07);
+const JOB_ID_NAMESPACE: uuid::Uuid =
+    uuid::Uuid::from_u128(0x6d1f_2b9e_4c0a_4f3b_9a51_7e2c_d8b4_1a07);
 
 impl JobId {
     /// The job id for `idempotency_key` under `job_type` (UUID v5).
@@ -134,9 +135,7 @@ impl fmt::Display for LeaseId {
 /// assert_eq!(t.get(), 42);
 /// assert!(FencingToken::from_wire(0).is_none());
 /// ```
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "i64", into = "i64")]
 pub struct FencingToken(i64);
 

@@ -29,7 +29,9 @@ async fn etcd_survives_one_member_loss_and_refuses_writes_without_quorum() {
     .await
     .expect("stack");
     let eps = stack.etcd_endpoints();
-    etcd_put(&eps, "a", Duration::from_secs(5)).await.expect("healthy write");
+    etcd_put(&eps, "a", Duration::from_secs(5))
+        .await
+        .expect("healthy write");
 
     // Kill the leader: the other two elect a new one and keep serving.
     let leader = stack.etcd_leader().await.expect("leader");
@@ -42,7 +44,10 @@ async fn etcd_survives_one_member_loss_and_refuses_writes_without_quorum() {
         .collect();
     let mut ok = false;
     for _ in 0..20 {
-        if etcd_put(&survivors, "b", Duration::from_secs(3)).await.is_ok() {
+        if etcd_put(&survivors, "b", Duration::from_secs(3))
+            .await
+            .is_ok()
+        {
             ok = true;
             break;
         }
@@ -52,9 +57,13 @@ async fn etcd_survives_one_member_loss_and_refuses_writes_without_quorum() {
     // Kill a second member: no quorum, writes must not succeed.
     let second = (0..3).find(|i| *i != leader).expect("a second member");
     stack.etcd_member(second).kill().expect("kill");
-    let last: Vec<String> = vec![eps[(0..3).find(|i| *i != leader && *i != second).expect("last")].clone()];
+    let last: Vec<String> =
+        vec![eps[(0..3).find(|i| *i != leader && *i != second).expect("last")].clone()];
     let res = etcd_put(&last, "c", Duration::from_secs(4)).await;
-    assert!(res.is_err(), "a single member must refuse writes, got {res:?}");
+    assert!(
+        res.is_err(),
+        "a single member must refuse writes, got {res:?}"
+    );
 
     // Restart both: quorum returns.
     stack.etcd_member(leader).restart().expect("restart");
@@ -78,7 +87,9 @@ async fn jetstream_publish_survives_nats_restart() {
     })
     .await
     .expect("stack");
-    let client = async_nats::connect(stack.nats_url()).await.expect("connect");
+    let client = async_nats::connect(stack.nats_url())
+        .await
+        .expect("connect");
     let js = async_nats::jetstream::new(client);
     js.create_stream(async_nats::jetstream::stream::Config {
         name: "DEVSTACK".into(),
@@ -96,21 +107,29 @@ async fn jetstream_publish_survives_nats_restart() {
 
     stack.nats().kill().expect("kill");
     stack.nats().restart().expect("restart");
-    stack.wait_ready(Duration::from_secs(30)).await.expect("ready again");
+    stack
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready again");
 
-    let client = async_nats::connect(stack.nats_url()).await.expect("reconnect");
+    let client = async_nats::connect(stack.nats_url())
+        .await
+        .expect("reconnect");
     let js = async_nats::jetstream::new(client);
     let mut found = None;
     for _ in 0..50 {
-        if let Ok(mut s) = js.get_stream("DEVSTACK").await {
-            if let Ok(info) = s.info().await {
+        if let Ok(mut s) = js.get_stream("DEVSTACK").await
+            && let Ok(info) = s.info().await {
                 found = Some(info.state.messages);
                 break;
             }
-        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(found, Some(1), "the stored message must survive the restart");
+    assert_eq!(
+        found,
+        Some(1),
+        "the stored message must survive the restart"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +146,10 @@ async fn postgres_answers_and_pause_stops_answers_until_resume() {
         .connect(&stack.database_url())
         .await
         .expect("connect");
-    let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&pool).await.expect("select");
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&pool)
+        .await
+        .expect("select");
     assert_eq!(one, 1);
 
     stack.postgres().pause().expect("pause");

@@ -19,11 +19,13 @@ fn stack() -> &'static DevStack {
 }
 
 async fn count_status(client: &Client, schema: &str, status: &str) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.jobs WHERE status = $1"))
-        .bind(status)
-        .fetch_one(client.store().pool())
-        .await
-        .expect("count")
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {schema}.jobs WHERE status = $1"
+    ))
+    .bind(status)
+    .fetch_one(client.store().pool())
+    .await
+    .expect("count")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -56,7 +58,13 @@ async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
             let client = client.clone();
             async move {
                 client
-                    .enqueue::<ThreeStep>(&format!("job-{n}"), &Work { n: *n, ..Work::default() })
+                    .enqueue::<ThreeStep>(
+                        &format!("job-{n}"),
+                        &Work {
+                            n: *n,
+                            ..Work::default()
+                        },
+                    )
                     .await
                     .expect("enqueue")
             }
@@ -89,7 +97,13 @@ async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
     assert_eq!(per_job, N as i64, "every job has all three steps");
     // Duplicate enqueue after completion: the row dedups, nothing runs again.
     let again = client
-        .enqueue::<ThreeStep>("job-7", &Work { n: 7, ..Work::default() })
+        .enqueue::<ThreeStep>(
+            "job-7",
+            &Work {
+                n: 7,
+                ..Work::default()
+            },
+        )
         .await
         .unwrap();
     assert!(again.duplicate);
@@ -138,7 +152,11 @@ impl ChildWorker {
     }
 
     fn has_line(&self, prefix: &str) -> bool {
-        self.lines.lock().unwrap().iter().any(|l| l.starts_with(prefix))
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.starts_with(prefix))
     }
 
     fn signal(&self, sig: &str) {
@@ -218,7 +236,10 @@ async fn paused_worker_is_fenced_out_after_takeover() {
         }
     };
     assert!(
-        wait_until(Duration::from_secs(30), || async { !log(0).await.is_empty() }).await,
+        wait_until(Duration::from_secs(30), || async {
+            !log(0).await.is_empty()
+        })
+        .await,
         "A commits step 0"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -257,7 +278,10 @@ async fn paused_worker_is_fenced_out_after_takeover() {
     a.signal("-CONT"); // A wakes and tries to write step 1 under t1
     let stale_line = format!("STALE {job_id} 1 {t1}");
     assert!(
-        wait_until(Duration::from_secs(30), || async { a.has_line(&stale_line) }).await,
+        wait_until(Duration::from_secs(30), || async {
+            a.has_line(&stale_line)
+        })
+        .await,
         "A's write under {t1} must be refused; A printed {:?}",
         a.lines.lock().unwrap()
     );
@@ -286,7 +310,11 @@ async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
         let Acquire::Acquired(lock) = session.acquire(job_id).await.expect("acquire") else {
             panic!("contended");
         };
-        client.store().claim(job_id, lock.token()).await.expect("claim");
+        client
+            .store()
+            .claim(job_id, lock.token())
+            .await
+            .expect("claim");
         session.close().await.expect("close"); // revokes the lease: lock gone, no release recorded
     }
     assert_eq!(client.job(job_id).await.unwrap().unwrap().takeovers, 3);
@@ -307,8 +335,15 @@ async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
     let row = client.job(job_id).await.unwrap().unwrap();
     assert_eq!(row.takeovers, 4);
     let dlq = client.queue().dead_letters(100).await.unwrap();
-    let entry = dlq.iter().find(|d| d.job_id == Some(job_id)).expect("in the DLQ");
-    assert!(entry.reason.contains("max_takeovers"), "reason: {}", entry.reason);
+    let entry = dlq
+        .iter()
+        .find(|d| d.job_id == Some(job_id))
+        .expect("in the DLQ");
+    assert!(
+        entry.reason.contains("max_takeovers"),
+        "reason: {}",
+        entry.reason
+    );
     w.shutdown().await.unwrap();
 }
 
@@ -329,20 +364,36 @@ async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_work
         .unwrap();
 
     let always = client
-        .enqueue::<ThreeStep>("always-fails", &Work { fail_times: u32::MAX, ..Work::default() })
+        .enqueue::<ThreeStep>(
+            "always-fails",
+            &Work {
+                fail_times: u32::MAX,
+                ..Work::default()
+            },
+        )
         .await
         .unwrap()
         .job_id;
     let panics = client
         .enqueue::<ThreeStep>(
             "always-panics",
-            &Work { fail_times: u32::MAX, panic: true, ..Work::default() },
+            &Work {
+                fail_times: u32::MAX,
+                panic: true,
+                ..Work::default()
+            },
         )
         .await
         .unwrap()
         .job_id;
     let flaky = client
-        .enqueue::<ThreeStep>("fails-once", &Work { fail_times: 1, ..Work::default() })
+        .enqueue::<ThreeStep>(
+            "fails-once",
+            &Work {
+                fail_times: 1,
+                ..Work::default()
+            },
+        )
         .await
         .unwrap()
         .job_id;
@@ -354,11 +405,17 @@ async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_work
         a == JobStatus::Dead && p == JobStatus::Dead && f == JobStatus::Done
     })
     .await;
-    assert!(settled, "retries = 2: two failures are retried, the third dead-letters");
+    assert!(
+        settled,
+        "retries = 2: two failures are retried, the third dead-letters"
+    );
     let a = client.job(always).await.unwrap().unwrap();
     assert_eq!(a.attempts, 3);
     assert!(
-        a.last_error.as_deref().unwrap_or("").contains("step two fails on purpose"),
+        a.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("step two fails on purpose"),
         "{:?}",
         a.last_error
     );
@@ -370,10 +427,16 @@ async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_work
     );
     let f = client.job(flaky).await.unwrap().unwrap();
     assert_eq!(f.attempts, 1);
-    assert_eq!(f.takeovers, 0, "a retry is a voluntary release, not a takeover");
+    assert_eq!(
+        f.takeovers, 0,
+        "a retry is a voluntary release, not a takeover"
+    );
     let dlq = client.queue().dead_letters(100).await.unwrap();
     for id in [always, panics] {
-        let e = dlq.iter().find(|d| d.job_id == Some(id)).expect("in the DLQ");
+        let e = dlq
+            .iter()
+            .find(|d| d.job_id == Some(id))
+            .expect("in the DLQ");
         assert!(e.reason.contains("max_retries"), "reason: {}", e.reason);
     }
     // The worker survived the panics and still runs jobs.
@@ -417,7 +480,13 @@ async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes() {
         tokio::spawn(async move {
             for n in 0..400u64 {
                 let _ = client
-                    .enqueue::<ThreeStep>(&format!("q-{n}"), &Work { n, ..Work::default() })
+                    .enqueue::<ThreeStep>(
+                        &format!("q-{n}"),
+                        &Work {
+                            n,
+                            ..Work::default()
+                        },
+                    )
                     .await;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }

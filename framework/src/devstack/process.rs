@@ -44,7 +44,9 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
                 }
             })
             .map(|_| ())
-            .unwrap_or_else(|e| tracing::error!(error = %e, "cannot start the devstack spawner thread"));
+            .unwrap_or_else(
+                |e| tracing::error!(error = %e, "cannot start the devstack spawner thread"),
+            );
         Mutex::new(tx)
     })
 }

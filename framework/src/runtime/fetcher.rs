@@ -81,7 +81,9 @@ impl Actor for Fetcher {
             Ok(deliveries) => {
                 for delivery in deliveries {
                     let Some(permit) = permits.pop() else {
-                        tracing::error!("queue returned more deliveries than asked for; the extra is redelivered");
+                        tracing::error!(
+                            "queue returned more deliveries than asked for; the extra is redelivered"
+                        );
                         break;
                     };
                     let args = JobArgs {

@@ -172,8 +172,15 @@ impl JobRun {
                 // The row went dead but the message was not dead-lettered yet (a
                 // crash in between): finish that now.
                 let reason = row.last_error.clone().unwrap_or_else(|| "dead".into());
-                self.dead_letter_unowned(delivery, job_id, &row.job_type, "dead", reason, Some(&row))
-                    .await;
+                self.dead_letter_unowned(
+                    delivery,
+                    job_id,
+                    &row.job_type,
+                    "dead",
+                    reason,
+                    Some(&row),
+                )
+                .await;
                 return Err(Stop::Quiet);
             }
             _ => {}
@@ -184,8 +191,15 @@ impl JobRun {
                     "bad message: header job type {h:?} but the job row says {:?}",
                     row.job_type
                 );
-                self.dead_letter_unowned(delivery, job_id, &row.job_type, "bad_message", reason, Some(&row))
-                    .await;
+                self.dead_letter_unowned(
+                    delivery,
+                    job_id,
+                    &row.job_type,
+                    "bad_message",
+                    reason,
+                    Some(&row),
+                )
+                .await;
                 return Err(Stop::Quiet);
             }
         }
@@ -194,8 +208,15 @@ impl JobRun {
             if let Err(e) = sh.store.mark_dead_unfenced(job_id, &reason).await {
                 tracing::warn!(error = %e, "marking the job dead failed");
             }
-            self.dead_letter_unowned(delivery, job_id, "unknown", "unknown_job_type", reason, Some(&row))
-                .await;
+            self.dead_letter_unowned(
+                delivery,
+                job_id,
+                "unknown",
+                "unknown_job_type",
+                reason,
+                Some(&row),
+            )
+            .await;
             return Err(Stop::Quiet);
         };
 
@@ -218,8 +239,8 @@ impl JobRun {
             Ok(Acquire::Acquired(lock)) => lock,
             Ok(Acquire::Contended { holder }) => {
                 sh.metrics.contention(job.name());
-                let attempt = u32::try_from(delivery.delivery_count().saturating_sub(1))
-                    .unwrap_or(u32::MAX);
+                let attempt =
+                    u32::try_from(delivery.delivery_count().saturating_sub(1)).unwrap_or(u32::MAX);
                 let delay = retry::jittered(&sh.cfg.contention_backoff, attempt);
                 tracing::debug!(holder = ?holder, ?delay, "job lock held by another session");
                 self.retry_later(delivery, delay).await;
@@ -285,10 +306,7 @@ impl JobRun {
         };
 
         // 4. Poison check.
-        let max_takeovers = owned
-            .job
-            .max_takeovers()
-            .unwrap_or(sh.cfg.max_takeovers);
+        let max_takeovers = owned.job.max_takeovers().unwrap_or(sh.cfg.max_takeovers);
         if claim.takeovers > max_takeovers {
             let reason = format!(
                 "lost its owner {} times (max_takeovers = {max_takeovers})",
@@ -335,8 +353,13 @@ impl JobRun {
             match outcome.result {
                 Ok(out) => {
                     let Some(mut ctx) = outcome.ctx else {
-                        self.fail_attempt(&mut owned, delivery, job_id, "step lost its context".into())
-                            .await;
+                        self.fail_attempt(
+                            &mut owned,
+                            delivery,
+                            job_id,
+                            "step lost its context".into(),
+                        )
+                        .await;
                         return Err(Stop::Quiet);
                     };
                     // A step that did no database work still commits its checkpoint
@@ -350,8 +373,13 @@ impl JobRun {
                                 return Err(Stop::Quiet);
                             }
                             Err(e) => {
-                                self.fail_attempt(&mut owned, delivery, job_id, format!("database: {e}"))
-                                    .await;
+                                self.fail_attempt(
+                                    &mut owned,
+                                    delivery,
+                                    job_id,
+                                    format!("database: {e}"),
+                                )
+                                .await;
                                 return Err(Stop::Quiet);
                             }
                         },
@@ -369,7 +397,9 @@ impl JobRun {
                     let last = k + 1 == n;
                     let committed = tx
                         .commit_step(&out, last)
-                        .instrument(tracing::info_span!(spans::COMMIT, step = %step, token = token.get()))
+                        .instrument(
+                            tracing::info_span!(spans::COMMIT, step = %step, token = token.get()),
+                        )
                         .await;
                     match committed {
                         Ok(()) => {
@@ -414,13 +444,20 @@ impl JobRun {
                         }
                         StepErrorKind::Permanent => {
                             let reason = format!("step {step} ({step_name}): {}", err.message());
-                            self.dead_letter_owned(&mut owned, delivery, job_id, "permanent_error", reason)
-                                .await;
+                            self.dead_letter_owned(
+                                &mut owned,
+                                delivery,
+                                job_id,
+                                "permanent_error",
+                                reason,
+                            )
+                            .await;
                             return Err(Stop::Quiet);
                         }
                         _ => {
                             let reason = format!("step {step} ({step_name}): {}", err.message());
-                            self.fail_attempt(&mut owned, delivery, job_id, reason).await;
+                            self.fail_attempt(&mut owned, delivery, job_id, reason)
+                                .await;
                             return Err(Stop::Quiet);
                         }
                     }
@@ -497,13 +534,20 @@ impl JobRun {
     }
 
     /// A retryable failure: count it, then retry with backoff or dead-letter.
-    async fn fail_attempt(&self, owned: &mut Owned, delivery: Delivery, job_id: JobId, reason: String) {
+    async fn fail_attempt(
+        &self,
+        owned: &mut Owned,
+        delivery: Delivery,
+        job_id: JobId,
+        reason: String,
+    ) {
         let sh = &self.shared;
         let recorded = sh.store.record_failure(job_id, owned.token, &reason).await;
         let attempts = match recorded {
             Ok(a) => a,
             Err(e) if e.is_fenced_out() => {
-                sh.metrics.stale_rejected(owned.job.name(), StaleAt::StepCommit);
+                sh.metrics
+                    .stale_rejected(owned.job.name(), StaleAt::StepCommit);
                 tracing::warn!(error = %e, "fenced out while recording a failure");
                 return;
             }
@@ -520,7 +564,8 @@ impl JobRun {
         owned.attempts = attempts;
         let limit = owned.job.retries().unwrap_or(sh.cfg.max_retries);
         if attempts > limit {
-            let reason = format!("failed {attempts} times (retries = {limit}); last error: {reason}");
+            let reason =
+                format!("failed {attempts} times (retries = {limit}); last error: {reason}");
             self.dead_letter_owned(owned, delivery, job_id, "max_retries", reason)
                 .await;
             return;
@@ -565,7 +610,8 @@ impl JobRun {
         match marked {
             Ok(()) => {}
             Err(e) if e.is_fenced_out() => {
-                sh.metrics.stale_rejected(owned.job.name(), StaleAt::StepCommit);
+                sh.metrics
+                    .stale_rejected(owned.job.name(), StaleAt::StepCommit);
                 tracing::warn!(error = %e, "fenced out while marking the job dead");
                 return;
             }
@@ -608,7 +654,12 @@ impl JobRun {
         let token = row.and_then(|r| FencingToken::from_wire(r.fence));
         let (takeovers, attempts) = row.map(|r| (r.takeovers, r.attempts)).unwrap_or((0, 0));
         if let Err(e) = delivery
-            .dead_letter(info(format!("{code}: {reason}"), token, takeovers, attempts))
+            .dead_letter(info(
+                format!("{code}: {reason}"),
+                token,
+                takeovers,
+                attempts,
+            ))
             .await
         {
             tracing::error!(error = %e, "DLQ publish failed; the message will be redelivered");
@@ -641,7 +692,12 @@ fn stale_cause(err: &crate::job::StepError) -> Option<StaleAt> {
     None
 }
 
-fn info(reason: String, last_token: Option<FencingToken>, takeovers: u32, attempts: u32) -> DeadLetterInfo {
+fn info(
+    reason: String,
+    last_token: Option<FencingToken>,
+    takeovers: u32,
+    attempts: u32,
+) -> DeadLetterInfo {
     DeadLetterInfo {
         reason,
         last_token,

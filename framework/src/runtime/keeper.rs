@@ -25,7 +25,7 @@ pub(crate) enum KeeperMsg {
     /// The watched session reached `Lost`.
     Lost(u64),
     /// A new session was formed.
-    Established(Session),
+    Established(Box<Session>),
     /// Revoke the session (graceful shutdown; all job locks go with it).
     Close(ractor::RpcReplyPort<()>),
 }
@@ -79,7 +79,7 @@ impl Actor for LeaseKeeper {
                 state.tasks.spawn(async move {
                     match Session::establish_with_backoff(&cfg, &stop).await {
                         Ok(s) => {
-                            let _ = me.send_message(KeeperMsg::Established(s));
+                            let _ = me.send_message(KeeperMsg::Established(Box::new(s)));
                         }
                         Err(e) => tracing::info!(error = %e, "no new session (shutting down?)"),
                     }
@@ -90,7 +90,7 @@ impl Actor for LeaseKeeper {
                 if state.args.stop.is_cancelled() {
                     let _ = session.close().await;
                 } else {
-                    install(&myself, state, session);
+                    install(&myself, state, *session);
                 }
             }
             KeeperMsg::Close(reply) => {

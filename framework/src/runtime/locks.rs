@@ -106,11 +106,13 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken) {
     batches.shutdown().await;
 }
 
+type AcquireReply = oneshot::Sender<Result<Acquire, String>>;
+type Group = (Arc<Session>, Vec<(JobId, AcquireReply)>, Vec<JobLock>);
+
 /// Runs one batch: per session, one acquire_many and one release_many.
 async fn execute(batch: Vec<Request>) {
     // Group by session (normally there is one current session).
-    let mut groups: Vec<(Arc<Session>, Vec<(JobId, oneshot::Sender<_>)>, Vec<JobLock>)> =
-        Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
     for req in batch {
         let session = match &req {
             Request::Acquire { session, .. } | Request::Release { session, .. } => session.clone(),

@@ -298,8 +298,8 @@ impl Worker {
         if !drained {
             tracing::warn!("shutdown grace over: cancelling running steps");
             sh.stop_jobs.cancel();
-            let _ = tokio::time::timeout(Duration::from_secs(5), self.permits.acquire_many(all))
-                .await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), self.permits.acquire_many(all)).await;
         }
         let _ = ractor::call!(self.supervisor, SupervisorMsg::CloseSession);
         self.stop_all.cancel();
@@ -415,7 +415,11 @@ impl Actor for WorkerSupervisor {
                     if !st.args.shared.draining.is_cancelled() {
                         Self::spawn_fetcher(&myself, st).await?;
                     }
-                } else if st.keeper.as_ref().is_some_and(|k| k.get_id() == who.get_id()) {
+                } else if st
+                    .keeper
+                    .as_ref()
+                    .is_some_and(|k| k.get_id() == who.get_id())
+                {
                     tracing::error!(error = %err, "lease keeper failed; stopping the worker");
                     myself.stop(Some("lease keeper failed".into()));
                 } else {

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::job::{BoxFuture, Job, StepCtx, StepError, StepInfo};
 use crate::StepIndex;
+use crate::job::{BoxFuture, Job, StepCtx, StepError, StepInfo};
 
 /// A [`Job`] behind a trait object (the runtime holds many job types at once).
 pub(crate) trait DynJob: Send + Sync + 'static {

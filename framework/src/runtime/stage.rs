@@ -118,7 +118,9 @@ pub(crate) async fn run_stage(
         },
         Err(e) => StageOutcome {
             ctx: None,
-            result: Err(StepError::retryable(format!("cannot spawn stage actor: {e}"))),
+            result: Err(StepError::retryable(format!(
+                "cannot spawn stage actor: {e}"
+            ))),
         },
     }
 }

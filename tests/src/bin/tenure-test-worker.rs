@@ -42,8 +42,7 @@ fn arg(args: &[String], name: &str) -> String {
 async fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -75,8 +74,8 @@ async fn main() {
     println!("READY {worker}");
     let _ = std::io::stdout().flush();
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("sigterm");
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("sigterm");
     let mut stdin = tokio::io::stdin();
     let mut buf = [0u8; 64];
     loop {
