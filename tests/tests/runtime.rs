@@ -536,3 +536,118 @@ async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes() {
     assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
     w.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
+    let stack = stack();
+    let ns = DevStack::unique_namespace("rt_maxdeliver");
+    let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
+    cfg.max_deliver = 3;
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let job_id = client
+        .enqueue::<ThreeStep>("held-forever", &Work::default())
+        .await
+        .unwrap()
+        .job_id;
+    // Another session holds the job's lock for the whole test: every delivery is
+    // contended and handed back, until the broker gives up.
+    let holder = Session::establish(&cfg).await.expect("session");
+    assert!(holder.acquire(job_id).await.unwrap().is_acquired());
+    let w = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(ThreeStep {
+            worker: "w".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    let dead = wait_until(Duration::from_secs(60), || async {
+        matches!(client.job(job_id).await.unwrap(), Some(r) if r.status == JobStatus::Dead)
+    })
+    .await;
+    assert!(dead, "the row follows the broker's verdict");
+    let row = client.job(job_id).await.unwrap().unwrap();
+    assert!(
+        row.last_error.as_deref().unwrap_or("").contains("max_deliveries"),
+        "{:?}",
+        row.last_error
+    );
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    let entry = dlq.iter().find(|d| d.job_id == Some(job_id)).expect("in the DLQ");
+    assert!(entry.reason.contains("max_deliveries"), "reason: {}", entry.reason);
+    // Redrive after the holder is gone: the job completes.
+    holder.close().await.unwrap();
+    assert_eq!(client.redrive(job_id).await.unwrap(), 1);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            client.job(job_id).await.unwrap().unwrap().status == JobStatus::Done
+        })
+        .await,
+        "a redriven job runs to completion"
+    );
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn graceful_shutdown_releases_jobs_without_counting_takeovers() {
+    let stack = stack();
+    let ns = DevStack::unique_namespace("rt_shutdown");
+    let cfg = config_for(stack, &ns, Duration::from_secs(2));
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let first = Worker::builder(cfg.clone().with_worker_id("first"))
+        .register(ThreeStep {
+            worker: "first".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    // Slow step 1 on `first`: it is mid-job when shutdown begins.
+    let job_id = client
+        .enqueue::<ThreeStep>(
+            "shutdown-mid-job",
+            &Work {
+                slow_worker: Some("first".into()),
+                slow_step: 1,
+                slow_ms: 500,
+                ..Work::default()
+            },
+        )
+        .await
+        .unwrap()
+        .job_id;
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            client.job(job_id).await.unwrap().unwrap().step.get() >= 1
+        })
+        .await
+    );
+    first.shutdown().await.unwrap();
+    let row = client.job(job_id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.step.get()),
+        (JobStatus::Pending, 2),
+        "shutdown lets the running step finish, then releases the job between steps"
+    );
+
+    let second = Worker::builder(cfg.clone().with_worker_id("second"))
+        .register(ThreeStep {
+            worker: "second".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            client.job(job_id).await.unwrap().unwrap().status == JobStatus::Done
+        })
+        .await
+    );
+    let row = client.job(job_id).await.unwrap().unwrap();
+    assert_eq!(row.takeovers, 0, "a graceful release is not a lost owner");
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+    second.shutdown().await.unwrap();
+}

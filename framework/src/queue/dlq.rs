@@ -150,6 +150,18 @@ impl Drop for AdvisoryListener {
     }
 }
 
+/// A job message the broker gave up on (max deliveries) and the listener
+/// dead-lettered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GaveUp {
+    /// The job.
+    pub job_id: JobId,
+    /// Its type, from the message header.
+    pub job_type: Option<String>,
+    /// How many times it was delivered.
+    pub deliveries: u64,
+}
+
 /// The server's `io.nats.jetstream.advisory.v1.max_deliver` event.
 #[derive(Debug, serde::Deserialize)]
 struct MaxDeliveriesAdvisory {
@@ -509,7 +521,18 @@ impl Queue {
     /// [`Config::retry_backoff`](crate::Config::retry_backoff); the task ends only
     /// when the returned handle is dropped.
     pub fn spawn_max_deliveries_listener(&self) -> AdvisoryListener {
-        let queue = self.clone();
+        self.spawn_max_deliveries_listener_notify(None)
+    }
+
+    /// As [`Queue::spawn_max_deliveries_listener`], and reports each message it
+    /// dead-lettered on `notify` (so the caller can mark the job row dead). A full
+    /// channel delays the listener; it never drops a report.
+    pub fn spawn_max_deliveries_listener_notify(
+        &self,
+        notify: Option<tokio::sync::mpsc::Sender<GaveUp>>,
+    ) -> AdvisoryListener {
+        let mut queue = self.clone();
+        queue.gave_up = notify;
         let span = tracing::info_span!(
             "tenure.queue.advisory_listener",
             consumer = %self.inner.names.advisory_consumer
@@ -612,6 +635,25 @@ impl Queue {
                 dlq_sequence = published.sequence,
                 "the broker gave up on the message: dead-lettered"
             );
+            if let Some(tx) = &self.gave_up {
+                let job_id = stored
+                    .headers
+                    .get(headers::JOB_ID)
+                    .and_then(|v| v.as_str().parse::<JobId>().ok());
+                let job_type = stored
+                    .headers
+                    .get(headers::JOB_TYPE)
+                    .map(|v| v.as_str().to_string());
+                if let Some(job_id) = job_id {
+                    let _ = tx
+                        .send(GaveUp {
+                            job_id,
+                            job_type,
+                            deliveries: adv.deliveries,
+                        })
+                        .await;
+                }
+            }
             Ok(())
         }
         .instrument(span)

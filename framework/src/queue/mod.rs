@@ -74,7 +74,7 @@ use crate::config::{BackoffConfig, ConfigError};
 use crate::{Config, JobId};
 
 pub use delivery::{BadMessage, Delivery};
-pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, reasons};
+pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, reasons};
 
 /// A boxed error from the NATS client, kept as the `source` of a [`QueueError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -356,6 +356,8 @@ struct Inner {
 #[derive(Clone)]
 pub struct Queue {
     inner: Arc<Inner>,
+    /// Where the max-deliveries listener reports what it dead-lettered.
+    gave_up: Option<tokio::sync::mpsc::Sender<dlq::GaveUp>>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -518,6 +520,7 @@ impl Queue {
 
         tracing::info!(stream = %names.stream, consumer = %names.consumer, "queue ready");
         Ok(Queue {
+            gave_up: None,
             inner: Arc::new(Inner {
                 client,
                 js,

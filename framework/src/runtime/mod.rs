@@ -212,7 +212,31 @@ impl WorkerBuilder {
         let (supervisor, join) = Actor::spawn(None, WorkerSupervisor, sup_args)
             .await
             .map_err(|e| WorkerError::Actor(e.to_string()))?;
-        let advisories = shared.queue.spawn_max_deliveries_listener();
+        // Messages the broker gives up on (MaxDeliver) are dead-lettered by the
+        // listener; their rows are marked dead here, so no row stays `running`
+        // with no message behind it.
+        let (gave_up_tx, mut gave_up_rx) = tokio::sync::mpsc::channel::<crate::queue::GaveUp>(64);
+        let advisories = shared
+            .queue
+            .spawn_max_deliveries_listener_notify(Some(gave_up_tx));
+        {
+            let shared = shared.clone();
+            tasks.spawn(async move {
+                while let Some(g) = gave_up_rx.recv().await {
+                    let reason = format!(
+                        "max_deliveries: the broker gave up after {} deliveries",
+                        g.deliveries
+                    );
+                    shared
+                        .metrics
+                        .dead_lettered(g.job_type.as_deref().unwrap_or("unknown"), "max_deliveries");
+                    tracing::warn!(job_id = %g.job_id, %reason, "job dead-lettered by the broker");
+                    if let Err(e) = shared.store.mark_dead_unfenced(g.job_id, &reason).await {
+                        tracing::error!(job_id = %g.job_id, error = %e, "marking the job dead failed");
+                    }
+                }
+            });
+        }
         Ok(Worker {
             shared,
             supervisor,
