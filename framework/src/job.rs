@@ -276,10 +276,12 @@ pub struct StepCtx {
     pub(crate) tx: Option<crate::fence::FencedTx>,
 }
 
-/// Header carrying the job id next to [`FENCE_TOKEN_HEADER`].
-pub const FENCE_JOB_HEADER: &str = "Tenure-Job-Id";
-/// Header carrying the fencing token to a downstream resource.
-pub const FENCE_TOKEN_HEADER: &str = "Tenure-Fence";
+/// Header carrying the job id next to [`FENCE_TOKEN_HEADER`]
+/// (`Tenure-Fence-Job-Id`, the same as [`crate::queue::headers::FENCE_JOB_ID`]).
+pub const FENCE_JOB_HEADER: &str = crate::queue::headers::FENCE_JOB_ID;
+/// Header carrying the fencing token to a downstream resource (`Tenure-Fence`,
+/// the same as [`crate::queue::headers::FENCE_TOKEN`]).
+pub const FENCE_TOKEN_HEADER: &str = crate::queue::headers::FENCE_TOKEN;
 
 impl StepCtx {
     /// A context without a database, for unit tests of step functions.
@@ -354,7 +356,24 @@ impl StepCtx {
     }
 
     /// Headers that carry this owner's fence to a resource that enforces fences
-    /// on its own writes (`Tenure-Job-Id`, `Tenure-Fence`).
+    /// on its own writes (`Tenure-Fence-Job-Id`, `Tenure-Fence`), as name/value
+    /// pairs for any transport (HTTP headers, gRPC metadata). For NATS, the same
+    /// headers as a `HeaderMap` come from [`crate::queue::headers::fence_headers`],
+    /// and the receiver reads them with [`crate::queue::headers::read_fence`].
+    ///
+    /// ```
+    /// # use tenure::{JobId, StepIndex, FencingToken, job::StepCtx};
+    /// let id = JobId::from_key("infra.provision", "web-1");
+    /// let ctx = StepCtx::detached_for_tests(id, StepIndex::new(0), FencingToken::for_tests(42));
+    /// let [(job_h, job), (tok_h, tok)] = ctx.fence_headers();
+    /// assert_eq!((job_h, tok_h), ("Tenure-Fence-Job-Id", "Tenure-Fence"));
+    /// assert_eq!((job, tok), (id.to_string(), "42".to_string()));
+    /// ```
+    ///
+    /// # Fencing
+    /// The headers only carry the token; the receiver enforces it by keeping the
+    /// largest token it accepted per job and refusing smaller ones (see
+    /// [`crate::fence::TokenGate`]).
     pub fn fence_headers(&self) -> [(&'static str, String); 2] {
         [
             (FENCE_JOB_HEADER, self.job_id.to_string()),
