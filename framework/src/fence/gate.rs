@@ -230,7 +230,10 @@ mod tests {
         let (a, b) = (JobId::from_key("t", "a"), JobId::from_key("t", "b"));
         assert_eq!(gate.admit(a, t(10)), Ok(Admitted::First));
         assert_eq!(gate.admit(a, t(10)), Ok(Admitted::Same));
-        assert_eq!(gate.admit(a, t(12)), Ok(Admitted::Raised { previous: t(10) }));
+        assert_eq!(
+            gate.admit(a, t(12)),
+            Ok(Admitted::Raised { previous: t(10) })
+        );
         assert_eq!(
             gate.admit(a, t(11)),
             Err(StaleToken {
