@@ -150,6 +150,23 @@ pub enum StepErrorKind {
 ///
 /// (Like `anyhow::Error`, `StepError` does not itself implement
 /// `std::error::Error`, which is what allows the blanket conversion.)
+///
+/// ```
+/// use tenure::StepError;
+/// use tenure::job::StepErrorKind;
+///
+/// fn parse_amount(s: &str) -> Result<i64, StepError> {
+///     let n: i64 = s.parse()?; // ParseIntError -> retryable
+///     if n <= 0 {
+///         return Err(StepError::permanent(format!("amount must be positive, got {n}")));
+///     }
+///     Ok(n)
+/// }
+/// assert_eq!(parse_amount("x").unwrap_err().kind(), StepErrorKind::Retryable);
+/// assert!(parse_amount("x").unwrap_err().downcast_ref::<std::num::ParseIntError>().is_some());
+/// assert_eq!(parse_amount("-3").unwrap_err().kind(), StepErrorKind::Permanent);
+/// assert_eq!(parse_amount("7").unwrap(), 7);
+/// ```
 pub struct StepError {
     kind: StepErrorKind,
     message: String,
@@ -383,6 +400,20 @@ impl StepCtx {
 
     /// The step's fenced database transaction, opened on first use.
     ///
+    /// ```no_run
+    /// # use tenure::{StepCtx, StepError};
+    /// # async fn debit(ctx: &mut StepCtx, account: &str, cents: i64) -> Result<i64, StepError> {
+    /// let balance: i64 = sqlx::query_scalar(
+    ///     "UPDATE accounts SET balance = balance - $2 WHERE id = $1 RETURNING balance",
+    /// )
+    /// .bind(account)
+    /// .bind(cents)
+    /// .fetch_one(ctx.db().await?)
+    /// .await?;
+    /// // Not committed yet: the runtime commits it with the step's checkpoint.
+    /// # Ok(balance) }
+    /// ```
+    ///
     /// # Errors
     /// A fenced-out error (the runtime counts a stale rejection and stops without
     /// acking) if a newer owner claimed the job; a retryable error on I/O; a
@@ -409,6 +440,19 @@ impl StepCtx {
     }
 
     /// Runs `fut` unless the step is cancelled first (lease lost, shutdown).
+    ///
+    /// ```
+    /// # use tenure::{JobId, StepIndex, FencingToken, StepError, job::{StepCtx, StepErrorKind}};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # let ctx = StepCtx::detached_for_tests(JobId::from_key("t", "k"), StepIndex::new(0), FencingToken::for_tests(1));
+    /// let out = ctx.guard(async { Ok::<_, StepError>(42) }).await;
+    /// assert_eq!(out.unwrap(), 42);
+    ///
+    /// ctx.cancellation().cancel(); // what the runtime does when the lease is lost
+    /// let out = ctx.guard(std::future::pending::<Result<(), StepError>>()).await;
+    /// assert_eq!(out.unwrap_err().kind(), StepErrorKind::Cancelled);
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// [`StepErrorKind::Cancelled`] on cancellation; otherwise `fut`'s.
