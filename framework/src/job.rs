@@ -150,6 +150,23 @@ pub enum StepErrorKind {
 ///
 /// (Like `anyhow::Error`, `StepError` does not itself implement
 /// `std::error::Error`, which is what allows the blanket conversion.)
+///
+/// ```
+/// use tenure::StepError;
+/// use tenure::job::StepErrorKind;
+///
+/// fn parse_amount(s: &str) -> Result<i64, StepError> {
+///     let n: i64 = s.parse()?; // ParseIntError -> retryable
+///     if n <= 0 {
+///         return Err(StepError::permanent(format!("amount must be positive, got {n}")));
+///     }
+///     Ok(n)
+/// }
+/// assert_eq!(parse_amount("x").unwrap_err().kind(), StepErrorKind::Retryable);
+/// assert!(parse_amount("x").unwrap_err().downcast_ref::<std::num::ParseIntError>().is_some());
+/// assert_eq!(parse_amount("-3").unwrap_err().kind(), StepErrorKind::Permanent);
+/// assert_eq!(parse_amount("7").unwrap(), 7);
+/// ```
 pub struct StepError {
     kind: StepErrorKind,
     message: String,
@@ -276,10 +293,12 @@ pub struct StepCtx {
     pub(crate) tx: Option<crate::fence::FencedTx>,
 }
 
-/// Header carrying the job id next to [`FENCE_TOKEN_HEADER`].
-pub const FENCE_JOB_HEADER: &str = "Tenure-Job-Id";
-/// Header carrying the fencing token to a downstream resource.
-pub const FENCE_TOKEN_HEADER: &str = "Tenure-Fence";
+/// Header carrying the job id next to [`FENCE_TOKEN_HEADER`]
+/// (`Tenure-Fence-Job-Id`, the same as [`crate::queue::headers::FENCE_JOB_ID`]).
+pub const FENCE_JOB_HEADER: &str = crate::queue::headers::FENCE_JOB_ID;
+/// Header carrying the fencing token to a downstream resource (`Tenure-Fence`,
+/// the same as [`crate::queue::headers::FENCE_TOKEN`]).
+pub const FENCE_TOKEN_HEADER: &str = crate::queue::headers::FENCE_TOKEN;
 
 impl StepCtx {
     /// A context without a database, for unit tests of step functions.
@@ -354,7 +373,24 @@ impl StepCtx {
     }
 
     /// Headers that carry this owner's fence to a resource that enforces fences
-    /// on its own writes (`Tenure-Job-Id`, `Tenure-Fence`).
+    /// on its own writes (`Tenure-Fence-Job-Id`, `Tenure-Fence`), as name/value
+    /// pairs for any transport (HTTP headers, gRPC metadata). For NATS, the same
+    /// headers as a `HeaderMap` come from [`crate::queue::headers::fence_headers`],
+    /// and the receiver reads them with [`crate::queue::headers::read_fence`].
+    ///
+    /// ```
+    /// # use tenure::{JobId, StepIndex, FencingToken, job::StepCtx};
+    /// let id = JobId::from_key("infra.provision", "web-1");
+    /// let ctx = StepCtx::detached_for_tests(id, StepIndex::new(0), FencingToken::for_tests(42));
+    /// let [(job_h, job), (tok_h, tok)] = ctx.fence_headers();
+    /// assert_eq!((job_h, tok_h), ("Tenure-Fence-Job-Id", "Tenure-Fence"));
+    /// assert_eq!((job, tok), (id.to_string(), "42".to_string()));
+    /// ```
+    ///
+    /// # Fencing
+    /// The headers only carry the token; the receiver enforces it by keeping the
+    /// largest token it accepted per job and refusing smaller ones (see
+    /// [`crate::fence::TokenGate`]).
     pub fn fence_headers(&self) -> [(&'static str, String); 2] {
         [
             (FENCE_JOB_HEADER, self.job_id.to_string()),
@@ -363,6 +399,20 @@ impl StepCtx {
     }
 
     /// The step's fenced database transaction, opened on first use.
+    ///
+    /// ```no_run
+    /// # use tenure::{StepCtx, StepError};
+    /// # async fn debit(ctx: &mut StepCtx, account: &str, cents: i64) -> Result<i64, StepError> {
+    /// let balance: i64 = sqlx::query_scalar(
+    ///     "UPDATE accounts SET balance = balance - $2 WHERE id = $1 RETURNING balance",
+    /// )
+    /// .bind(account)
+    /// .bind(cents)
+    /// .fetch_one(ctx.db().await?)
+    /// .await?;
+    /// // Not committed yet: the runtime commits it with the step's checkpoint.
+    /// # Ok(balance) }
+    /// ```
     ///
     /// # Errors
     /// A fenced-out error (the runtime counts a stale rejection and stops without
@@ -390,6 +440,19 @@ impl StepCtx {
     }
 
     /// Runs `fut` unless the step is cancelled first (lease lost, shutdown).
+    ///
+    /// ```
+    /// # use tenure::{JobId, StepIndex, FencingToken, StepError, job::{StepCtx, StepErrorKind}};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # let ctx = StepCtx::detached_for_tests(JobId::from_key("t", "k"), StepIndex::new(0), FencingToken::for_tests(1));
+    /// let out = ctx.guard(async { Ok::<_, StepError>(42) }).await;
+    /// assert_eq!(out.unwrap(), 42);
+    ///
+    /// ctx.cancellation().cancel(); // what the runtime does when the lease is lost
+    /// let out = ctx.guard(std::future::pending::<Result<(), StepError>>()).await;
+    /// assert_eq!(out.unwrap_err().kind(), StepErrorKind::Cancelled);
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// [`StepErrorKind::Cancelled`] on cancellation; otherwise `fut`'s.

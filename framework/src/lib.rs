@@ -4,22 +4,137 @@
 //! provisioning) on many workers so that a worker that was paused, partitioned or
 //! slow can never commit on top of the worker that replaced it.
 //!
-//! Two mechanisms close the gap that TTL locks leave open:
+//! A TTL lock alone cannot promise that: the holder can stop for longer than the
+//! TTL (a GC pause, a disk stall, a suspended VM), the lock expires, another worker
+//! takes the job, and the first one wakes up and writes too. Tenure closes the gap
+//! with two mechanisms:
 //! 1. a **quorum lease** in etcd per worker, kept alive in the background, with a
-//!    health state (`Healthy`, `Degraded`, `Lost`) and a watchdog;
-//! 2. a **fencing token** per job (the etcd `create_revision` of the job's lock key)
-//!    that the resource, PostgreSQL, checks in the same transaction as every write.
+//!    health state (`Healthy`, `Degraded`, `Lost`) and a watchdog that cancels the
+//!    worker's running steps when the lease is lost;
+//! 2. a **fencing token** per job owner (the etcd `create_revision` of the job's
+//!    lock key, larger for every new owner) that the resource, PostgreSQL, checks
+//!    in the same transaction as every write. A stale owner's writes are refused.
 //!
-//! ## Modules
+//! # What a job is
+//! A job type is an `impl` block of async **steps** marked with
+//! [`#[tenure::job]`](macro@job). Steps run in order; the output of step *k* is
+//! the input of step *k + 1* and is checkpointed in the job's row in PostgreSQL
+//! when step *k* commits. A **job** is one instance of a job type, named by a
+//! [`JobId`] that the enqueuer's idempotency key determines (same key, same job).
+//! If its worker dies, the next owner resumes at the first uncommitted step.
+//!
+//! Each step receives a [`StepCtx`]:
+//! * [`StepCtx::db`]: the step's **fenced transaction**. Its writes commit if and
+//!   only if the step's checkpoint does, and only while this owner holds the
+//!   newest token.
+//! * [`StepCtx::idempotency_key`]: a key for an external call that cannot check a
+//!   token (a payment API, an email provider); the same for every owner and retry.
+//! * [`StepCtx::fence_headers`]: the owner's fence, for a downstream service that
+//!   enforces fences on its own writes (with [`fence::TokenGate`]).
+//! * [`StepCtx::cancellation`] and [`StepCtx::guard`]: cancelled when the lease is
+//!   lost or the worker shuts down.
+//!
+//! # The protocol in brief
+//! For every delivered message a worker: looks up the job row (a finished job is
+//! acked and skipped); **acquires** the job lock in etcd under its session lease
+//! (held by another worker: retry later); **claims** the fence in PostgreSQL,
+//! `UPDATE jobs SET fence = $token WHERE fence < $token`, before any work (zero rows:
+//! a newer owner exists, stop); checks the job is not **poison** (too many lost
+//! owners: dead-letter it); **runs the steps** from the row's step onward, each in
+//! a transaction that starts by locking the row under `fence = $token AND step = $k`
+//! and ends by advancing the step; then **acks** the message and deletes the lock.
+//! The full protocol, with its guarantees and non-guarantees, is in
+//! [`guide::protocol`].
+//!
+//! # A complete example
+//! A two-step job, a worker that runs it and a producer that enqueues it. It needs
+//! etcd, NATS JetStream and PostgreSQL (set `TENURE_ETCD_ENDPOINTS`,
+//! `TENURE_NATS_URL`, `TENURE_DATABASE_URL`, or start the embedded dev stack with
+//! the `devstack` feature as the examples do), so it is compiled, not run, here.
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//! use tenure::runtime::Worker;
+//! use tenure::{Client, Config, StepCtx, StepError};
+//!
+//! #[derive(Debug, Serialize, Deserialize)]
+//! struct Order { id: String, cents: i64 }
+//!
+//! #[derive(Debug, Serialize, Deserialize)]
+//! struct Charged { order: String, payment: String }
+//!
+//! /// Shared by every running job of this type (hold clients, pools, ...).
+//! struct Checkout;
+//!
+//! #[tenure::job(name = "shop.checkout", retries = 3)]
+//! impl Checkout {
+//!     /// An external call that cannot check a token: send a stable key.
+//!     #[step]
+//!     async fn charge(&self, ctx: &mut StepCtx, order: Order) -> Result<Charged, StepError> {
+//!         let key = ctx.idempotency_key("charge"); // same for every owner and retry
+//!         let payment = format!("pay-{key}"); // e.g. payments.charge(&key, order.cents).await?
+//!         Ok(Charged { order: order.id, payment })
+//!     }
+//!
+//!     /// A database write: fenced, committed together with the step's checkpoint.
+//!     #[step]
+//!     async fn record(&self, ctx: &mut StepCtx, c: Charged) -> Result<(), StepError> {
+//!         sqlx::query("UPDATE orders SET paid = true, payment = $2 WHERE id = $1")
+//!             .bind(&c.order)
+//!             .bind(&c.payment)
+//!             .execute(ctx.db().await?)
+//!             .await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let cfg = Config::from_env()?;
+//!     let client = Client::connect(&cfg).await?;
+//!     client.migrate().await?; // once, idempotent
+//!
+//!     let worker = Worker::builder(cfg).register(Checkout).start().await?;
+//!     let order = Order { id: "o-1".into(), cents: 1_250 };
+//!     let job = client.enqueue::<Checkout>("order-o-1", &order).await?;
+//!     println!("enqueued job {} (duplicate: {})", job.job_id, job.duplicate);
+//!     // ... serve until told to stop, then let running steps finish:
+//!     worker.shutdown().await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Two runnable demos live in the repository's `examples/` package:
+//! `cargo run --example ledger` (a paused worker is fenced out of a money
+//! transfer) and `cargo run --example provisioning` (idempotency keys and a fence
+//! enforced by a downstream service).
+//!
+//! # Guides
+//! * [`guide::getting_started`]: the dev stack, a first job, running it, testing it.
+//! * [`guide::protocol`]: the protocol step by step, what it guarantees and what it
+//!   does not.
+//! * [`guide::production`]: sizing the lease TTL, running etcd, NATS and PostgreSQL
+//!   clusters, and what the metrics mean.
+//!
+//! # Modules
+//! - [`job`](mod@job): the [`Job`] trait (what `#[tenure::job]` implements), [`StepCtx`],
+//!   [`StepError`].
+//! - [`runtime`]: the [`Worker`](runtime::Worker) that runs jobs.
+//! - [`Client`]: enqueue jobs, inspect them, redrive dead letters.
 //! - [`lease`]: sessions, job locks and fencing tokens (the only code that talks to etcd).
-//! - [`fence`]: job rows and fenced transactions (the only code that writes job rows).
+//! - [`fence`]: job rows and fenced transactions (the only code that writes job rows),
+//!   and [`fence::TokenGate`] for services that enforce fences themselves.
 //! - [`queue`]: JetStream delivery, enqueue idempotency, DLQ (the only code that talks to NATS).
 //! - [`config`]: every timeout and name, from code or environment.
-//! - [`devstack`] (feature `devstack`): real servers as child processes, for tests and demos.
+//! - [`telemetry`]: OpenTelemetry instruments and span names.
+//! - `devstack` (feature `devstack`): real etcd, NATS and PostgreSQL servers as child
+//!   processes, for tests and demos.
 //!
-//! ## Feature flags
-//! - `devstack`: the embedded dev stack ([`devstack`]).
-//! - `testing`: test-only constructors (raw fencing tokens). Never in production.
+//! # Feature flags
+//! | feature | default | what it enables |
+//! |---|---|---|
+//! | `devstack` | off | the `devstack` module: starts a 3-member etcd cluster, NATS JetStream and PostgreSQL as child processes on loopback ports, with fault injection (pause, kill, restart a member). For tests, examples and benchmarks. |
+//! | `testing` | off | test-only constructors (`FencingToken::for_tests`, `StepCtx::detached_for_tests`). Never enable it in production. |
 
 mod client;
 pub mod config;
@@ -34,6 +149,16 @@ pub mod types;
 
 #[cfg(feature = "devstack")]
 pub mod devstack;
+
+/// Guides: longer documentation, kept in `framework/src/docs/*.md`.
+pub mod guide {
+    #[doc = include_str!("docs/getting_started.md")]
+    pub mod getting_started {}
+    #[doc = include_str!("docs/protocol.md")]
+    pub mod protocol {}
+    #[doc = include_str!("docs/production.md")]
+    pub mod production {}
+}
 
 pub use client::{Client, ClientError, Enqueued};
 pub use config::Config;

@@ -65,7 +65,30 @@ impl StaleAt {
     }
 }
 
-/// Every instrument Tenure records.
+/// Every instrument Tenure records. Workers create their own from the meter given
+/// to [`WorkerBuilder::meter`](crate::runtime::WorkerBuilder::meter); what each
+/// instrument means is in the [production guide](crate::guide::production).
+///
+/// ```
+/// use opentelemetry::metrics::MeterProvider as _;
+/// use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+/// use tenure::telemetry::{Metrics, StaleAt};
+///
+/// let exporter = InMemoryMetricExporter::default();
+/// let provider = SdkMeterProvider::builder()
+///     .with_reader(PeriodicReader::builder(exporter.clone()).build())
+///     .build();
+/// let metrics = Metrics::new(&provider.meter("tenure"), "worker-1");
+/// metrics.stale_rejected("ledger.transfer", StaleAt::StepCommit);
+/// provider.force_flush().unwrap();
+/// let names: Vec<String> = exporter
+///     .get_finished_metrics()
+///     .unwrap()
+///     .iter()
+///     .flat_map(|rm| rm.scope_metrics().flat_map(|s| s.metrics().map(|m| m.name().to_string())))
+///     .collect();
+/// assert!(names.contains(&"tenure.fence.stale_rejections".to_string()));
+/// ```
 #[derive(Debug, Clone)]
 pub struct Metrics {
     worker: KeyValue,

@@ -14,6 +14,8 @@
 //!   the step CAS ([`FencedTx::commit_step`]).
 //! * [`FenceStore::install_guard`] makes PostgreSQL itself refuse writes to one of
 //!   your tables unless they come from the job's current generation.
+//! * [`TokenGate`] is the same rule for a service a step calls: it keeps the
+//!   largest token accepted per job and refuses smaller ones.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure::fence::FenceError> {
@@ -73,6 +75,7 @@
 //! See [`FenceStore::install_guard`] and [`FenceStore::bypass_guard`].
 
 mod error;
+mod gate;
 mod guard;
 mod row;
 mod sql;
@@ -90,6 +93,7 @@ use crate::config::Config;
 use crate::types::{FencingToken, JobId, StepIndex};
 
 pub use error::{FenceError, GUARD_SQLSTATE, is_guard_refusal};
+pub use gate::{Admitted, StaleToken, TokenGate};
 pub use row::{Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use tx::FencedTx;
 

@@ -76,6 +76,28 @@ pub enum WorkerError {
 
 /// Observes what the runtime commits and refuses (for audits and torture tests).
 /// Called synchronously on the job's task: keep it cheap.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use tenure::runtime::{Worker, WorkerObserver};
+/// use tenure::{FencingToken, JobId, StepIndex};
+///
+/// #[derive(Default)]
+/// struct Audit { stale: AtomicU64 }
+///
+/// impl WorkerObserver for Audit {
+///     fn stale_rejected(&self, job: JobId, step: StepIndex, token: FencingToken) {
+///         self.stale.fetch_add(1, Ordering::Relaxed);
+///         eprintln!("job {job} step {step}: token {token} was fenced out");
+///     }
+/// }
+///
+/// # async fn demo<J: tenure::Job>(cfg: tenure::Config, job: J) -> Result<(), tenure::runtime::WorkerError> {
+/// let audit = Arc::new(Audit::default());
+/// let worker = Worker::builder(cfg).register(job).observer(audit.clone()).start().await?;
+/// # Ok(()) }
+/// ```
 pub trait WorkerObserver: Send + Sync + 'static {
     /// Step `step` of `job_id` committed under `token`.
     fn step_committed(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
@@ -114,7 +136,23 @@ impl Shared {
     }
 }
 
-/// Builds a [`Worker`].
+/// Builds a [`Worker`]: the job types it runs, and optionally a meter and an
+/// observer.
+///
+/// ```no_run
+/// # async fn demo<A: tenure::Job, B: tenure::Job>(a: A, b: B) -> Result<(), Box<dyn std::error::Error>> {
+/// use opentelemetry::metrics::MeterProvider as _;
+/// use tenure::runtime::Worker;
+///
+/// let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
+/// let worker = Worker::builder(tenure::Config::from_env()?)
+///     .register(a)
+///     .register(b) // one worker, several job types
+///     .meter(provider.meter("tenure"))
+///     .start()
+///     .await?;
+/// # let _ = worker; Ok(()) }
+/// ```
 #[must_use]
 pub struct WorkerBuilder {
     cfg: Config,
@@ -253,6 +291,18 @@ impl WorkerBuilder {
 ///
 /// Dropping a `Worker` without [`Worker::shutdown`] stops its actors abruptly; the
 /// jobs it held are taken over after the session TTL.
+///
+/// ```no_run
+/// # async fn demo<J: tenure::Job>(job: J) -> Result<(), Box<dyn std::error::Error>> {
+/// use tenure::lease::Health;
+/// use tenure::runtime::Worker;
+///
+/// let worker = Worker::builder(tenure::Config::from_env()?).register(job).start().await?;
+/// assert_eq!(worker.health(), Health::Healthy);
+/// tokio::signal::ctrl_c().await?;
+/// worker.shutdown().await?; // finish running steps, release, revoke the session
+/// # Ok(()) }
+/// ```
 pub struct Worker {
     shared: Arc<Shared>,
     supervisor: ActorRef<SupervisorMsg>,

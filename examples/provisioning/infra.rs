@@ -1,0 +1,344 @@
+//! The infrastructure side: a small resource service (networks, volumes, VMs, DNS
+//! records) that answers NATS requests and enforces fences on its own writes, and
+//! the provisioning job whose steps call it.
+//!
+//! Each request carries the step's fence (`Tenure-Fence-Job-Id`, `Tenure-Fence`)
+//! and an idempotency key (`Idempotency-Key`). The service keeps the largest token
+//! it has accepted per job in a [`TokenGate`] and refuses smaller ones, and it
+//! creates at most one resource per idempotency key: a retry of the same call, by
+//! the same owner or by the next one, gets the resource created the first time.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_nats::HeaderMap;
+use futures::StreamExt as _;
+use serde::{Deserialize, Serialize};
+use tenure::fence::{StaleToken, TokenGate};
+use tenure::queue::headers::{fence_headers, read_fence};
+use tenure::{FencingToken, JobId, StepCtx, StepError};
+
+/// The job's step names, in order (for the narration).
+pub const STEP_NAMES: [&str; 4] = [
+    "allocate_network",
+    "create_volume",
+    "boot_vm",
+    "register_dns",
+];
+
+/// The idempotency key of a create request.
+pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
+
+/// A create request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateReq {
+    /// `network`, `volume`, `vm` or `dns`.
+    pub kind: String,
+    /// The resource's name.
+    pub name: String,
+}
+
+/// The service's answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Reply {
+    /// A new resource.
+    Created { id: String },
+    /// The resource created earlier under the same idempotency key.
+    Existing { id: String },
+    /// The write was refused: a stale token, or no fence at all.
+    Refused {
+        reason: String,
+        /// Set when the token was stale: (ours, current).
+        stale: Option<(i64, i64)>,
+    },
+}
+
+/// One request as the service saw it (for the narration and the checks).
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub token: Option<FencingToken>,
+    pub kind: String,
+    pub key: String,
+    pub reply: Reply,
+}
+
+#[derive(Default)]
+struct State {
+    gate: TokenGate,
+    /// idempotency key -> resource id
+    by_key: Mutex<HashMap<String, String>>,
+    /// resources created, per kind
+    created: Mutex<HashMap<String, u32>>,
+}
+
+/// The resource service, answering on `subject` until dropped.
+pub struct InfraService {
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for InfraService {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl InfraService {
+    /// Subscribes to `subject` and serves every request; `on_request` hears about
+    /// each one after it was answered.
+    pub async fn start(
+        nats: async_nats::Client,
+        subject: String,
+        on_request: impl Fn(&Seen) + Send + Sync + 'static,
+    ) -> anyhow::Result<Self> {
+        let mut sub = nats.subscribe(subject).await?;
+        nats.flush().await?;
+        let state = Arc::new(State::default());
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            while let Some(msg) = sub.next().await {
+                let seen = st.handle(msg.headers.as_ref(), &msg.payload);
+                if let Some(reply) = msg.reply {
+                    let body = serde_json::to_vec(&seen.reply).unwrap_or_default();
+                    if let Err(e) = nats.publish(reply, body.into()).await {
+                        tracing::warn!(error = %e, "infra service: reply failed");
+                    }
+                }
+                on_request(&seen);
+            }
+        });
+        Ok(InfraService { state, task })
+    }
+
+    /// Resources created so far, of `kind`.
+    pub fn created(&self, kind: &str) -> u32 {
+        self.state
+            .created
+            .lock()
+            .map(|c| c.get(kind).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    /// The largest token the service accepted for `job`.
+    pub fn fence_of(&self, job: JobId) -> Option<FencingToken> {
+        self.state.gate.current(&job)
+    }
+}
+
+impl State {
+    fn handle(&self, headers: Option<&HeaderMap>, payload: &[u8]) -> Seen {
+        let fence = headers.and_then(read_fence);
+        let key = headers
+            .and_then(|h| h.get(IDEMPOTENCY_KEY))
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default();
+        let req: Option<CreateReq> = serde_json::from_slice(payload).ok();
+        let kind = req.as_ref().map(|r| r.kind.clone()).unwrap_or_default();
+        let refused = |reason: &str| Reply::Refused {
+            reason: reason.into(),
+            stale: None,
+        };
+        let reply = match (fence, req) {
+            (None, _) => refused("no fence: a write needs Tenure-Fence-Job-Id and Tenure-Fence"),
+            (_, None) => refused("malformed request"),
+            (Some(_), Some(_)) if key.is_empty() => refused("no Idempotency-Key"),
+            (Some((job, token)), Some(req)) => {
+                // Admission and the write under one lock: no newer token can be
+                // admitted between the check and the create.
+                let write = || {
+                    let mut by_key = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(id) = by_key.get(&key) {
+                        return Reply::Existing { id: id.clone() };
+                    }
+                    let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+                    let n = created.entry(req.kind.clone()).or_default();
+                    *n += 1;
+                    let id = format!("{}-{}-{n}", req.kind, req.name);
+                    by_key.insert(key.clone(), id.clone());
+                    Reply::Created { id }
+                };
+                match self.gate.admit_then(job, token, write) {
+                    Ok(reply) => reply,
+                    Err(stale) => Reply::Refused {
+                        reason: stale.to_string(),
+                        stale: Some((stale.ours.get(), stale.current.get())),
+                    },
+                }
+            }
+        };
+        Seen {
+            token: fence.map(|(_, t)| t),
+            kind,
+            key,
+            reply,
+        }
+    }
+}
+
+/// How a step (or anyone) calls the service.
+#[derive(Debug, Clone)]
+pub struct InfraClient {
+    pub nats: async_nats::Client,
+    pub subject: String,
+}
+
+impl InfraClient {
+    /// Sends a create request carrying `fence` and `key`; returns the raw reply.
+    pub async fn send(
+        &self,
+        fence: Option<(JobId, FencingToken)>,
+        key: &str,
+        req: &CreateReq,
+    ) -> anyhow::Result<Reply> {
+        let mut headers = match fence {
+            Some((job, token)) => fence_headers(job, token),
+            None => HeaderMap::new(),
+        };
+        headers.insert(IDEMPOTENCY_KEY, key);
+        let body = serde_json::to_vec(req)?;
+        let msg = self
+            .nats
+            .request_with_headers(self.subject.clone(), headers, body.into())
+            .await?;
+        Ok(serde_json::from_slice(&msg.payload)?)
+    }
+
+    /// A step's create: the step's fence and a stable idempotency key (labelled
+    /// by the kind) go along; a stale verdict becomes the fence's own error, so
+    /// the runtime treats it like a write PostgreSQL refused.
+    async fn create(&self, ctx: &StepCtx, kind: &str, name: &str) -> Result<String, StepError> {
+        let key = ctx.idempotency_key(kind);
+        let req = CreateReq {
+            kind: kind.into(),
+            name: name.into(),
+        };
+        let fence = Some((ctx.job_id(), ctx.token()));
+        let reply = ctx
+            .guard(async {
+                self.send(fence, &key, &req)
+                    .await
+                    .map_err(|e| StepError::retryable(format!("infra service: {e:#}")))
+            })
+            .await?;
+        match reply {
+            Reply::Created { id } | Reply::Existing { id } => Ok(id),
+            Reply::Refused {
+                stale: Some((ours, current)),
+                ..
+            } => {
+                let (Some(ours), Some(current)) = (
+                    FencingToken::from_wire(ours),
+                    FencingToken::from_wire(current),
+                ) else {
+                    return Err(StepError::permanent("infra service: malformed stale reply"));
+                };
+                Err(StaleToken::new(ours, current)
+                    .fenced_out(ctx.job_id())
+                    .into())
+            }
+            Reply::Refused { reason, .. } => Err(StepError::permanent(format!(
+                "infra service refused: {reason}"
+            ))),
+        }
+    }
+}
+
+/// The job's input.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProvisionReq {
+    /// The machine's name.
+    pub name: String,
+}
+
+/// Output of `allocate_network`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Network {
+    pub name: String,
+    pub network: String,
+}
+
+/// Output of `create_volume`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Volume {
+    pub net: Network,
+    pub volume: String,
+}
+
+/// Output of `boot_vm`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Vm {
+    pub vol: Volume,
+    pub vm: String,
+}
+
+/// Output of `register_dns` (the job's output).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Provisioned {
+    pub vm: String,
+    pub dns: String,
+}
+
+/// The provisioning job.
+#[derive(Debug, Clone)]
+pub struct Provision {
+    infra: InfraClient,
+    /// Worker A's fate: it stops right after the VM booted, before the step's
+    /// checkpoint commits, and the demo kills it there (power loss, OOM kill).
+    crash_after_boot: bool,
+}
+
+impl Provision {
+    pub fn new(infra: InfraClient, crash_after_boot: bool) -> Self {
+        Provision {
+            infra,
+            crash_after_boot,
+        }
+    }
+}
+
+#[tenure::job(name = "infra.provision", max_takeovers = 3, retries = 3)]
+impl Provision {
+    /// Allocates a private network.
+    #[step]
+    async fn allocate_network(
+        &self,
+        ctx: &mut StepCtx,
+        req: ProvisionReq,
+    ) -> Result<Network, StepError> {
+        let network = self.infra.create(ctx, "network", &req.name).await?;
+        Ok(Network {
+            name: req.name,
+            network,
+        })
+    }
+
+    /// Creates the boot volume.
+    #[step]
+    async fn create_volume(&self, ctx: &mut StepCtx, net: Network) -> Result<Volume, StepError> {
+        let volume = self.infra.create(ctx, "volume", &net.name).await?;
+        Ok(Volume { net, volume })
+    }
+
+    /// Boots the VM: the expensive side effect that must not happen twice.
+    #[step]
+    async fn boot_vm(&self, ctx: &mut StepCtx, vol: Volume) -> Result<Vm, StepError> {
+        let vm = self.infra.create(ctx, "vm", &vol.net.name).await?;
+        if self.crash_after_boot {
+            // Tell the demo, then wait for its SIGKILL: the VM exists, the step's
+            // checkpoint does not.
+            println!("BOOTED {} {} {}", ctx.job_id(), ctx.step(), ctx.token());
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            std::future::pending::<()>().await;
+        }
+        Ok(Vm { vol, vm })
+    }
+
+    /// Publishes the VM's name.
+    #[step]
+    async fn register_dns(&self, ctx: &mut StepCtx, vm: Vm) -> Result<Provisioned, StepError> {
+        let dns = self.infra.create(ctx, "dns", &vm.vol.net.name).await?;
+        Ok(Provisioned { vm: vm.vm, dns })
+    }
+}
