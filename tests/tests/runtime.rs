@@ -651,3 +651,71 @@ async fn graceful_shutdown_releases_jobs_without_counting_takeovers() {
     assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
     second.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
+    let stack = stack();
+    let ns = DevStack::unique_namespace("rt_dedup");
+    let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
+    cfg.duplicate_window = Duration::from_secs(1);
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let work = Work {
+        n: 5,
+        ..Work::default()
+    };
+    let first = client.enqueue::<ThreeStep>("once", &work).await.unwrap();
+    assert!(!first.duplicate);
+    // Inside the broker's window: the row says duplicate, the broker drops the copy.
+    let inside = client.enqueue::<ThreeStep>("once", &work).await.unwrap();
+    assert!(inside.duplicate);
+    assert_eq!(inside.job_id, first.job_id);
+    // After the window the broker stores the message again; the row still knows.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after = client.enqueue::<ThreeStep>("once", &work).await.unwrap();
+    assert!(after.duplicate);
+    assert_eq!(after.job_id, first.job_id);
+    // The same key with another payload is refused, not silently overwritten.
+    let other = client
+        .enqueue::<ThreeStep>("once", &Work { n: 6, ..Work::default() })
+        .await;
+    assert!(
+        matches!(
+            other,
+            Err(tenure::ClientError::Fence(tenure::fence::FenceError::PayloadConflict { .. }))
+        ),
+        "{other:?}"
+    );
+
+    let w = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(ThreeStep {
+            worker: "w".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            client.job(first.job_id).await.unwrap().unwrap().status == JobStatus::Done
+        })
+        .await
+    );
+    // Both stored messages are consumed; the job ran once.
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            client.queue().stats().await.unwrap().work_messages == 0
+        })
+        .await,
+        "the second message is acked at admission"
+    );
+    let rows: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {ns}.step_log WHERE job_id = $1"
+    ))
+    .bind(first.job_id.as_uuid())
+    .fetch_one(client.store().pool())
+    .await
+    .unwrap();
+    assert_eq!(rows, 3, "one job, three steps, once");
+    w.shutdown().await.unwrap();
+}
