@@ -11,7 +11,7 @@
 //! | `tenure.lease.keepalive.duration` | histogram (s) | worker |
 //! | `tenure.lease.state` | gauge (0 healthy, 1 degraded, 2 lost) | worker |
 //! | `tenure.lease.transitions` | counter | worker, from, to |
-//! | `tenure.lease.losses` | counter | worker, cause |
+//! | `tenure.lease.losses` | counter | worker, cause (`deadline`, `revoked`, `stream_ended`, `stream_error`, `keeper_stopped`) |
 //! | `tenure.lock.contention` | counter | job_type |
 //! | `tenure.fence.claims` | counter | job_type |
 //! | `tenure.fence.takeovers` | counter | job_type |
@@ -165,6 +165,12 @@ impl Metrics {
         self.keepalive
             .record(secs, std::slice::from_ref(&self.worker));
     }
+    /// The session's health level now (numbers as in the gauge), e.g. `0` when a
+    /// new session is granted.
+    pub fn lease_state(&self, level: i64) {
+        self.lease_state
+            .record(level, std::slice::from_ref(&self.worker));
+    }
     /// The session moved between health states (numbers as in the gauge).
     pub fn lease_transition(&self, from: &'static str, to: &'static str, to_level: i64) {
         self.lease_state
@@ -178,7 +184,8 @@ impl Metrics {
             ],
         );
     }
-    /// The session was lost because of `cause`.
+    /// The session was lost because of `cause` (a bounded code such as
+    /// [`LostReason::code`](crate::lease::LostReason::code)).
     pub fn lease_lost(&self, cause: &'static str) {
         self.lease_losses
             .add(1, &[self.worker.clone(), KeyValue::new("cause", cause)]);

@@ -69,6 +69,8 @@ pub(crate) struct Published {
     pub(crate) lost_deadline: watch::Sender<Instant>,
     pub(crate) lost_reason: Arc<OnceLock<LostReason>>,
     pub(crate) cancel: CancellationToken,
+    /// The round trip of the newest acknowledged keepalive (send to answer).
+    pub(crate) keepalive_rtt: watch::Sender<Option<Duration>>,
 }
 
 /// More unanswered requests than this and the stream is clearly stuck: stop
@@ -124,6 +126,7 @@ where
                             latency_ms = now.saturating_duration_since(sent_at).as_secs_f64() * 1e3,
                             "keepalive acknowledged"
                         );
+                        out.keepalive_rtt.send_replace(Some(now.saturating_duration_since(sent_at)));
                         let t = clock.ack(sent_at, now);
                         out.lost_deadline.send_replace(clock.lost_deadline());
                         if let Some(t) = t {
@@ -269,6 +272,7 @@ mod tests {
             lost_deadline: deadline_tx,
             lost_reason: reason.clone(),
             cancel: cancel.clone(),
+            keepalive_rtt: watch::channel(None).0,
         };
         let params = KeeperParams {
             lease_id: LeaseId::new(1),
@@ -415,6 +419,7 @@ mod tests {
             lost_deadline: deadline_tx,
             lost_reason: Arc::new(OnceLock::new()),
             cancel: cancel.clone(),
+            keepalive_rtt: watch::channel(None).0,
         };
         let t0 = Instant::now();
         let clock = HealthClock::new(t0, TTL / 3, TTL.mul_f64(0.7));
