@@ -21,9 +21,61 @@
 //! | `tenure.dlq.routed` | counter | job_type, reason |
 //! | `tenure.jobs.in_flight` | up-down counter | worker |
 //! | `tenure.jobs.completed` | counter | job_type |
+//!
+//! # Exporting
+//!
+//! Nothing is exported unless the application asks (the default global meter
+//! provider is a no-op). Two ready-made wirings, each behind a cargo feature:
+//!
+//! * `otlp`: `telemetry::otlp::meter_provider` pushes to an OpenTelemetry collector over
+//!   OTLP/gRPC.
+//! * `prometheus`: `telemetry::prometheus::PrometheusEndpoint` serves `GET /metrics` in
+//!   the Prometheus text format (dots become underscores, counters get `_total`:
+//!   `tenure_fence_stale_rejections_total{job_type,where}`).
+//!
+//! Either way, hand the meter to the worker:
+//! `Worker::builder(cfg).meter(meter)`. Any other `opentelemetry_sdk` reader
+//! works the same way (the tests use `InMemoryMetricExporter`).
+//!
+//! # Events
+//!
+//! Ownership changes are `tracing` events inside the `tenure.job` span (which
+//! carries `job_id`, `job_type`, `token`, `lease_id`, `worker`): *took over the
+//! job* (a previous owner did not release it), *job lock held by another
+//! session* (contention, debug level), *write refused: fenced out by a newer
+//! owner* (with `at` = claim/admission/step_commit/guard), *lease lost:
+//! cancelling the running step*, *redelivered*, *job dead-lettered* (with
+//! `code` and `reason`); the lease keeper logs every health change with its
+//! reason, and *session lost* with its cause.
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, UpDownCounter};
+
+#[cfg(feature = "otlp")]
+pub mod otlp;
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
+
+/// Errors setting up an exporter.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TelemetryError {
+    /// The scrape endpoint's address could not be bound.
+    #[error("cannot bind the metrics endpoint to {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The exporter could not be built.
+    #[error("metrics exporter: {0}")]
+    Exporter(String),
+    /// The metrics could not be encoded.
+    #[error("encoding metrics: {0}")]
+    Encode(String),
+}
 
 /// Stable span names.
 pub mod spans {
