@@ -60,7 +60,10 @@ impl Usurped {
         let token = lock.token();
         assert!(token.get() > ctx.token().get(), "etcd revisions only grow");
         self.store.claim(ctx.job_id(), token).await?;
-        let tx = self.store.begin_step(ctx.job_id(), token, ctx.step()).await?;
+        let tx = self
+            .store
+            .begin_step(ctx.job_id(), token, ctx.step())
+            .await?;
         tx.commit_step(&serde_json::json!(n), true).await?;
         newer.close().await?;
         Ok(n)
@@ -181,7 +184,11 @@ async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_co
     client.migrate().await.expect("migrate");
 
     // Takeover: a previous owner claims the job and vanishes without releasing.
-    let taken = client.enqueue::<Plain>("taken-over", &1).await.unwrap().job_id;
+    let taken = client
+        .enqueue::<Plain>("taken-over", &1)
+        .await
+        .unwrap()
+        .job_id;
     {
         let gone = Session::establish(&cfg.clone().with_worker_id("gone"))
             .await
@@ -203,7 +210,11 @@ async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_co
         .into_lock()
         .unwrap();
     assert_eq!(
-        client.enqueue::<Plain>("contended", &10).await.unwrap().job_id,
+        client
+            .enqueue::<Plain>("contended", &10)
+            .await
+            .unwrap()
+            .job_id,
         contended
     );
 
@@ -212,7 +223,11 @@ async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_co
         .await
         .unwrap()
         .job_id;
-    let poison = client.enqueue::<Poison>("poison", &30).await.unwrap().job_id;
+    let poison = client
+        .enqueue::<Poison>("poison", &30)
+        .await
+        .unwrap()
+        .job_id;
 
     let exporter = InMemoryMetricExporter::default();
     let provider = SdkMeterProvider::builder()
