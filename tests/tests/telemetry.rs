@@ -368,3 +368,93 @@ async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_co
     worker.shutdown().await.unwrap();
     provider.shutdown().unwrap();
 }
+
+/// Blocks its first run until the lease is lost; later runs finish at once.
+#[derive(Debug, Clone)]
+struct Blocker;
+
+static BLOCKED_ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[tenure::job(name = "obs.blocker", retries = 0)]
+impl Blocker {
+    #[step]
+    async fn only(&self, ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        if !BLOCKED_ONCE.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            ctx.cancellation().cancelled().await;
+            return Err(StepError::cancelled());
+        }
+        Ok(n)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revoked_session_is_counted_as_a_loss_by_cause_and_a_new_grant() {
+    let ns = DevStack::unique_namespace("obs_loss");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(2));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
+        .meter(provider.meter("tenure"))
+        .register(Blocker)
+        .start()
+        .await
+        .unwrap();
+    let job = client.enqueue::<Blocker>("b", &1).await.unwrap().job_id;
+
+    // The job lock hangs off the worker's session lease: revoke that lease
+    // behind the worker's back (an operator, or etcd expiring it).
+    let mut etcd = etcd_client::Client::connect(stack().etcd_endpoints(), None)
+        .await
+        .unwrap();
+    let key = format!("{}jobs/{job}", cfg.etcd_prefix());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let lease = loop {
+        let resp = etcd.get(key.as_str(), None).await.unwrap();
+        if let Some(kv) = resp.kvs().first() {
+            break kv.lease();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker took the job lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    etcd.lease_revoke(lease).await.unwrap();
+
+    // Lost (ttl 0 on the next keepalive), then a new session; the redelivered job
+    // is taken over from the lost generation and finishes.
+    let recovered = wait_until(Duration::from_secs(60), || async {
+        let m = snapshot(&provider, &exporter);
+        total(&m, "tenure.lease.grants") >= 2.0
+            && status(&client, job).await == Some(JobStatus::Done)
+    })
+    .await;
+    let m = snapshot(&provider, &exporter);
+    assert!(recovered, "new session and job done; metrics: {m:#?}");
+    assert_single(
+        &m,
+        "tenure.lease.losses",
+        &[("worker", "w"), ("cause", "revoked")],
+        1.0,
+    );
+    assert_single(&m, "tenure.lease.grants", &[("worker", "w")], 2.0);
+    let to_lost: f64 = points(&m, "tenure.lease.transitions")
+        .iter()
+        .filter(|p| p.attrs.get("to").map(String::as_str) == Some("lost"))
+        .map(|p| p.value)
+        .sum();
+    assert_eq!(to_lost, 1.0, "one transition to lost: {m:#?}");
+    assert_single(&m, "tenure.lease.state", &[("worker", "w")], 0.0);
+    assert_single(
+        &m,
+        "tenure.fence.takeovers",
+        &[("job_type", "obs.blocker")],
+        1.0,
+    );
+    worker.shutdown().await.unwrap();
+    provider.shutdown().unwrap();
+}
