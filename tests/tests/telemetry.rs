@@ -458,3 +458,66 @@ async fn a_revoked_session_is_counted_as_a_loss_by_cause_and_a_new_grant() {
     worker.shutdown().await.unwrap();
     provider.shutdown().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prometheus_scrape_shows_a_workers_metrics() {
+    use tenure::telemetry::prometheus::PrometheusEndpoint;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let ns = DevStack::unique_namespace("obs_prom");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let endpoint =
+        PrometheusEndpoint::serve("127.0.0.1:0".parse().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
+        .meter(endpoint.meter())
+        .register(Plain)
+        .start()
+        .await
+        .unwrap();
+    let job = client.enqueue::<Plain>("p", &1).await.unwrap().job_id;
+    let done = wait_until(Duration::from_secs(30), || async {
+        status(&client, job).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(done);
+
+    let mut conn = tokio::net::TcpStream::connect(endpoint.local_addr())
+        .await
+        .unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut scraped = String::new();
+    conn.read_to_string(&mut scraped).await.unwrap();
+    assert!(scraped.starts_with("HTTP/1.0 200 OK"), "{scraped}");
+    let has = |prefix: &str, label: &str, value: &str| {
+        scraped
+            .lines()
+            .any(|l| l.starts_with(prefix) && l.contains(label) && l.ends_with(value))
+    };
+    assert!(
+        has(
+            "tenure_jobs_completed_total{",
+            "job_type=\"obs.plain\"",
+            " 1"
+        ),
+        "{scraped}"
+    );
+    assert!(has(
+        "tenure_fence_claims_total{",
+        "job_type=\"obs.plain\"",
+        " 1"
+    ));
+    assert!(has(
+        "tenure_step_duration_seconds_count{",
+        "step=\"second\"",
+        " 1"
+    ));
+    assert!(has("tenure_lease_grants_total{", "worker=\"w\"", " 1"));
+    assert!(!scraped.contains(&job.to_string()), "no job ids in metrics");
+    worker.shutdown().await.unwrap();
+}
