@@ -255,6 +255,7 @@ mod tests {
         health: watch::Receiver<Health>,
         reason: Arc<OnceLock<LostReason>>,
         cancel: CancellationToken,
+        rtt: watch::Receiver<Option<Duration>>,
         task: tokio::task::JoinHandle<LostReason>,
         t0: Instant,
     }
@@ -267,12 +268,13 @@ mod tests {
         let (deadline_tx, _deadline) = watch::channel(t0);
         let reason = Arc::new(OnceLock::new());
         let cancel = CancellationToken::new();
+        let (rtt_tx, rtt) = watch::channel(None);
         let out = Published {
             health: health_tx,
             lost_deadline: deadline_tx,
             lost_reason: reason.clone(),
             cancel: cancel.clone(),
-            keepalive_rtt: watch::channel(None).0,
+            keepalive_rtt: rtt_tx,
         };
         let params = KeeperParams {
             lease_id: LeaseId::new(1),
@@ -287,6 +289,7 @@ mod tests {
             health,
             reason,
             cancel,
+            rtt,
             task,
             t0,
         }
@@ -318,11 +321,14 @@ mod tests {
         let mut h = start();
         let rec = record(&h);
         // Answer the first 6 requests (sent every 500 ms) after 20 ms each.
+        assert_eq!(*h.rtt.borrow(), None, "no round trip before an answer");
         for _ in 0..6 {
             h.requests.recv().await.unwrap();
             tokio::time::sleep(ms(20)).await;
             h.answers.send(Some(Ok(3))).await.unwrap();
         }
+        tokio::time::sleep(ms(1)).await;
+        assert_eq!(*h.rtt.borrow(), Some(ms(20)), "round trip published");
         // Last answered request was sent at 3000 ms. Now go silent (a hung stream:
         // requests are accepted, nothing comes back).
         let reason = h.task.await.unwrap();
