@@ -20,6 +20,8 @@
 //! ## Feature flags
 //! - `devstack`: the embedded dev stack ([`devstack`]).
 //! - `testing`: test-only constructors (raw fencing tokens). Never in production.
+//! - `otlp`: push metrics to an OpenTelemetry collector (`telemetry::otlp`).
+//! - `prometheus`: a Prometheus scrape endpoint (`telemetry::prometheus`).
 
 mod client;
 pub mod config;
