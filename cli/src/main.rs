@@ -14,7 +14,6 @@
 //! by name and address, with exit code 1. Bad arguments exit with code 2.
 //! Output is a table; `--json` prints JSON for scripts.
 
-use std::fmt::Display;
 use std::future::Future;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -31,7 +30,8 @@ use tenure::{Client, ClientError, Config, JobId};
 #[derive(Debug, Parser)]
 #[command(name = "tenure", version, about)]
 struct Cli {
-    /// etcd endpoints, comma-separated.
+    /// etcd endpoints, comma-separated. No current command contacts etcd; the flag
+    /// is accepted so that one set of `TENURE_*` variables serves workers and the CLI.
     #[arg(
         long = "etcd",
         env = "TENURE_ETCD_ENDPOINTS",
@@ -251,7 +251,7 @@ impl Ctx {
     }
 
     /// Runs `fut` against `server`, bounded by the timeout.
-    async fn call<T, E: Display>(
+    async fn call<T, E: std::error::Error>(
         &self,
         server: &str,
         what: &str,
@@ -259,7 +259,7 @@ impl Ctx {
     ) -> anyhow::Result<T> {
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(anyhow!("{what}: {server}: {e}")),
+            Ok(Err(e)) => Err(anyhow!("{what}: {server}: {}", describe(&e))),
             Err(_) => Err(anyhow!(
                 "{what}: {server} did not answer within {:?}",
                 self.timeout
@@ -268,12 +268,36 @@ impl Ctx {
     }
 
     async fn store(&self) -> anyhow::Result<FenceStore> {
-        self.call(
-            &self.postgres(),
-            "cannot connect",
-            FenceStore::connect(&self.cfg),
-        )
-        .await
+        let connected = self
+            .call(
+                &self.postgres(),
+                "cannot connect",
+                FenceStore::connect(&self.cfg),
+            )
+            .await;
+        match connected {
+            Ok(store) => Ok(store),
+            // The pool retries refused connections until its deadline; say why.
+            Err(e) => match self.probe_postgres().await {
+                Some(why) => Err(anyhow!("{e} ({why})")),
+                None => Err(e),
+            },
+        }
+    }
+
+    /// Why PostgreSQL's TCP port cannot be reached, if it cannot.
+    async fn probe_postgres(&self) -> Option<String> {
+        let opts: sqlx::postgres::PgConnectOptions = self.cfg.database_url.parse().ok()?;
+        let (host, port) = (opts.get_host().to_string(), opts.get_port());
+        if host.starts_with('/') {
+            return None; // a Unix socket
+        }
+        let attempt = tokio::net::TcpStream::connect((host.as_str(), port));
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!("TCP connect to {host}:{port}: {e}")),
+            Err(_) => Some(format!("TCP connect to {host}:{port}: no answer")),
+        }
     }
 
     async fn queue(&self) -> anyhow::Result<Queue> {
@@ -371,7 +395,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         messages,
                     }),
                     Ok(Err(e @ ClientError::NotDead { .. })) => eprintln!("skipped: {e}"),
-                    Ok(Err(e)) => return Err(anyhow!("redriving {id}: {e}")),
+                    Ok(Err(e)) => return Err(anyhow!("redriving {id}: {}", describe(&e))),
                     Err(_) => {
                         return Err(anyhow!(
                             "redriving {id}: no answer within {:?}",
@@ -429,6 +453,21 @@ async fn jobs_with_reason(ctx: &Ctx, queue: &Queue, reason: &str) -> anyhow::Res
             _ => return Ok(ids),
         }
     }
+}
+
+/// The error and its sources, each once.
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 /// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.

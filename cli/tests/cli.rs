@@ -279,11 +279,13 @@ async fn bad_arguments_and_unreachable_servers_are_clear_errors() {
         "{err}"
     );
     assert!(!err.contains("hunter2"), "password leaked: {err}");
+    assert!(err.contains("refused"), "the cause is given: {err}");
 
     let mut bad_nats = cfg.clone();
     bad_nats.nats_url = "nats://127.0.0.1:1".into();
     let err = failed(&tenure(&bad_nats, &["--timeout", "3", "dlq"]));
     assert!(err.contains("NATS at nats://127.0.0.1:1"), "{err}");
+    assert!(err.contains("refused"), "the cause is given: {err}");
 
     // An unknown job in a reachable database.
     let client = Client::connect(&cfg).await.expect("client");
