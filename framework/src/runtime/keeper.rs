@@ -77,7 +77,7 @@ impl Actor for LeaseKeeper {
                 state.args.metrics.lease_lost(cause);
                 tracing::warn!(
                     worker = %state.args.cfg.worker_id,
-                    lease_id = ?old.as_ref().map(|s| s.lease_id()),
+                    lease_id = %old.as_ref().map(|s| s.lease_id().to_string()).unwrap_or_default(),
                     cause,
                     reason = %reason.map(|r| r.to_string()).unwrap_or_else(|| "keepalive task stopped".into()),
                     "session lost: its jobs' steps are cancelled and their locks left to expire; \
