@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::metrics::MeterProvider as _;
@@ -19,6 +20,44 @@ use tenure_tests::{config_for, wait_until};
 
 fn stack() -> &'static DevStack {
     DevStack::shared().expect("dev stack")
+}
+
+/// Every log line of this test binary (a global `fmt` subscriber writing into
+/// memory, installed once).
+fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_env_filter("info,tenure=debug")
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+        buf
+    })
+}
+
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The log lines that mention `needle` and `message`.
+fn log_lines(needle: &str, message: &str) -> Vec<String> {
+    let text = String::from_utf8_lossy(&logs().lock().unwrap()).to_string();
+    text.lines()
+        .filter(|l| l.contains(needle) && l.contains(message))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Two steps that do nothing but commit their checkpoints.
@@ -174,6 +213,7 @@ async fn status(client: &Client, id: JobId) -> Option<JobStatus> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_counted_once() {
+    logs();
     let ns = DevStack::unique_namespace("obs_metrics");
     let mut cfg = config_for(stack(), &ns, Duration::from_secs(3));
     // A contended delivery comes back after 2-6 s: time to see the contention
@@ -365,6 +405,32 @@ async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_co
         }
     }
 
+    // The same four events in the log, each with its job and its reason.
+    let one = |job: JobId, message: &str| {
+        let lines = log_lines(&job.to_string(), message);
+        assert!(!lines.is_empty(), "no {message:?} event for {job}");
+        lines.into_iter().next().unwrap()
+    };
+    let c = one(contended, "job lock held by another session");
+    assert!(c.contains("holder"), "{c}");
+    let r = one(contended, "redelivered");
+    assert!(r.contains("deliveries=2"), "{r}");
+    let t = one(taken, "took over the job");
+    assert!(
+        t.contains("previous_fence=") && t.contains("takeovers=1"),
+        "{t}"
+    );
+    let f = one(usurped, "fenced out by a newer owner");
+    assert!(
+        f.contains("at=\"admission\"") || f.contains("at=admission"),
+        "{f}"
+    );
+    let d = one(poison, "job dead-lettered");
+    assert!(
+        d.contains("permanent_error") && d.contains("is poison"),
+        "{d}"
+    );
+
     worker.shutdown().await.unwrap();
     provider.shutdown().unwrap();
 }
@@ -389,6 +455,7 @@ impl Blocker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_revoked_session_is_counted_as_a_loss_by_cause_and_a_new_grant() {
+    logs();
     let ns = DevStack::unique_namespace("obs_loss");
     let cfg = config_for(stack(), &ns, Duration::from_secs(2));
     let client = Client::connect(&cfg).await.expect("client");
@@ -454,6 +521,16 @@ async fn a_revoked_session_is_counted_as_a_loss_by_cause_and_a_new_grant() {
         "tenure.fence.takeovers",
         &[("job_type", "obs.blocker")],
         1.0,
+    );
+    let lost = log_lines(&format!("lease_id={lease:x}"), "session lost");
+    assert!(
+        lost.iter().any(|l| l.contains("revoked")),
+        "session lost with its cause: {lost:#?}"
+    );
+    let cancelled = log_lines(&job.to_string(), "lease lost: cancelling the running step");
+    assert!(
+        !cancelled.is_empty(),
+        "the running step's cancellation is logged"
     );
     worker.shutdown().await.unwrap();
     provider.shutdown().unwrap();
