@@ -135,6 +135,8 @@
 //! |---|---|---|
 //! | `devstack` | off | the `devstack` module: starts a 3-member etcd cluster, NATS JetStream and PostgreSQL as child processes on loopback ports, with fault injection (pause, kill, restart a member). For tests, examples and benchmarks. |
 //! | `testing` | off | test-only constructors (`FencingToken::for_tests`, `StepCtx::detached_for_tests`). Never enable it in production. |
+//! | `otlp` | off | `telemetry::otlp`: push metrics to an OpenTelemetry collector over gRPC (opentelemetry-otlp). |
+//! | `prometheus` | off | `telemetry::prometheus`: a Prometheus scrape endpoint (`GET /metrics`) for the worker's metrics. |
 
 mod client;
 pub mod config;

@@ -69,6 +69,8 @@ pub(crate) struct Published {
     pub(crate) lost_deadline: watch::Sender<Instant>,
     pub(crate) lost_reason: Arc<OnceLock<LostReason>>,
     pub(crate) cancel: CancellationToken,
+    /// The round trip of the newest acknowledged keepalive (send to answer).
+    pub(crate) keepalive_rtt: watch::Sender<Option<Duration>>,
 }
 
 /// More unanswered requests than this and the stream is clearly stuck: stop
@@ -124,6 +126,7 @@ where
                             latency_ms = now.saturating_duration_since(sent_at).as_secs_f64() * 1e3,
                             "keepalive acknowledged"
                         );
+                        out.keepalive_rtt.send_replace(Some(now.saturating_duration_since(sent_at)));
                         let t = clock.ack(sent_at, now);
                         out.lost_deadline.send_replace(clock.lost_deadline());
                         if let Some(t) = t {
@@ -252,6 +255,7 @@ mod tests {
         health: watch::Receiver<Health>,
         reason: Arc<OnceLock<LostReason>>,
         cancel: CancellationToken,
+        rtt: watch::Receiver<Option<Duration>>,
         task: tokio::task::JoinHandle<LostReason>,
         t0: Instant,
     }
@@ -264,11 +268,13 @@ mod tests {
         let (deadline_tx, _deadline) = watch::channel(t0);
         let reason = Arc::new(OnceLock::new());
         let cancel = CancellationToken::new();
+        let (rtt_tx, rtt) = watch::channel(None);
         let out = Published {
             health: health_tx,
             lost_deadline: deadline_tx,
             lost_reason: reason.clone(),
             cancel: cancel.clone(),
+            keepalive_rtt: rtt_tx,
         };
         let params = KeeperParams {
             lease_id: LeaseId::new(1),
@@ -283,6 +289,7 @@ mod tests {
             health,
             reason,
             cancel,
+            rtt,
             task,
             t0,
         }
@@ -314,11 +321,14 @@ mod tests {
         let mut h = start();
         let rec = record(&h);
         // Answer the first 6 requests (sent every 500 ms) after 20 ms each.
+        assert_eq!(*h.rtt.borrow(), None, "no round trip before an answer");
         for _ in 0..6 {
             h.requests.recv().await.unwrap();
             tokio::time::sleep(ms(20)).await;
             h.answers.send(Some(Ok(3))).await.unwrap();
         }
+        tokio::time::sleep(ms(1)).await;
+        assert_eq!(*h.rtt.borrow(), Some(ms(20)), "round trip published");
         // Last answered request was sent at 3000 ms. Now go silent (a hung stream:
         // requests are accepted, nothing comes back).
         let reason = h.task.await.unwrap();
@@ -415,6 +425,7 @@ mod tests {
             lost_deadline: deadline_tx,
             lost_reason: Arc::new(OnceLock::new()),
             cancel: cancel.clone(),
+            keepalive_rtt: watch::channel(None).0,
         };
         let t0 = Instant::now();
         let clock = HealthClock::new(t0, TTL / 3, TTL.mul_f64(0.7));

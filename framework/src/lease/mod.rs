@@ -110,6 +110,23 @@ pub enum LostReason {
     StreamError(String),
 }
 
+impl LostReason {
+    /// A short, bounded code for metrics (`tenure.lease.losses{cause}`):
+    /// `deadline`, `revoked`, `stream_ended` or `stream_error`.
+    ///
+    /// ```
+    /// assert_eq!(tenure::lease::LostReason::StreamEnded.code(), "stream_ended");
+    /// ```
+    pub fn code(&self) -> &'static str {
+        match self {
+            LostReason::Deadline { .. } => "deadline",
+            LostReason::Revoked { .. } => "revoked",
+            LostReason::StreamEnded => "stream_ended",
+            LostReason::StreamError(_) => "stream_error",
+        }
+    }
+}
+
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -332,6 +349,7 @@ pub struct Session {
     lost_deadline: watch::Receiver<Instant>,
     lost_reason: Arc<OnceLock<LostReason>>,
     cancel: CancellationToken,
+    keepalive_rtt: watch::Receiver<Option<Duration>>,
     keeper: Option<AbortOnDropHandle<()>>,
 }
 
@@ -441,11 +459,13 @@ impl Session {
         let (deadline_tx, lost_deadline) = watch::channel(clock.lost_deadline());
         let lost_reason = Arc::new(OnceLock::new());
         let cancel = CancellationToken::new();
+        let (rtt_tx, keepalive_rtt) = watch::channel(None);
         let published = Published {
             health: health_tx,
             lost_deadline: deadline_tx,
             lost_reason: lost_reason.clone(),
             cancel: cancel.clone(),
+            keepalive_rtt: rtt_tx,
         };
         let params = KeeperParams {
             lease_id: lease,
@@ -481,6 +501,7 @@ impl Session {
             lost_deadline,
             lost_reason,
             cancel,
+            keepalive_rtt,
             keeper: Some(keeper),
         })
     }
@@ -548,6 +569,27 @@ impl Session {
     /// Why the session was lost, once it is.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.lost_reason.get().cloned()
+    }
+
+    /// A receiver of keepalive round trips: each acknowledged keepalive publishes
+    /// the time from its send to its answer (monotonic clock). `None` until the
+    /// first periodic keepalive is answered. A slow receiver sees the newest value
+    /// only; the channel closes when the keeper stops. Costs one `watch` store per
+    /// keepalive when nobody listens (the runtime records it as
+    /// `tenure.lease.keepalive.duration`).
+    ///
+    /// ```no_run
+    /// # async fn demo(session: &tenure::lease::Session) {
+    /// let mut rtt = session.watch_keepalive_rtt();
+    /// while rtt.changed().await.is_ok() {
+    ///     if let Some(d) = *rtt.borrow_and_update() {
+    ///         println!("keepalive answered in {d:?}");
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn watch_keepalive_rtt(&self) -> watch::Receiver<Option<Duration>> {
+        self.keepalive_rtt.clone()
     }
 
     /// A token cancelled when the session is `Lost`, closed or dropped. Bind

@@ -146,6 +146,13 @@ impl JobRun {
         delivery: Delivery,
     ) -> Result<(), Stop> {
         let sh = &self.shared;
+        if delivery.delivery_count() > 1 {
+            tracing::info!(
+                deliveries = delivery.delivery_count(),
+                "redelivered: an earlier delivery was handed back (contention, retry, \
+                 shutdown) or its owner went silent past AckWait"
+            );
+        }
         // 1. Admit.
         let row = match sh.store.job(job_id).await {
             Ok(Some(row)) => row,

@@ -68,11 +68,21 @@ impl Actor for LeaseKeeper {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             KeeperMsg::Lost(generation) if generation == state.generation => {
-                state.args.current.send_replace(None);
+                let old = state.args.current.send_replace(None);
                 if state.args.stop.is_cancelled() {
                     return Ok(());
                 }
-                tracing::warn!(worker = %state.args.cfg.worker_id, "session lost; forming a new one with backoff");
+                let reason = old.as_ref().and_then(|s| s.lost_reason());
+                let cause = reason.as_ref().map_or("keeper_stopped", |r| r.code());
+                state.args.metrics.lease_lost(cause);
+                tracing::warn!(
+                    worker = %state.args.cfg.worker_id,
+                    lease_id = %old.as_ref().map(|s| s.lease_id().to_string()).unwrap_or_default(),
+                    cause,
+                    reason = %reason.map(|r| r.to_string()).unwrap_or_else(|| "keepalive task stopped".into()),
+                    "session lost: its jobs' steps are cancelled and their locks left to expire; \
+                     forming a new session with backoff"
+                );
                 let cfg = state.args.cfg.clone();
                 let stop = state.args.stop.clone();
                 let me = myself.clone();
@@ -128,25 +138,40 @@ fn install(myself: &ActorRef<KeeperMsg>, state: &mut KeeperState, session: Sessi
     state.generation += 1;
     let generation = state.generation;
     state.args.metrics.lease_granted();
+    state.args.metrics.lease_state(level(Health::Healthy));
     let mut health = session.watch_health();
+    let mut rtt = session.watch_keepalive_rtt();
     let metrics = state.args.metrics.clone();
     tracing::info!(lease_id = %session.lease_id(), worker = %state.args.cfg.worker_id, "session established");
     state.args.current.send_replace(Some(Arc::new(session)));
     let me = myself.clone();
     state.tasks.spawn(async move {
         let mut last = *health.borrow();
+        let mut rtt_open = true;
         loop {
-            if health.changed().await.is_err() {
-                // The session (and its keepalive) is gone: treat as lost.
-                let _ = me.send_message(KeeperMsg::Lost(generation));
-                return;
+            tokio::select! {
+                changed = rtt.changed(), if rtt_open => {
+                    match changed {
+                        Ok(()) => {
+                            if let Some(d) = *rtt.borrow_and_update() {
+                                metrics.keepalive_rtt(d.as_secs_f64());
+                            }
+                        }
+                        Err(_) => rtt_open = false,
+                    }
+                    continue;
+                }
+                changed = health.changed() => {
+                    if changed.is_err() {
+                        // The session (and its keepalive) is gone: treat as lost.
+                        let _ = me.send_message(KeeperMsg::Lost(generation));
+                        return;
+                    }
+                }
             }
             let now = *health.borrow_and_update();
             if now != last {
                 metrics.lease_transition(name(last), name(now), level(now));
-                if now == Health::Lost {
-                    metrics.lease_lost("keepalive");
-                }
                 last = now;
             }
             if now == Health::Lost {

@@ -11,7 +11,7 @@
 //! | `tenure.lease.keepalive.duration` | histogram (s) | worker |
 //! | `tenure.lease.state` | gauge (0 healthy, 1 degraded, 2 lost) | worker |
 //! | `tenure.lease.transitions` | counter | worker, from, to |
-//! | `tenure.lease.losses` | counter | worker, cause |
+//! | `tenure.lease.losses` | counter | worker, cause (`deadline`, `revoked`, `stream_ended`, `stream_error`, `keeper_stopped`) |
 //! | `tenure.lock.contention` | counter | job_type |
 //! | `tenure.fence.claims` | counter | job_type |
 //! | `tenure.fence.takeovers` | counter | job_type |
@@ -21,9 +21,61 @@
 //! | `tenure.dlq.routed` | counter | job_type, reason |
 //! | `tenure.jobs.in_flight` | up-down counter | worker |
 //! | `tenure.jobs.completed` | counter | job_type |
+//!
+//! # Exporting
+//!
+//! Nothing is exported unless the application asks (the default global meter
+//! provider is a no-op). Two ready-made wirings, each behind a cargo feature:
+//!
+//! * `otlp`: `telemetry::otlp::meter_provider` pushes to an OpenTelemetry collector over
+//!   OTLP/gRPC.
+//! * `prometheus`: `telemetry::prometheus::PrometheusEndpoint` serves `GET /metrics` in
+//!   the Prometheus text format (dots become underscores, counters get `_total`:
+//!   `tenure_fence_stale_rejections_total{job_type,where}`).
+//!
+//! Either way, hand the meter to the worker:
+//! `Worker::builder(cfg).meter(meter)`. Any other `opentelemetry_sdk` reader
+//! works the same way (the tests use `InMemoryMetricExporter`).
+//!
+//! # Events
+//!
+//! Ownership changes are `tracing` events inside the `tenure.job` span (which
+//! carries `job_id`, `job_type`, `token`, `lease_id`, `worker`): *took over the
+//! job* (a previous owner did not release it), *job lock held by another
+//! session* (contention, debug level), *write refused: fenced out by a newer
+//! owner* (with `at` = claim/admission/step_commit/guard), *lease lost:
+//! cancelling the running step*, *redelivered*, *job dead-lettered* (with
+//! `code` and `reason`); the lease keeper logs every health change with its
+//! reason, and *session lost* with its cause.
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, UpDownCounter};
+
+#[cfg(feature = "otlp")]
+pub mod otlp;
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
+
+/// Errors setting up an exporter.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TelemetryError {
+    /// The scrape endpoint's address could not be bound.
+    #[error("cannot bind the metrics endpoint to {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The exporter could not be built.
+    #[error("metrics exporter: {0}")]
+    Exporter(String),
+    /// The metrics could not be encoded.
+    #[error("encoding metrics: {0}")]
+    Encode(String),
+}
 
 /// Stable span names.
 pub mod spans {
@@ -188,6 +240,12 @@ impl Metrics {
         self.keepalive
             .record(secs, std::slice::from_ref(&self.worker));
     }
+    /// The session's health level now (numbers as in the gauge), e.g. `0` when a
+    /// new session is granted.
+    pub fn lease_state(&self, level: i64) {
+        self.lease_state
+            .record(level, std::slice::from_ref(&self.worker));
+    }
     /// The session moved between health states (numbers as in the gauge).
     pub fn lease_transition(&self, from: &'static str, to: &'static str, to_level: i64) {
         self.lease_state
@@ -201,7 +259,8 @@ impl Metrics {
             ],
         );
     }
-    /// The session was lost because of `cause`.
+    /// The session was lost because of `cause` (a bounded code such as
+    /// [`LostReason::code`](crate::lease::LostReason::code)).
     pub fn lease_lost(&self, cause: &'static str) {
         self.lease_losses
             .add(1, &[self.worker.clone(), KeyValue::new("cause", cause)]);

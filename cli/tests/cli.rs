@@ -1,0 +1,296 @@
+//! The `tenure` binary against the dev stack: run it, read what it prints.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tenure::devstack::DevStack;
+use tenure::fence::JobStatus;
+use tenure::runtime::Worker;
+use tenure::{Client, Config, JobId, StepCtx, StepError};
+use tenure_tests::{config_for, wait_until};
+
+fn stack() -> &'static DevStack {
+    DevStack::shared().expect("dev stack")
+}
+
+/// While set, `cli.flaky` jobs fail permanently (straight to the DLQ).
+static BROKEN: AtomicBool = AtomicBool::new(true);
+
+#[derive(Debug, Clone)]
+struct Flaky;
+
+#[tenure::job(name = "cli.flaky", retries = 0)]
+impl Flaky {
+    #[step]
+    async fn call_downstream(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        if BROKEN.load(Ordering::SeqCst) {
+            return Err(StepError::permanent("downstream refused the request"));
+        }
+        Ok(n)
+    }
+
+    #[step]
+    async fn record(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        Ok(n * 2)
+    }
+}
+
+/// Runs `tenure` with the servers of `cfg` as flags (and no `TENURE_*` variables).
+fn tenure(cfg: &Config, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TENURE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args([
+        "--etcd",
+        &cfg.etcd_endpoints.join(","),
+        "--nats",
+        &cfg.nats_url,
+        "--database-url",
+        &cfg.database_url,
+        "--namespace",
+        &cfg.namespace,
+        "--schema",
+        &cfg.schema,
+    ])
+    .args(args);
+    cmd.output().expect("run tenure")
+}
+
+fn ok(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "tenure failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn failed(out: &Output) -> String {
+    assert!(
+        !out.status.success(),
+        "expected a failure; stdout:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_str(&ok(out)).expect("JSON output")
+}
+
+async fn status(client: &Client, id: JobId) -> Option<JobStatus> {
+    client.job(id).await.unwrap().map(|r| r.status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_job_dlq_and_redrive_against_the_dev_stack() {
+    let ns = DevStack::unique_namespace("cli");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(Flaky)
+        .start()
+        .await
+        .unwrap();
+
+    // Two jobs die while the downstream is broken.
+    let dead: Vec<JobId> = {
+        let mut ids = Vec::new();
+        for key in ["dead-1", "dead-2"] {
+            ids.push(client.enqueue::<Flaky>(key, &7).await.unwrap().job_id);
+        }
+        ids
+    };
+    let all_dead = wait_until(Duration::from_secs(30), || async {
+        status(&client, dead[0]).await == Some(JobStatus::Dead)
+            && status(&client, dead[1]).await == Some(JobStatus::Dead)
+    })
+    .await;
+    assert!(all_dead, "both jobs dead-lettered");
+    // Then it recovers and three jobs complete.
+    BROKEN.store(false, Ordering::SeqCst);
+    let mut done = Vec::new();
+    for i in 0..3u64 {
+        let key = format!("ok-{i}");
+        done.push(client.enqueue::<Flaky>(&key, &i).await.unwrap().job_id);
+    }
+    let all_done = wait_until(Duration::from_secs(30), || async {
+        for id in &done {
+            if status(&client, *id).await != Some(JobStatus::Done) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert!(all_done, "three jobs done");
+
+    // `jobs --status done`: exactly the three, as a table and as JSON.
+    let table = ok(&tenure(&cfg, &["jobs", "--status", "done"]));
+    let header = table.lines().next().unwrap();
+    for col in [
+        "ID",
+        "TYPE",
+        "STATUS",
+        "STEP",
+        "FENCE",
+        "TAKEOVERS",
+        "ATTEMPTS",
+    ] {
+        assert!(header.contains(col), "header: {header}");
+    }
+    for id in &done {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(&id.to_string()))
+            .unwrap_or_else(|| panic!("{id} missing from:\n{table}"));
+        assert!(
+            line.contains("cli.flaky") && line.contains(" done "),
+            "{line}"
+        );
+    }
+    for id in &dead {
+        assert!(!table.contains(&id.to_string()), "dead job listed as done");
+    }
+    assert!(table.contains("(3 jobs)"), "{table}");
+    let rows = json(&tenure(&cfg, &["--json", "jobs", "--status", "done"]));
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r["status"] == "done" && r["step"] == 2));
+    // `jobs` without a status lists all five; `--limit` bounds it.
+    let all = json(&tenure(&cfg, &["--json", "jobs"]));
+    assert_eq!(all.as_array().unwrap().len(), 5);
+    let two = json(&tenure(&cfg, &["jobs", "--limit", "2", "--json"]));
+    assert_eq!(two.as_array().unwrap().len(), 2);
+
+    // `job <ID>`: the history fields of one done job.
+    let detail = ok(&tenure(&cfg, &["job", &done[0].to_string()]));
+    for (k, v) in [
+        ("id", done[0].to_string()),
+        ("type", "cli.flaky".into()),
+        ("status", "done".into()),
+        ("step", "2".into()),
+        ("takeovers", "0".into()),
+        ("attempts", "0".into()),
+    ] {
+        assert!(
+            detail
+                .lines()
+                .any(|l| l.starts_with(k) && l.split_whitespace().last() == Some(v.as_str())),
+            "{k} = {v} missing from:\n{detail}"
+        );
+    }
+    assert!(detail.contains("fence") && detail.contains("created") && detail.contains("updated"));
+    let one = json(&tenure(&cfg, &["--json", "job", &dead[0].to_string()]));
+    assert_eq!(one["status"], "dead");
+    assert!(one["fence"].as_i64().unwrap() > 0, "claimed before dying");
+    assert!(
+        one["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("downstream refused"),
+        "{one}"
+    );
+
+    // `dlq`: both dead jobs with their type and reason.
+    let dlq = ok(&tenure(&cfg, &["dlq"]));
+    println!(
+        "$ tenure jobs --status done\n{table}\n$ tenure job {}\n{detail}\n$ tenure dlq\n{dlq}",
+        done[0]
+    );
+    for id in &dead {
+        let line = dlq
+            .lines()
+            .find(|l| l.contains(&id.to_string()))
+            .unwrap_or_else(|| panic!("{id} missing from the DLQ:\n{dlq}"));
+        assert!(line.contains("cli.flaky"), "{line}");
+        assert!(line.contains("permanent_error"), "{line}");
+    }
+    let entries = json(&tenure(&cfg, &["--json", "dlq"]));
+    let entries = entries.as_array().unwrap();
+    assert_eq!(entries.len(), 2);
+    assert!(entries.iter().all(|e| e["deliveries"] == 1));
+
+    // `redrive <ID>`, then `redrive --reason`: with the worker running, both finish.
+    let out = ok(&tenure(&cfg, &["redrive", &dead[0].to_string()]));
+    assert!(out.contains(&format!("redriven {}", dead[0])), "{out}");
+    let finished = wait_until(Duration::from_secs(30), || async {
+        status(&client, dead[0]).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(finished, "redriven job completes");
+    let after = json(&tenure(&cfg, &["--json", "dlq"]));
+    assert_eq!(after.as_array().unwrap().len(), 1, "moved out of the DLQ");
+    let out = json(&tenure(
+        &cfg,
+        &["--json", "redrive", "--reason", "permanent_error"],
+    ));
+    assert_eq!(out.as_array().unwrap().len(), 1);
+    assert_eq!(out[0]["job_id"], dead[1].to_string());
+    let finished = wait_until(Duration::from_secs(30), || async {
+        status(&client, dead[1]).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(finished, "job redriven by reason completes");
+    assert!(ok(&tenure(&cfg, &["dlq"])).contains("(0 dead letters)"));
+
+    // Redriving a job that is not dead says so.
+    let out = tenure(&cfg, &["redrive", &done[0].to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not dead"), "{stderr}");
+
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_arguments_and_unreachable_servers_are_clear_errors() {
+    let ns = DevStack::unique_namespace("cli_err");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+
+    let out = tenure(&cfg, &["job", "not-a-uuid"]);
+    let err = failed(&out);
+    assert_eq!(out.status.code(), Some(2), "usage error");
+    assert!(err.contains("not-a-uuid") && err.contains("UUID"), "{err}");
+
+    let out = tenure(&cfg, &["jobs", "--status", "zombie"]);
+    let err = failed(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("zombie") && err.contains("dead"), "{err}");
+
+    let out = tenure(&cfg, &["redrive"]);
+    assert_eq!(out.status.code(), Some(2), "{}", failed(&out));
+
+    // Nothing listens on port 1.
+    let mut bad_db = cfg.clone();
+    bad_db.database_url = "postgres://postgres:hunter2@127.0.0.1:1/tenure".into();
+    let out = tenure(&bad_db, &["--timeout", "3", "jobs"]);
+    let err = failed(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err.contains("PostgreSQL at postgres://postgres:***@127.0.0.1:1/tenure"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "password leaked: {err}");
+    assert!(err.contains("refused"), "the cause is given: {err}");
+
+    let mut bad_nats = cfg.clone();
+    bad_nats.nats_url = "nats://127.0.0.1:1".into();
+    let err = failed(&tenure(&bad_nats, &["--timeout", "3", "dlq"]));
+    assert!(err.contains("NATS at nats://127.0.0.1:1"), "{err}");
+    assert!(err.contains("refused"), "the cause is given: {err}");
+
+    // An unknown job in a reachable database.
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let missing = JobId::from_key("cli.flaky", "never-enqueued");
+    let err = failed(&tenure(&cfg, &["job", &missing.to_string()]));
+    assert!(err.contains(&format!("no job {missing}")), "{err}");
+}
