@@ -193,10 +193,9 @@ async fn two_sessions_race_exactly_one_wins_and_expiry_hands_over_a_larger_token
     b.close().await.expect("close b");
 }
 
-/// What a child process does, chosen by `TENURE_LEASE_CHILD`.
-/// Not a test on its own: the parent tests spawn this binary with it.
+/// What a child process does, chosen by `TENURE_LEASE_CHILD`. The parent tests
+/// spawn this binary with it; in an ordinary run (no variable) it returns at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run by other tests in a child process"]
 async fn child_process_entry() {
     let Ok(mode) = std::env::var("TENURE_LEASE_CHILD") else {
         return;
@@ -249,7 +248,6 @@ fn spawn_child(
     cmd.args([
         "--exact",
         "child_process_entry",
-        "--ignored",
         "--nocapture",
         "--test-threads=1",
     ])
