@@ -569,13 +569,23 @@ async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
     assert!(dead, "the row follows the broker's verdict");
     let row = client.job(job_id).await.unwrap().unwrap();
     assert!(
-        row.last_error.as_deref().unwrap_or("").contains("max_deliveries"),
+        row.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("max_deliveries"),
         "{:?}",
         row.last_error
     );
     let dlq = client.queue().dead_letters(100).await.unwrap();
-    let entry = dlq.iter().find(|d| d.job_id == Some(job_id)).expect("in the DLQ");
-    assert!(entry.reason.contains("max_deliveries"), "reason: {}", entry.reason);
+    let entry = dlq
+        .iter()
+        .find(|d| d.job_id == Some(job_id))
+        .expect("in the DLQ");
+    assert!(
+        entry.reason.contains("max_deliveries"),
+        "reason: {}",
+        entry.reason
+    );
     // Redrive after the holder is gone: the job completes.
     holder.close().await.unwrap();
     assert_eq!(client.redrive(job_id).await.unwrap(), 1);
@@ -677,12 +687,20 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
     assert_eq!(after.job_id, first.job_id);
     // The same key with another payload is refused, not silently overwritten.
     let other = client
-        .enqueue::<ThreeStep>("once", &Work { n: 6, ..Work::default() })
+        .enqueue::<ThreeStep>(
+            "once",
+            &Work {
+                n: 6,
+                ..Work::default()
+            },
+        )
         .await;
     assert!(
         matches!(
             other,
-            Err(tenure::ClientError::Fence(tenure::fence::FenceError::PayloadConflict { .. }))
+            Err(tenure::ClientError::Fence(
+                tenure::fence::FenceError::PayloadConflict { .. }
+            ))
         ),
         "{other:?}"
     );
