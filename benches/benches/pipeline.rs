@@ -197,7 +197,7 @@ struct Cpu {
 
 impl Cpu {
     /// Reads utime+stime of every process in each server's process group (each
-    /// server is its own group; PostgreSQL backends are in the postmaster's) and
+    /// server is its own group; PostgreSQL backends are the postmaster's children) and
     /// of this process (where the benchmarked worker runs).
     fn now(stack: &DevStack) -> Cpu {
         let tick_ms = 10.0; // CLK_TCK = 100
@@ -212,7 +212,11 @@ impl Cpu {
             return cpu;
         };
         for entry in dir.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
                 continue;
             };
             let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -223,7 +227,8 @@ impl Cpu {
             };
             let f: Vec<&str> = rest.split_whitespace().collect();
             // After the comm: state(0) ppid(1) pgrp(2) ... utime(11) stime(12).
-            let (Some(pgrp), Some(ut), Some(st)) = (
+            let (Some(ppid), Some(pgrp), Some(ut), Some(st)) = (
+                f.get(1).and_then(|v| v.parse::<u32>().ok()),
                 f.get(2).and_then(|v| v.parse::<u32>().ok()),
                 f.get(11).and_then(|v| v.parse::<f64>().ok()),
                 f.get(12).and_then(|v| v.parse::<f64>().ok()),
@@ -235,7 +240,9 @@ impl Cpu {
                 cpu.etcd += ms;
             } else if Some(pgrp) == nats {
                 cpu.nats += ms;
-            } else if Some(pgrp) == pg {
+            } else if Some(pgrp) == pg || Some(ppid) == pg {
+                // PostgreSQL backends call setsid(): they are the postmaster's
+                // children but not in its process group.
                 cpu.pg += ms;
             } else if pid == me {
                 cpu.client += ms;
@@ -382,11 +389,10 @@ async fn unfenced_run(stack: &DevStack, c: usize, n: usize, mode: Baseline) -> R
                     tasks.spawn(async move {
                         let run = async {
                             let id = d.job_id()?;
-                            let (step, input, status): (i32, Value, String) =
-                                sqlx::query_as(&read)
-                                    .bind(id.as_uuid())
-                                    .fetch_one(&pool)
-                                    .await?;
+                            let (step, input, status): (i32, Value, String) = sqlx::query_as(&read)
+                                .bind(id.as_uuid())
+                                .fetch_one(&pool)
+                                .await?;
                             if status != "done" {
                                 for k in step..3 {
                                     let mut tx = pool.begin().await?;
@@ -518,8 +524,12 @@ async fn pg_bound(stack: &DevStack, c: usize, secs: f64) -> Result<f64> {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..c {
-        let (pool, commits, select, update) =
-            (pool.clone(), commits.clone(), select.clone(), update.clone());
+        let (pool, commits, select, update) = (
+            pool.clone(),
+            commits.clone(),
+            select.clone(),
+            update.clone(),
+        );
         let id = i32::try_from(t)?;
         tasks.spawn(async move {
             let cp = json!({"n": 1});
@@ -706,7 +716,12 @@ impl WorkerObserver for Commits {
 /// child process) commits step 0 of a job and holds in step 1; worker B (in this
 /// process, default `Config` but the TTL) is running; A is frozen with SIGSTOP;
 /// the latency is the time from the freeze until B commits step 1.
-async fn takeover_lane(stack: &DevStack, lane: usize, trials: usize, ttl: Duration) -> Result<Vec<f64>> {
+async fn takeover_lane(
+    stack: &DevStack,
+    lane: usize,
+    trials: usize,
+    ttl: Duration,
+) -> Result<Vec<f64>> {
     let (ns, client) = namespace(stack, &format!("bench_takeover{lane}")).await?;
     let mut out = Vec::new();
     for trial in 0..trials {

@@ -66,8 +66,7 @@ async fn main() -> anyhow::Result<()> {
     println!("READY {worker}");
     let _ = std::io::stdout().flush();
 
-    let mut term =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut stdin = tokio::io::stdin();
     let mut buf = [0u8; 64];
     let mut tick = tokio::time::interval(Duration::from_millis(100));
