@@ -4,7 +4,10 @@
 //! worker never pays an etcd round trip per job: concurrent acquisitions are
 //! gathered into one transaction of nested create-if-absent transactions (one Raft
 //! entry), and releases into one transaction of guarded deletes. Batches form
-//! naturally: while one is in flight, the next requests queue up.
+//! naturally: while one is in flight, the next requests queue up. One batch at a
+//! time: etcd's cost is per transaction (a Raft entry, fsynced on every member),
+//! not per key, so more batches in flight only means smaller ones and more etcd
+//! work per job. Within a batch the acquisitions and the releases run at once.
 
 use std::sync::Arc;
 
@@ -15,7 +18,7 @@ use crate::JobId;
 use crate::lease::{Acquire, JobLock, LeaseError, Session};
 
 const MAX_BATCH: usize = 128;
-const MAX_BATCHES_IN_FLIGHT: usize = 4;
+const MAX_BATCHES_IN_FLIGHT: usize = 1;
 
 enum Request {
     Acquire {
@@ -130,38 +133,52 @@ async fn execute(batch: Vec<Request>) {
         }
     }
     for (session, acquires, releases) in groups {
-        if !acquires.is_empty() {
-            let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
-            match session.acquire_many(&ids).await {
-                Ok(results) if results.len() == acquires.len() => {
-                    for ((_, reply), result) in acquires.into_iter().zip(results) {
-                        let _ = reply.send(Ok(result));
-                    }
-                }
-                Ok(results) => {
-                    let msg = format!(
-                        "acquire_many answered {} results for {} keys",
-                        results.len(),
-                        acquires.len()
-                    );
-                    for (_, reply) in acquires {
-                        let _ = reply.send(Err(msg.clone()));
-                    }
-                }
-                Err(e) => {
-                    let msg = lease_error_text(&e);
-                    for (_, reply) in acquires {
-                        let _ = reply.send(Err(msg.clone()));
-                    }
-                }
+        // Acquisitions and releases of one batch go out together: etcd batches
+        // concurrent proposals into one Raft ready (one fsync round).
+        tokio::join!(
+            acquire_all(&session, acquires),
+            release_all(&session, releases)
+        );
+    }
+}
+
+async fn acquire_all(session: &Session, acquires: Vec<(JobId, AcquireReply)>) {
+    if acquires.is_empty() {
+        return;
+    }
+    let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
+    match session.acquire_many(&ids).await {
+        Ok(results) if results.len() == acquires.len() => {
+            for ((_, reply), result) in acquires.into_iter().zip(results) {
+                let _ = reply.send(Ok(result));
             }
         }
-        if !releases.is_empty() {
-            let n = releases.len();
-            if let Err(e) = session.release_many(releases).await {
-                tracing::warn!(locks = n, error = %e, "releasing job locks failed; they expire with the session lease");
+        Ok(results) => {
+            let msg = format!(
+                "acquire_many answered {} results for {} keys",
+                results.len(),
+                acquires.len()
+            );
+            for (_, reply) in acquires {
+                let _ = reply.send(Err(msg.clone()));
             }
         }
+        Err(e) => {
+            let msg = lease_error_text(&e);
+            for (_, reply) in acquires {
+                let _ = reply.send(Err(msg.clone()));
+            }
+        }
+    }
+}
+
+async fn release_all(session: &Session, releases: Vec<JobLock>) {
+    if releases.is_empty() {
+        return;
+    }
+    let n = releases.len();
+    if let Err(e) = session.release_many(releases).await {
+        tracing::warn!(locks = n, error = %e, "releasing job locks failed; they expire with the session lease");
     }
 }
 
