@@ -7,7 +7,7 @@
 //! naturally: while one is in flight, the next requests queue up. One batch at a
 //! time: etcd's cost is per transaction (a Raft entry, fsynced on every member),
 //! not per key, so more batches in flight only means smaller ones and more etcd
-//! work per job. Within a batch the acquisitions and the releases run at once.
+//! work per job. Within a batch the creates and the deletes share one Txn.
 
 use std::sync::Arc;
 
@@ -112,7 +112,8 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken) {
 type AcquireReply = oneshot::Sender<Result<Acquire, String>>;
 type Group = (Arc<Session>, Vec<(JobId, AcquireReply)>, Vec<JobLock>);
 
-/// Runs one batch: per session, one acquire_many and one release_many.
+/// Runs one batch: per session, one etcd Txn of creates and guarded deletes
+/// (see `Session::acquire_and_release_many`), then the verification read.
 async fn execute(batch: Vec<Request>) {
     // Group by session (normally there is one current session).
     let mut groups: Vec<Group> = Vec::new();
@@ -133,21 +134,20 @@ async fn execute(batch: Vec<Request>) {
         }
     }
     for (session, acquires, releases) in groups {
-        // Acquisitions and releases of one batch go out together: etcd batches
-        // concurrent proposals into one Raft ready (one fsync round).
-        tokio::join!(
-            acquire_all(&session, acquires),
-            release_all(&session, releases)
-        );
+        // Acquisitions and releases of one batch share one etcd Txn (one Raft
+        // entry) when they can.
+        if acquires.is_empty() {
+            release_all(&session, releases).await;
+            continue;
+        }
+        let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
+        let results = session.acquire_and_release_many(&ids, releases).await;
+        answer(acquires, results);
     }
 }
 
-async fn acquire_all(session: &Session, acquires: Vec<(JobId, AcquireReply)>) {
-    if acquires.is_empty() {
-        return;
-    }
-    let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
-    match session.acquire_many(&ids).await {
+fn answer(acquires: Vec<(JobId, AcquireReply)>, results: Result<Vec<Acquire>, LeaseError>) {
+    match results {
         Ok(results) if results.len() == acquires.len() => {
             for ((_, reply), result) in acquires.into_iter().zip(results) {
                 let _ = reply.send(Ok(result));
