@@ -10,6 +10,9 @@
 //! * `TENURE_BENCH_JOBS=N`: jobs per throughput run.
 //! * `TENURE_BENCH_TTL_MS=N`: lease TTL of the takeover trials (default 5000).
 //! * `TENURE_BENCH_TRIALS=N`: takeover trials (default 24, at least 20 in a full run).
+//! * `TENURE_BENCH_ONLY=throughput,acquire,takeover,rss`: run only these parts
+//!   (the last line then reports NaN for what did not run).
+//! * `RUST_LOG=...`: logs of the in-process workers (and the worker children) to stderr.
 //!
 //! Writes `target/tenure-bench/pipeline.json`; prints one line per figure, the last
 //! `pipeline: fenced_jobs_per_s=X unfenced_jobs_per_s=Y ratio=R takeover_p99_ms=T ttl_ms=L`.
@@ -41,6 +44,7 @@ struct Opts {
     ttl: Duration,
     trials: usize,
     bound_secs: f64,
+    only: Option<Vec<String>>,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -69,7 +73,16 @@ impl Opts {
             )),
             trials: env_or("TENURE_BENCH_TRIALS", if quick { 4 } else { 24 }),
             bound_secs: if quick { 1.5 } else { 3.0 },
+            only: std::env::var("TENURE_BENCH_ONLY")
+                .ok()
+                .map(|v| v.split(',').map(|p| p.trim().to_string()).collect()),
         }
+    }
+
+    fn runs(&self, part: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|p| p == part))
     }
 }
 
@@ -777,7 +790,9 @@ async fn takeover_lane(
                 bail!("lane {lane} trial {trial}: B did not commit step 1");
             }
         };
-        out.push((committed - frozen).as_secs_f64() * 1e3);
+        let ms = (committed - frozen).as_secs_f64() * 1e3;
+        tracing::info!(lane, trial, %job, ms, "takeover trial");
+        out.push(ms);
         b.shutdown().await?;
         a.kill().await;
     }
@@ -854,6 +869,12 @@ fn output_path() -> std::path::PathBuf {
 #[tokio::main]
 async fn main() -> Result<()> {
     // `cargo bench` passes `--bench`; nothing else to parse.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let opts = Opts::from_env();
     let wall = Instant::now();
     let uptime_before = load();
@@ -869,15 +890,19 @@ async fn main() -> Result<()> {
     );
     let stack = DevStack::start().await?;
 
-    // Warm-up (PostgreSQL caches, first connections), not reported.
-    let warm = if opts.quick { 200 } else { 500 };
-    let c0 = *opts.concurrency.first().context("no concurrency")?;
-    fenced_run(&stack, c0, warm).await?;
-    unfenced_run(&stack, c0, warm, Baseline::Checkpointed).await?;
-
     let mut rows = Vec::new();
     let mut best: Option<(usize, f64, f64)> = None;
-    for &c in &opts.concurrency {
+    let concurrency = if opts.runs("throughput") {
+        // Warm-up (PostgreSQL caches, first connections), not reported.
+        let warm = if opts.quick { 200 } else { 500 };
+        let c0 = *opts.concurrency.first().context("no concurrency")?;
+        fenced_run(&stack, c0, warm).await?;
+        unfenced_run(&stack, c0, warm, Baseline::Checkpointed).await?;
+        opts.concurrency.clone()
+    } else {
+        Vec::new()
+    };
+    for &c in &concurrency {
         let n = opts.jobs;
         let etcd = etcd_bound(&stack, c, opts.bound_secs).await?;
         let pg = pg_bound(&stack, c, opts.bound_secs).await?;
@@ -947,7 +972,11 @@ async fn main() -> Result<()> {
         }
     }
 
-    let acq = acquire_latency(&stack, if opts.quick { 50 } else { 200 }).await?;
+    let acq = if opts.runs("acquire") {
+        acquire_latency(&stack, if opts.quick { 50 } else { 200 }).await?
+    } else {
+        Vec::new()
+    };
     let acq = stats_ms(acq);
     println!(
         "pipeline.lease_acquire n={} p50_ms={} p99_ms={}",
@@ -956,6 +985,7 @@ async fn main() -> Result<()> {
 
     let lanes = if opts.quick { 2 } else { 4 };
     let per_lane = opts.trials.div_ceil(lanes);
+    let lanes = if opts.runs("takeover") { lanes } else { 0 };
     let lane_runs = (0..lanes).map(|l| takeover_lane(&stack, l, per_lane, opts.ttl));
     let mut takeovers = Vec::new();
     for r in futures::future::join_all(lane_runs).await {
@@ -971,13 +1001,17 @@ async fn main() -> Result<()> {
         opts.ttl.as_millis()
     );
 
-    let rss = rss_with_jobs_in_flight(&stack, 1000).await?;
+    let rss = if opts.runs("rss") {
+        rss_with_jobs_in_flight(&stack, 1000).await?
+    } else {
+        json!({})
+    };
     println!(
         "pipeline.rss jobs_in_flight=1000 peak_rss_mib={} idle_peak_rss_mib={}",
         rss["peak_rss_mib"], rss["idle_peak_rss_mib"]
     );
 
-    let (best_c, fenced_best, plain_at_best) = best.context("no throughput run")?;
+    let (best_c, fenced_best, plain_at_best) = best.unwrap_or((0, f64::NAN, f64::NAN));
     let ratio = fenced_best / plain_at_best;
     let uptime_after = load();
     let out = json!({
