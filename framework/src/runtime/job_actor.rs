@@ -393,7 +393,20 @@ impl JobRun {
                         },
                     };
                     // 6. Pre-commit check (an optimisation: the fence is the guarantee).
-                    let health = owned.session.health();
+                    // `Degraded` is transient (one late keepalive ack on a loaded
+                    // machine): wait until it turns `Healthy` or `Lost`, at most until
+                    // the session's lost deadline (< TTL, so below the idle-in-transaction
+                    // timeout), instead of dropping a job we still hold.
+                    let mut health = owned.session.health();
+                    if health == Health::Degraded {
+                        let mut watch = owned.session.watch_health();
+                        let settled = async {
+                            let _ = watch.wait_for(|h| *h != Health::Degraded).await;
+                        };
+                        let _ =
+                            tokio::time::timeout_at(owned.session.lost_deadline(), settled).await;
+                        health = owned.session.health();
+                    }
                     if health != Health::Healthy {
                         let _ = tx.rollback().await;
                         tracing::warn!(?health, step = %step, "lease not healthy at commit; rolled back, leaving the job to the next owner");
