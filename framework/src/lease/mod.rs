@@ -662,7 +662,7 @@ impl Session {
             token = tracing::field::Empty, outcome = tracing::field::Empty,
         );
         async move {
-            let mut out = self.acquire_batch(&[job_id]).await?;
+            let mut out = self.acquire_batch(&[job_id], &[]).await?;
             match out.pop() {
                 Some(a) => Ok(a),
                 None => Err(LeaseError::Unexpected {
@@ -704,7 +704,7 @@ impl Session {
             }
             let mut all = Vec::with_capacity(job_ids.len());
             for chunk in job_ids.chunks(MAX_BATCH) {
-                match self.acquire_batch(chunk).await {
+                match self.acquire_batch(chunk, &[]).await {
                     Ok(part) => all.extend(part),
                     Err(e) => {
                         let held: Vec<JobLock> =
@@ -726,9 +726,57 @@ impl Session {
         .await
     }
 
-    /// One Txn of creates (plain for one job, nested for several), one
-    /// verification read.
-    async fn acquire_batch(&self, job_ids: &[JobId]) -> Result<Vec<Acquire>, LeaseError> {
+    /// Acquires `job_ids` (as [`Session::acquire_many`]) and releases `locks` (as
+    /// [`Session::release_many`]) in ONE etcd Txn: one Raft entry for the
+    /// creates and the guarded deletes together, then the one verification read
+    /// of the created keys. When the two sets overlap or exceed [`MAX_BATCH`]
+    /// together, they are sent as two Txns instead. Releases are best-effort as
+    /// in [`Session::release_many`] (a failed Txn leaves them to the lease).
+    ///
+    /// # Fencing
+    /// As [`Session::acquire`], per job; a release deletes a key only while its
+    /// `create_revision` equals the lock's token.
+    ///
+    /// # Errors
+    /// As [`Session::acquire_many`].
+    pub async fn acquire_and_release_many(
+        &self,
+        job_ids: &[JobId],
+        locks: Vec<JobLock>,
+    ) -> Result<Vec<Acquire>, LeaseError> {
+        if locks.is_empty() {
+            return self.acquire_many(job_ids).await;
+        }
+        if job_ids.is_empty() {
+            self.release_many(locks).await?;
+            return Ok(Vec::new());
+        }
+        let overlap = locks.iter().any(|l| job_ids.contains(&l.job_id));
+        let mut seen = std::collections::HashSet::with_capacity(job_ids.len());
+        let duplicate = job_ids.iter().any(|j| !seen.insert(*j));
+        if overlap || duplicate || job_ids.len() + locks.len() > MAX_BATCH {
+            let (acquired, released) =
+                tokio::join!(self.acquire_many(job_ids), self.release_many(locks));
+            if let Err(e) = released {
+                tracing::warn!(error = %e, "releasing job locks failed; they expire with the session lease");
+            }
+            return acquired;
+        }
+        let span = tracing::info_span!(
+            "tenure.lease.acquire_and_release_many",
+            jobs = job_ids.len(), locks = locks.len(), lease_id = %self.lease,
+            worker = %self.worker_id,
+        );
+        self.acquire_batch(job_ids, &locks).instrument(span).await
+    }
+
+    /// One Txn of creates (plain for one job, nested for several) and guarded
+    /// deletes of `releases`, then one verification read of the created keys.
+    async fn acquire_batch(
+        &self,
+        job_ids: &[JobId],
+        releases: &[JobLock],
+    ) -> Result<Vec<Acquire>, LeaseError> {
         self.ensure_not_lost()?;
         let nonce: u64 = rand::random();
         let lease = self.lease.get();
@@ -746,12 +794,13 @@ impl Session {
                 )])
                 .or_else([TxnOp::get(key, None)])
         };
-        let single = entries.len() == 1;
+        let single = entries.len() == 1 && releases.is_empty();
         let txn = match entries.as_slice() {
-            [(_, key, value)] => create(key, value),
+            [(_, key, value)] if single => create(key, value),
             many => Txn::new().and_then(
                 many.iter()
                     .map(|(_, key, value)| TxnOp::txn(create(key, value)))
+                    .chain(releases.iter().map(guarded_delete))
                     .collect::<Vec<_>>(),
             ),
         };
@@ -769,13 +818,27 @@ impl Session {
         let outcomes: Vec<Option<Option<LeaseId>>> = if single {
             vec![contended_holder(&resp)]
         } else {
-            let nested = resp.op_responses();
-            if nested.len() != entries.len() {
+            let mut nested = resp.op_responses();
+            if nested.len() != entries.len() + releases.len() {
                 self.undo(&entries).await;
                 return Err(LeaseError::Unexpected {
                     op: "acquire",
-                    detail: format!("{} answers for {} jobs", nested.len(), entries.len()),
+                    detail: format!(
+                        "{} answers for {} jobs and {} releases",
+                        nested.len(),
+                        entries.len(),
+                        releases.len()
+                    ),
                 });
+            }
+            let released = nested.split_off(entries.len());
+            for (l, r) in releases.iter().zip(released) {
+                if !matches!(r, TxnOpResponse::Txn(t) if t.succeeded()) {
+                    tracing::warn!(
+                        job_id = %l.job_id, token = %l.token,
+                        "release: the key is not ours any more; nothing deleted"
+                    );
+                }
             }
             let mut v = Vec::with_capacity(nested.len());
             for r in nested {
@@ -942,20 +1005,7 @@ impl Session {
         async move {
             let mut deleted = 0usize;
             for chunk in locks.chunks(MAX_BATCH) {
-                let ops: Vec<TxnOp> = chunk
-                    .iter()
-                    .map(|l| {
-                        TxnOp::txn(
-                            Txn::new()
-                                .when([Compare::create_revision(
-                                    l.key.as_str(),
-                                    CompareOp::Equal,
-                                    l.token.get(),
-                                )])
-                                .and_then([TxnOp::delete(l.key.as_str(), None)]),
-                        )
-                    })
-                    .collect();
+                let ops: Vec<TxnOp> = chunk.iter().map(guarded_delete).collect();
                 let resp = self.txn("release", Txn::new().and_then(ops)).await?;
                 for (l, r) in chunk.iter().zip(resp.op_responses()) {
                     match r {
@@ -1027,6 +1077,19 @@ impl Drop for Session {
 /// round trip of latency never turns the session `Degraded`.
 fn keepalive_period(cfg: &Config) -> Duration {
     cfg.keepalive_interval()
+}
+
+/// A nested Txn deleting `l`'s key only while its `create_revision` is `l`'s token.
+fn guarded_delete(l: &JobLock) -> TxnOp {
+    TxnOp::txn(
+        Txn::new()
+            .when([Compare::create_revision(
+                l.key.as_str(),
+                CompareOp::Equal,
+                l.token.get(),
+            )])
+            .and_then([TxnOp::delete(l.key.as_str(), None)]),
+    )
 }
 
 /// `None` if the (single-job) create succeeded; `Some(holder)` otherwise.

@@ -19,6 +19,9 @@ use crate::queue::{DeadLetterInfo, Delivery};
 use crate::telemetry::{StaleAt, spans};
 use crate::{FencingToken, JobId, StepIndex, retry};
 
+/// A contended job lock is retried at least every `lease_ttl / CONTENTION_RETRY_DIVISOR`.
+const CONTENTION_RETRY_DIVISOR: u32 = 10;
+
 pub(crate) struct JobArgs {
     pub(crate) shared: Arc<Shared>,
     pub(crate) delivery: Delivery,
@@ -248,7 +251,12 @@ impl JobRun {
                 sh.metrics.contention(job.name());
                 let attempt =
                     u32::try_from(delivery.delivery_count().saturating_sub(1)).unwrap_or(u32::MAX);
-                let delay = retry::jittered(&sh.cfg.contention_backoff, attempt);
+                // A message comes back while its lock is held only when the holder
+                // stopped progress-acking (paused, partitioned, crashed): its lease
+                // ends within a TTL. Retry at least every TTL/10, so the new owner
+                // acquires soon after the lease ends instead of backing off past it.
+                let delay = retry::jittered(&sh.cfg.contention_backoff, attempt)
+                    .min(sh.cfg.lease_ttl / CONTENTION_RETRY_DIVISOR);
                 tracing::debug!(holder = ?holder, ?delay, "job lock held by another session");
                 self.retry_later(delivery, delay).await;
                 return Err(Stop::Quiet);
@@ -392,7 +400,20 @@ impl JobRun {
                         },
                     };
                     // 6. Pre-commit check (an optimisation: the fence is the guarantee).
-                    let health = owned.session.health();
+                    // `Degraded` is transient (one late keepalive ack on a loaded
+                    // machine): wait until it turns `Healthy` or `Lost`, at most until
+                    // the session's lost deadline (< TTL, so below the idle-in-transaction
+                    // timeout), instead of dropping a job we still hold.
+                    let mut health = owned.session.health();
+                    if health == Health::Degraded {
+                        let mut watch = owned.session.watch_health();
+                        let settled = async {
+                            let _ = watch.wait_for(|h| *h != Health::Degraded).await;
+                        };
+                        let _ =
+                            tokio::time::timeout_at(owned.session.lost_deadline(), settled).await;
+                        health = owned.session.health();
+                    }
                     if health != Health::Healthy {
                         let _ = tx.rollback().await;
                         tracing::warn!(?health, step = %step, "lease not healthy at commit; rolled back, leaving the job to the next owner");

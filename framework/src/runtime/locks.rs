@@ -4,7 +4,10 @@
 //! worker never pays an etcd round trip per job: concurrent acquisitions are
 //! gathered into one transaction of nested create-if-absent transactions (one Raft
 //! entry), and releases into one transaction of guarded deletes. Batches form
-//! naturally: while one is in flight, the next requests queue up.
+//! naturally: while one is in flight, the next requests queue up. One batch at a
+//! time: etcd's cost is per transaction (a Raft entry, fsynced on every member),
+//! not per key, so more batches in flight only means smaller ones and more etcd
+//! work per job. Within a batch the creates and the deletes share one Txn.
 
 use std::sync::Arc;
 
@@ -15,7 +18,7 @@ use crate::JobId;
 use crate::lease::{Acquire, JobLock, LeaseError, Session};
 
 const MAX_BATCH: usize = 128;
-const MAX_BATCHES_IN_FLIGHT: usize = 4;
+const MAX_BATCHES_IN_FLIGHT: usize = 1;
 
 enum Request {
     Acquire {
@@ -109,7 +112,8 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken) {
 type AcquireReply = oneshot::Sender<Result<Acquire, String>>;
 type Group = (Arc<Session>, Vec<(JobId, AcquireReply)>, Vec<JobLock>);
 
-/// Runs one batch: per session, one acquire_many and one release_many.
+/// Runs one batch: per session, one etcd Txn of creates and guarded deletes
+/// (see `Session::acquire_and_release_many`), then the verification read.
 async fn execute(batch: Vec<Request>) {
     // Group by session (normally there is one current session).
     let mut groups: Vec<Group> = Vec::new();
@@ -130,38 +134,51 @@ async fn execute(batch: Vec<Request>) {
         }
     }
     for (session, acquires, releases) in groups {
-        if !acquires.is_empty() {
-            let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
-            match session.acquire_many(&ids).await {
-                Ok(results) if results.len() == acquires.len() => {
-                    for ((_, reply), result) in acquires.into_iter().zip(results) {
-                        let _ = reply.send(Ok(result));
-                    }
-                }
-                Ok(results) => {
-                    let msg = format!(
-                        "acquire_many answered {} results for {} keys",
-                        results.len(),
-                        acquires.len()
-                    );
-                    for (_, reply) in acquires {
-                        let _ = reply.send(Err(msg.clone()));
-                    }
-                }
-                Err(e) => {
-                    let msg = lease_error_text(&e);
-                    for (_, reply) in acquires {
-                        let _ = reply.send(Err(msg.clone()));
-                    }
-                }
+        // Acquisitions and releases of one batch share one etcd Txn (one Raft
+        // entry) when they can.
+        if acquires.is_empty() {
+            release_all(&session, releases).await;
+            continue;
+        }
+        let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
+        let results = session.acquire_and_release_many(&ids, releases).await;
+        answer(acquires, results);
+    }
+}
+
+fn answer(acquires: Vec<(JobId, AcquireReply)>, results: Result<Vec<Acquire>, LeaseError>) {
+    match results {
+        Ok(results) if results.len() == acquires.len() => {
+            for ((_, reply), result) in acquires.into_iter().zip(results) {
+                let _ = reply.send(Ok(result));
             }
         }
-        if !releases.is_empty() {
-            let n = releases.len();
-            if let Err(e) = session.release_many(releases).await {
-                tracing::warn!(locks = n, error = %e, "releasing job locks failed; they expire with the session lease");
+        Ok(results) => {
+            let msg = format!(
+                "acquire_many answered {} results for {} keys",
+                results.len(),
+                acquires.len()
+            );
+            for (_, reply) in acquires {
+                let _ = reply.send(Err(msg.clone()));
             }
         }
+        Err(e) => {
+            let msg = lease_error_text(&e);
+            for (_, reply) in acquires {
+                let _ = reply.send(Err(msg.clone()));
+            }
+        }
+    }
+}
+
+async fn release_all(session: &Session, releases: Vec<JobLock>) {
+    if releases.is_empty() {
+        return;
+    }
+    let n = releases.len();
+    if let Err(e) = session.release_many(releases).await {
+        tracing::warn!(locks = n, error = %e, "releasing job locks failed; they expire with the session lease");
     }
 }
 

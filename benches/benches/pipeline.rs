@@ -1,0 +1,1057 @@
+//! The pipeline benchmark: fenced throughput against an unfenced baseline and the
+//! machine's physical bounds, takeover latency, lease acquire latency and a
+//! worker's peak RSS, all measured in one run on a dev stack it starts itself.
+//!
+//! `cargo bench -p tenure-benches --bench pipeline`
+//!
+//! Environment:
+//! * `TENURE_BENCH_QUICK=1`: a short smoke run (one concurrency, fewer jobs and trials).
+//! * `TENURE_BENCH_CONCURRENCY=8,32,128`: worker `max_in_flight` values.
+//! * `TENURE_BENCH_JOBS=N`: jobs per throughput run.
+//! * `TENURE_BENCH_TTL_MS=N`: lease TTL of the takeover trials (default 5000).
+//! * `TENURE_BENCH_TRIALS=N`: takeover trials (default 24, at least 20 in a full run).
+//! * `TENURE_BENCH_ONLY=throughput,acquire,takeover,rss`: run only these parts
+//!   (the last line then reports NaN for what did not run).
+//! * `RUST_LOG=...`: logs of the in-process workers (and the worker children) to stderr.
+//!
+//! Writes `target/tenure-bench/pipeline.json`; prints one line per figure, the last
+//! `pipeline: fenced_jobs_per_s=X unfenced_jobs_per_s=Y ratio=R takeover_p99_ms=T ttl_ms=L`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use tenure::devstack::DevStack;
+use tenure::lease::{Acquire, Session};
+use tenure::queue::Queue;
+use tenure::runtime::{Worker, WorkerObserver};
+use tenure::{Client, Config, FencingToken, JobId, StepIndex};
+use tenure_benches::{BenchInput, BenchJob, JOB_TYPE, create_table_sql, insert_sql};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
+
+struct Opts {
+    quick: bool,
+    concurrency: Vec<usize>,
+    jobs: usize,
+    ttl: Duration,
+    trials: usize,
+    bound_secs: f64,
+    only: Option<Vec<String>>,
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+impl Opts {
+    fn from_env() -> Self {
+        let quick = std::env::var("TENURE_BENCH_QUICK").is_ok_and(|v| v != "0" && !v.is_empty());
+        let default_c = if quick { "32" } else { "8,32,128" };
+        let concurrency = std::env::var("TENURE_BENCH_CONCURRENCY")
+            .unwrap_or_else(|_| default_c.into())
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
+        Opts {
+            quick,
+            concurrency,
+            jobs: env_or("TENURE_BENCH_JOBS", if quick { 1000 } else { 4000 }),
+            ttl: Duration::from_millis(env_or(
+                "TENURE_BENCH_TTL_MS",
+                if quick { 2000 } else { 5000 },
+            )),
+            trials: env_or("TENURE_BENCH_TRIALS", if quick { 4 } else { 24 }),
+            bound_secs: if quick { 1.5 } else { 3.0 },
+            only: std::env::var("TENURE_BENCH_ONLY")
+                .ok()
+                .map(|v| v.split(',').map(|p| p.trim().to_string()).collect()),
+        }
+    }
+
+    fn runs(&self, part: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|p| p == part))
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    // Nearest rank.
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn stats_ms(mut v: Vec<f64>) -> Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    json!({
+        "n": v.len(),
+        "p50_ms": round1(percentile(&v, 50.0)),
+        "p99_ms": round1(percentile(&v, 99.0)),
+        "min_ms": round1(v.first().copied().unwrap_or(f64::NAN)),
+        "max_ms": round1(v.last().copied().unwrap_or(f64::NAN)),
+    })
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn config(stack: &DevStack, ns: &str) -> Config {
+    Config::new(ns)
+        .with_schema(ns)
+        .with_etcd_endpoints(stack.etcd_endpoints())
+        .with_nats_url(stack.nats_url())
+        .with_database_url(stack.database_url())
+}
+
+/// A fresh namespace with its schema, the bench table and the streams.
+async fn namespace(stack: &DevStack, prefix: &str) -> Result<(String, Client)> {
+    let ns = DevStack::unique_namespace(prefix);
+    let client = Client::connect(&config(stack, &ns)).await?;
+    client.migrate().await?;
+    sqlx::query(&create_table_sql(&ns))
+        .execute(client.store().pool())
+        .await?;
+    Ok((ns, client))
+}
+
+/// Enqueues `n` bench jobs through `Client::enqueue` (64 at a time); returns jobs/s.
+async fn enqueue(client: &Client, n: usize, input: impl Fn(u64) -> BenchInput) -> Result<f64> {
+    let started = Instant::now();
+    let inputs: Vec<BenchInput> = (0..n as u64).map(input).collect();
+    let mut results = futures::stream::iter(inputs.into_iter().map(|inp| {
+        let client = client.clone();
+        async move {
+            client
+                .enqueue::<BenchJob>(&format!("job-{}", inp.n), &inp)
+                .await
+        }
+    }))
+    .buffer_unordered(64);
+    while let Some(r) = results.next().await {
+        r?;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Counts last-step commits.
+#[derive(Default)]
+struct Done {
+    n: AtomicU64,
+    notify: Notify,
+}
+
+impl Done {
+    fn add(&self) {
+        self.n.fetch_add(1, Ordering::Relaxed);
+        self.notify.notify_one();
+    }
+    async fn wait_for(&self, n: u64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.n.load(Ordering::Relaxed) < n {
+            if tokio::time::timeout_at(deadline, self.notify.notified())
+                .await
+                .is_err()
+            {
+                bail!(
+                    "only {} of {n} jobs done after {timeout:?}",
+                    self.n.load(Ordering::Relaxed)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl WorkerObserver for Done {
+    fn step_committed(&self, _job_id: JobId, step: StepIndex, _token: FencingToken) {
+        if step.get() == 2 {
+            self.add();
+        }
+    }
+}
+
+struct Run {
+    jobs_per_s: f64,
+    enqueue_per_s: f64,
+    secs: f64,
+    /// CPU milliseconds per job: etcd (3 members), nats, postgres, this process.
+    cpu: Cpu,
+}
+
+/// CPU time (ms) by component.
+#[derive(Clone, Copy, Default, Debug)]
+struct Cpu {
+    etcd: f64,
+    nats: f64,
+    pg: f64,
+    client: f64,
+}
+
+impl Cpu {
+    /// Reads utime+stime of every process in each server's process group (each
+    /// server is its own group; PostgreSQL backends are the postmaster's children) and
+    /// of this process (where the benchmarked worker runs).
+    fn now(stack: &DevStack) -> Cpu {
+        let tick_ms = 10.0; // CLK_TCK = 100
+        let etcd: Vec<u32> = (0..stack.etcd_members())
+            .filter_map(|i| stack.etcd_member(i).pid())
+            .collect();
+        let nats = stack.nats().pid();
+        let pg = stack.postgres().pid();
+        let me = std::process::id();
+        let mut cpu = Cpu::default();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return cpu;
+        };
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // After the comm: state(0) ppid(1) pgrp(2) ... utime(11) stime(12).
+            let (Some(ppid), Some(pgrp), Some(ut), Some(st)) = (
+                f.get(1).and_then(|v| v.parse::<u32>().ok()),
+                f.get(2).and_then(|v| v.parse::<u32>().ok()),
+                f.get(11).and_then(|v| v.parse::<f64>().ok()),
+                f.get(12).and_then(|v| v.parse::<f64>().ok()),
+            ) else {
+                continue;
+            };
+            let ms = (ut + st) * tick_ms;
+            if etcd.contains(&pgrp) {
+                cpu.etcd += ms;
+            } else if Some(pgrp) == nats {
+                cpu.nats += ms;
+            } else if Some(pgrp) == pg || Some(ppid) == pg {
+                // PostgreSQL backends call setsid(): they are the postmaster's
+                // children but not in its process group.
+                cpu.pg += ms;
+            } else if pid == me {
+                cpu.client += ms;
+            }
+        }
+        cpu
+    }
+
+    fn per_job_since(self, before: Cpu, jobs: usize) -> Cpu {
+        let n = jobs as f64;
+        Cpu {
+            etcd: (self.etcd - before.etcd) / n,
+            nats: (self.nats - before.nats) / n,
+            pg: (self.pg - before.pg) / n,
+            client: (self.client - before.client) / n,
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "etcd_ms": (self.etcd * 1000.0).round() / 1000.0,
+            "nats_ms": (self.nats * 1000.0).round() / 1000.0,
+            "postgres_ms": (self.pg * 1000.0).round() / 1000.0,
+            "worker_ms": (self.client * 1000.0).round() / 1000.0,
+        })
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "cpu_ms_per_job(etcd={:.3} nats={:.3} pg={:.3} worker={:.3} total={:.3})",
+            self.etcd,
+            self.nats,
+            self.pg,
+            self.client,
+            self.etcd + self.nats + self.pg + self.client
+        )
+    }
+}
+
+/// Fenced: one Tenure worker with `max_in_flight = c` drains `n` pre-enqueued jobs.
+async fn fenced_run(stack: &DevStack, c: usize, n: usize) -> Result<Run> {
+    let (ns, client) = namespace(stack, "bench_fenced").await?;
+    let enqueue_per_s = enqueue(&client, n, |i| BenchInput {
+        n: i,
+        ..BenchInput::default()
+    })
+    .await?;
+    let done = Arc::new(Done::default());
+    let mut cfg = config(stack, &ns).with_worker_id(format!("fenced-{c}"));
+    cfg.max_in_flight = c;
+    let worker = Worker::builder(cfg)
+        .register(BenchJob::new("fenced", &ns))
+        .observer(done.clone())
+        .start()
+        .await?;
+    let cpu0 = Cpu::now(stack);
+    let started = Instant::now();
+    done.wait_for(n as u64, Duration::from_secs(600)).await?;
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = Cpu::now(stack).per_job_since(cpu0, n);
+    worker.shutdown().await?;
+    let rows: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {ns}.jobs WHERE status = 'done'"
+    ))
+    .fetch_one(client.store().pool())
+    .await?;
+    if rows != n as i64 {
+        bail!("fenced run: {rows} of {n} job rows done");
+    }
+    Ok(Run {
+        jobs_per_s: n as f64 / secs,
+        enqueue_per_s,
+        secs,
+        cpu,
+    })
+}
+
+/// What the unfenced baseline does per job.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Baseline {
+    /// Per step one transaction: the same `INSERT` as the fenced step plus an
+    /// unfenced checkpoint `UPDATE` of the job row (what any durable multi-step
+    /// runner records). No etcd, no claim, no admission `FOR UPDATE`, no fence.
+    Checkpointed,
+    /// Per step one transaction with only the `INSERT` (no job-row state at all).
+    Bare,
+}
+
+/// The unfenced baseline: the same JetStream consumer (`Queue::fetch`/`ack`,
+/// fetching up to the free slots like the runtime's fetcher), the same job rows
+/// (read at admission like the runtime does), the same three step writes, each
+/// step its own transaction; no etcd, no fence checks.
+async fn unfenced_run(stack: &DevStack, c: usize, n: usize, mode: Baseline) -> Result<Run> {
+    let (ns, client) = namespace(stack, "bench_plain").await?;
+    let enqueue_per_s = enqueue(&client, n, |i| BenchInput {
+        n: i,
+        ..BenchInput::default()
+    })
+    .await?;
+    let cfg = config(stack, &ns).with_worker_id(format!("plain-{c}"));
+    let queue = Queue::connect(&cfg).await?;
+    // Same pool shape as the runtime's FenceStore (max_in_flight + 4).
+    let pool = PgPoolOptions::new()
+        .max_connections(u32::try_from(c + 4)?)
+        .connect(&cfg.database_url)
+        .await?;
+    let insert: Arc<str> = Arc::from(insert_sql(&ns));
+    let read: Arc<str> = Arc::from(format!(
+        "SELECT step, input, status FROM {ns}.jobs WHERE id = $1"
+    ));
+    let checkpoint: Arc<str> = Arc::from(format!(
+        "UPDATE {ns}.jobs SET step = step + 1, checkpoint = $2, \
+         status = CASE WHEN $3 THEN 'done' ELSE 'running' END, updated_at = now() WHERE id = $1"
+    ));
+    let done = Arc::new(Done::default());
+    let permits = Arc::new(Semaphore::new(c));
+    let cpu0 = Cpu::now(stack);
+    let started = Instant::now();
+    let fetcher = {
+        let (done, permits, pool) = (done.clone(), permits.clone(), pool.clone());
+        tokio::spawn(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            loop {
+                let Ok(first) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let mut slots = vec![first];
+                while slots.len() < c {
+                    match permits.clone().try_acquire_owned() {
+                        Ok(p) => slots.push(p),
+                        Err(_) => break,
+                    }
+                }
+                let Ok(deliveries) = queue.fetch(slots.len(), Duration::from_millis(500)).await
+                else {
+                    continue;
+                };
+                while tasks.try_join_next().is_some() {}
+                for d in deliveries {
+                    let Some(slot) = slots.pop() else { break };
+                    let (pool, done) = (pool.clone(), done.clone());
+                    let (insert, read, checkpoint) =
+                        (insert.clone(), read.clone(), checkpoint.clone());
+                    tasks.spawn(async move {
+                        let run = async {
+                            let id = d.job_id()?;
+                            let (step, input, status): (i32, Value, String) = sqlx::query_as(&read)
+                                .bind(id.as_uuid())
+                                .fetch_one(&pool)
+                                .await?;
+                            if status != "done" {
+                                for k in step..3 {
+                                    let mut tx = pool.begin().await?;
+                                    sqlx::query(&insert)
+                                        .bind(id.as_uuid())
+                                        .bind(k)
+                                        .bind(0i64)
+                                        .execute(&mut *tx)
+                                        .await?;
+                                    if mode == Baseline::Checkpointed {
+                                        sqlx::query(&checkpoint)
+                                            .bind(id.as_uuid())
+                                            .bind(&input)
+                                            .bind(k == 2)
+                                            .execute(&mut *tx)
+                                            .await?;
+                                    }
+                                    tx.commit().await?;
+                                }
+                            }
+                            d.ack().await?;
+                            anyhow::Ok(())
+                        };
+                        match run.await {
+                            Ok(()) => done.add(),
+                            Err(e) => eprintln!("baseline job failed: {e:#}"),
+                        }
+                        drop(slot);
+                    });
+                }
+            }
+        })
+    };
+    let waited = done.wait_for(n as u64, Duration::from_secs(600)).await;
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = Cpu::now(stack).per_job_since(cpu0, n);
+    fetcher.abort();
+    let _ = fetcher.await;
+    waited?;
+    pool.close().await;
+    Ok(Run {
+        jobs_per_s: n as f64 / secs,
+        enqueue_per_s,
+        secs,
+        cpu,
+    })
+}
+
+/// Raw etcd: `c` concurrent loops of create-if-absent (with a lease) + guarded
+/// delete on distinct keys, over 4 clients; pairs per second.
+async fn etcd_bound(stack: &DevStack, c: usize, secs: f64) -> Result<f64> {
+    let ns = DevStack::unique_namespace("bench_raw_etcd");
+    let mut clients = Vec::new();
+    for _ in 0..c.clamp(1, 4) {
+        clients.push(etcd_client::Client::connect(stack.etcd_endpoints(), None).await?);
+    }
+    let lease = clients[0].lease_grant(60, None).await?.id();
+    let pairs = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..c {
+        let mut kv = clients[t % clients.len()].kv_client();
+        let (pairs, ns) = (pairs.clone(), ns.clone());
+        tasks.spawn(async move {
+            use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let key = format!("{ns}/jobs/{t}-{i}");
+                let create = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key.as_str(),
+                        "x",
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]);
+                let r = kv.txn(create).await?;
+                let rev = r.header().map(|h| h.revision()).unwrap_or_default();
+                let delete = Txn::new()
+                    .when([Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        rev,
+                    )])
+                    .and_then([TxnOp::delete(key.as_str(), None)]);
+                kv.txn(delete).await?;
+                pairs.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            anyhow::Ok(())
+        });
+    }
+    let started = Instant::now();
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let _ = clients[0].lease_revoke(lease).await;
+    Ok(pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Raw PostgreSQL: `c` concurrent loops of `BEGIN; SELECT .. FOR UPDATE; UPDATE;
+/// COMMIT` on distinct rows; commits per second.
+async fn pg_bound(stack: &DevStack, c: usize, secs: f64) -> Result<f64> {
+    let ns = DevStack::unique_namespace("bench_raw_pg");
+    let pool: PgPool = PgPoolOptions::new()
+        .max_connections(u32::try_from(c)?)
+        .connect(&stack.database_url())
+        .await?;
+    sqlx::query(&format!("CREATE SCHEMA {ns}"))
+        .execute(&pool)
+        .await?;
+    sqlx::query(&format!(
+        "CREATE TABLE {ns}.rows (id int PRIMARY KEY, step int NOT NULL, checkpoint jsonb)"
+    ))
+    .execute(&pool)
+    .await?;
+    sqlx::query(&format!(
+        "INSERT INTO {ns}.rows SELECT g, 0, NULL FROM generate_series(0, $1) g"
+    ))
+    .bind(i32::try_from(c)?)
+    .execute(&pool)
+    .await?;
+    let select: Arc<str> = Arc::from(format!(
+        "SELECT step FROM {ns}.rows WHERE id = $1 FOR UPDATE"
+    ));
+    let update: Arc<str> = Arc::from(format!(
+        "UPDATE {ns}.rows SET step = step + 1, checkpoint = $2 WHERE id = $1 AND step = $3"
+    ));
+    let commits = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..c {
+        let (pool, commits, select, update) = (
+            pool.clone(),
+            commits.clone(),
+            select.clone(),
+            update.clone(),
+        );
+        let id = i32::try_from(t)?;
+        tasks.spawn(async move {
+            let cp = json!({"n": 1});
+            while Instant::now() < deadline {
+                let mut tx = pool.begin().await?;
+                let step: i32 = sqlx::query_scalar(&select)
+                    .bind(id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                sqlx::query(&update)
+                    .bind(id)
+                    .bind(&cp)
+                    .bind(step)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                commits.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        });
+    }
+    let started = Instant::now();
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let rate = commits.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    sqlx::query(&format!("DROP SCHEMA {ns} CASCADE"))
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    Ok(rate)
+}
+
+/// Lease acquire latency: `n` sequential `Session::acquire` calls on distinct
+/// jobs (create-if-absent Txn + linearizable re-read), each lock released after.
+async fn acquire_latency(stack: &DevStack, n: usize) -> Result<Vec<f64>> {
+    let ns = DevStack::unique_namespace("bench_acquire");
+    let session = Session::establish(&config(stack, &ns)).await?;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = JobId::from_key(JOB_TYPE, &format!("acq-{i}"));
+        let t = Instant::now();
+        let a = session.acquire(id).await?;
+        out.push(t.elapsed().as_secs_f64() * 1e3);
+        match a {
+            Acquire::Acquired(lock) => {
+                lock.release(&session).await?;
+            }
+            other => bail!("acquire of a fresh job: {other:?}"),
+        }
+    }
+    session.close().await?;
+    Ok(out)
+}
+
+/// A `tenure-bench-worker` child process and the lines it printed.
+struct Child {
+    child: tokio::process::Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    _reader: tokio::task::JoinHandle<()>,
+}
+
+impl Child {
+    async fn spawn(
+        stack: &DevStack,
+        ns: &str,
+        id: &str,
+        ttl: Duration,
+        max_in_flight: Option<usize>,
+    ) -> Result<Self> {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure-bench-worker"));
+        cmd.args([
+            "--etcd",
+            &stack.etcd_endpoints().join(","),
+            "--nats",
+            &stack.nats_url(),
+            "--db",
+            &stack.database_url(),
+            "--ns",
+            ns,
+            "--ttl-ms",
+            &ttl.as_millis().to_string(),
+            "--worker",
+            id,
+        ]);
+        if let Some(n) = max_in_flight {
+            cmd.args(["--max-in-flight", &n.to_string()]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn tenure-bench-worker")?;
+        let out = child.stdout.take().context("stdout")?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let reader = tokio::spawn(async move {
+            let mut rd = tokio::io::BufReader::new(out).lines();
+            while let Ok(Some(line)) = rd.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let c = Child {
+            child,
+            lines,
+            _reader: reader,
+        };
+        c.wait_line(|l| l.starts_with("READY"), Duration::from_secs(30))
+            .await
+            .context("worker child READY")?;
+        Ok(c)
+    }
+
+    fn pid(&self) -> Result<i32> {
+        Ok(i32::try_from(self.child.id().context("child exited")?)?)
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()?), sig)?;
+        Ok(())
+    }
+
+    fn last_line(&self, f: impl Fn(&str) -> bool) -> Option<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|l| f(l))
+            .cloned()
+    }
+
+    async fn wait_line(&self, f: impl Fn(&str) -> bool, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.last_line(&f) {
+                return Ok(l);
+            }
+            if Instant::now() > deadline {
+                bail!("no such line after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// `VmHWM` and `VmRSS` of the child, in KiB.
+    fn memory_kib(&self) -> Result<(u64, u64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?))?;
+        let field = |name: &str| -> Result<u64> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("{name} in /proc/pid/status"))
+        };
+        Ok((field("VmHWM:")?, field("VmRSS:")?))
+    }
+
+    async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// Records the instant each (job, step) commits.
+#[derive(Default)]
+struct Commits {
+    seen: Mutex<Vec<(JobId, u32, Instant)>>,
+    notify: Notify,
+}
+
+impl WorkerObserver for Commits {
+    fn step_committed(&self, job_id: JobId, step: StepIndex, _token: FencingToken) {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((job_id, step.get(), Instant::now()));
+        self.notify.notify_one();
+    }
+}
+
+/// One lane of takeover trials, sequential, in its own namespace: worker A (a
+/// child process) commits step 0 of a job and holds in step 1; worker B (in this
+/// process, default `Config` but the TTL) is running; A is frozen with SIGSTOP;
+/// the latency is the time from the freeze until B commits step 1.
+async fn takeover_lane(
+    stack: &DevStack,
+    lane: usize,
+    trials: usize,
+    ttl: Duration,
+) -> Result<Vec<f64>> {
+    let (ns, client) = namespace(stack, &format!("bench_takeover{lane}")).await?;
+    let mut out = Vec::new();
+    for trial in 0..trials {
+        let a_id = format!("a{lane}x{trial}");
+        let a = Child::spawn(stack, &ns, &a_id, ttl, None).await?;
+        let job = client
+            .enqueue::<BenchJob>(
+                &format!("takeover-{trial}"),
+                &BenchInput {
+                    n: trial as u64,
+                    hold_worker: Some(a_id.clone()),
+                    hold_step: 1,
+                    hold_ms: u64::try_from(ttl.as_millis() * 20)?,
+                },
+            )
+            .await?
+            .job_id;
+        let commit0 = format!("COMMIT {job} 0 ");
+        a.wait_line(|l| l.starts_with(&commit0), Duration::from_secs(60))
+            .await
+            .context("A commits step 0")?;
+        let commits = Arc::new(Commits::default());
+        let mut cfg = config(stack, &ns)
+            .with_worker_id(format!("b{lane}x{trial}"))
+            .with_lease_ttl(ttl);
+        cfg.shutdown_grace = Duration::from_secs(2);
+        let b = Worker::builder(cfg)
+            .register(BenchJob::new("b", &ns))
+            .observer(commits.clone())
+            .start()
+            .await?;
+        // Freeze A at a random point of its keepalive and progress-ack cycles.
+        let jitter = rand_ms(u64::try_from(ttl.as_millis() / 3)?);
+        tokio::time::sleep(Duration::from_millis(100 + jitter)).await;
+        a.signal(nix::sys::signal::Signal::SIGSTOP)?;
+        let frozen = Instant::now();
+        let deadline = frozen + ttl * 10 + Duration::from_secs(10);
+        let committed = loop {
+            let hit = commits
+                .seen
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(j, s, _)| *j == job && *s == 1)
+                .map(|(_, _, t)| *t);
+            if let Some(t) = hit {
+                break t;
+            }
+            if tokio::time::timeout_at(deadline, commits.notify.notified())
+                .await
+                .is_err()
+            {
+                bail!("lane {lane} trial {trial}: B did not commit step 1");
+            }
+        };
+        let ms = (committed - frozen).as_secs_f64() * 1e3;
+        tracing::info!(lane, trial, %job, ms, "takeover trial");
+        out.push(ms);
+        b.shutdown().await?;
+        a.kill().await;
+    }
+    Ok(out)
+}
+
+fn rand_ms(max: u64) -> u64 {
+    // No rand dependency needed: the sub-second clock is random enough here.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::from(d.subsec_nanos()))
+        .unwrap_or(0);
+    if max == 0 { 0 } else { nanos % max }
+}
+
+/// Peak RSS of a worker process with 1,000 jobs in flight (each holding in step 0).
+async fn rss_with_jobs_in_flight(stack: &DevStack, n: usize) -> Result<Value> {
+    let (ns, client) = namespace(stack, "bench_rss").await?;
+    let id = "rss";
+    let w = Child::spawn(stack, &ns, id, Duration::from_secs(5), Some(n)).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (idle_hwm, idle_rss) = w.memory_kib()?;
+    enqueue(&client, n, |i| BenchInput {
+        n: i,
+        hold_worker: Some(id.into()),
+        hold_step: 0,
+        hold_ms: 600_000,
+    })
+    .await?;
+    let want = format!("INFLIGHT {n}");
+    w.wait_line(|l| l == want, Duration::from_secs(120))
+        .await
+        .context("1,000 jobs in flight")?;
+    // Every job claimed (its row running) and holding in step 0.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let running: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {ns}.jobs WHERE status = 'running'"
+        ))
+        .fetch_one(client.store().pool())
+        .await?;
+        if running == n as i64 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("only {running} of {n} jobs claimed");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let progress acks and keepalives run a while with everything in flight.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (hwm, rss) = w.memory_kib()?;
+    w.kill().await;
+    Ok(json!({
+        "jobs_in_flight": n,
+        "peak_rss_mib": round1(hwm as f64 / 1024.0),
+        "rss_mib": round1(rss as f64 / 1024.0),
+        "idle_peak_rss_mib": round1(idle_hwm as f64 / 1024.0),
+        "idle_rss_mib": round1(idle_rss as f64 / 1024.0),
+    }))
+}
+
+fn output_path() -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join("target")
+        });
+    target.join("tenure-bench").join("pipeline.json")
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    // `cargo bench` passes `--bench`; nothing else to parse.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let opts = Opts::from_env();
+    let wall = Instant::now();
+    let uptime_before = load();
+    println!(
+        "pipeline.setup quick={} concurrency={:?} jobs={} ttl_ms={} trials={} loadavg_before=\"{}\" cores={}",
+        opts.quick,
+        opts.concurrency,
+        opts.jobs,
+        opts.ttl.as_millis(),
+        opts.trials,
+        uptime_before,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    let stack = DevStack::start().await?;
+
+    let mut rows = Vec::new();
+    let mut best: Option<(usize, f64, f64)> = None;
+    let concurrency = if opts.runs("throughput") {
+        // Warm-up (PostgreSQL caches, first connections), not reported.
+        let warm = if opts.quick { 200 } else { 500 };
+        let c0 = *opts.concurrency.first().context("no concurrency")?;
+        fenced_run(&stack, c0, warm).await?;
+        unfenced_run(&stack, c0, warm, Baseline::Checkpointed).await?;
+        opts.concurrency.clone()
+    } else {
+        Vec::new()
+    };
+    for &c in &concurrency {
+        let n = opts.jobs;
+        let etcd = etcd_bound(&stack, c, opts.bound_secs).await?;
+        let pg = pg_bound(&stack, c, opts.bound_secs).await?;
+        let plain = unfenced_run(&stack, c, n, Baseline::Checkpointed).await?;
+        let fenced = fenced_run(&stack, c, n).await?;
+        let bare = unfenced_run(&stack, c, n, Baseline::Bare).await?;
+        // Bounds in jobs/s: an unbatched job pays one etcd create+delete pair;
+        // a three-step fenced job needs at least three FOR UPDATE + CAS commits.
+        let etcd_jobs = etcd;
+        let pg_jobs = pg / 3.0;
+        let (binding, bound) = if etcd_jobs <= pg_jobs {
+            ("etcd", etcd_jobs)
+        } else {
+            ("postgresql", pg_jobs)
+        };
+        let ratio = fenced.jobs_per_s / plain.jobs_per_s;
+        let load_now = load();
+        println!(
+            "pipeline.bounds c={c} etcd_create_delete_pairs_per_s={etcd:.0} pg_select_for_update_commits_per_s={pg:.0} etcd_bound_jobs_per_s={etcd_jobs:.0} pg_bound_jobs_per_s={pg_jobs:.0} binding={binding}"
+        );
+        println!(
+            "pipeline.unfenced c={c} jobs={n} secs={:.2} jobs_per_s={:.0} enqueue_per_s={:.0} {}",
+            plain.secs,
+            plain.jobs_per_s,
+            plain.enqueue_per_s,
+            plain.cpu.line()
+        );
+        println!(
+            "pipeline.unfenced_bare c={c} jobs={n} secs={:.2} jobs_per_s={:.0} {}",
+            bare.secs,
+            bare.jobs_per_s,
+            bare.cpu.line()
+        );
+        println!(
+            "pipeline.fenced c={c} jobs={n} secs={:.2} jobs_per_s={:.0} enqueue_per_s={:.0} ratio={ratio:.2} ratio_vs_bare={:.2} fraction_of_{binding}_bound={:.2} {} loadavg=\"{load_now}\"",
+            fenced.secs,
+            fenced.jobs_per_s,
+            fenced.enqueue_per_s,
+            fenced.jobs_per_s / bare.jobs_per_s,
+            fenced.jobs_per_s / bound,
+            fenced.cpu.line(),
+        );
+        rows.push(json!({
+            "concurrency": c,
+            "jobs": n,
+            "fenced_jobs_per_s": round1(fenced.jobs_per_s),
+            "unfenced_jobs_per_s": round1(plain.jobs_per_s),
+            "unfenced_bare_jobs_per_s": round1(bare.jobs_per_s),
+            "ratio": (ratio * 1000.0).round() / 1000.0,
+            "ratio_vs_bare": ((fenced.jobs_per_s / bare.jobs_per_s) * 1000.0).round() / 1000.0,
+            "enqueue_jobs_per_s": round1(fenced.enqueue_per_s),
+            "etcd_create_delete_pairs_per_s": round1(etcd),
+            "pg_select_for_update_commits_per_s": round1(pg),
+            "etcd_bound_jobs_per_s": round1(etcd_jobs),
+            "pg_bound_jobs_per_s": round1(pg_jobs),
+            "binding_bound": binding,
+            "fraction_of_binding_bound": (fenced.jobs_per_s / bound * 1000.0).round() / 1000.0,
+            "cpu_ms_per_job": {
+                "fenced": fenced.cpu.json(),
+                "unfenced": plain.cpu.json(),
+                "unfenced_bare": bare.cpu.json(),
+            },
+            "loadavg": load_now,
+        }));
+        if best.is_none_or(|(_, f, _)| fenced.jobs_per_s > f) {
+            best = Some((c, fenced.jobs_per_s, plain.jobs_per_s));
+        }
+    }
+
+    let acq = if opts.runs("acquire") {
+        acquire_latency(&stack, if opts.quick { 50 } else { 200 }).await?
+    } else {
+        Vec::new()
+    };
+    let acq = stats_ms(acq);
+    println!(
+        "pipeline.lease_acquire n={} p50_ms={} p99_ms={}",
+        acq["n"], acq["p50_ms"], acq["p99_ms"]
+    );
+
+    let lanes = if opts.quick { 2 } else { 4 };
+    let per_lane = opts.trials.div_ceil(lanes);
+    let lanes = if opts.runs("takeover") { lanes } else { 0 };
+    let lane_runs = (0..lanes).map(|l| takeover_lane(&stack, l, per_lane, opts.ttl));
+    let mut takeovers = Vec::new();
+    for r in futures::future::join_all(lane_runs).await {
+        takeovers.extend(r?);
+    }
+    let tk = stats_ms(takeovers.clone());
+    println!(
+        "pipeline.takeover trials={} p50_ms={} p99_ms={} max_ms={} ttl_ms={}",
+        tk["n"],
+        tk["p50_ms"],
+        tk["p99_ms"],
+        tk["max_ms"],
+        opts.ttl.as_millis()
+    );
+
+    let rss = if opts.runs("rss") {
+        rss_with_jobs_in_flight(&stack, 1000).await?
+    } else {
+        json!({})
+    };
+    println!(
+        "pipeline.rss jobs_in_flight=1000 peak_rss_mib={} idle_peak_rss_mib={}",
+        rss["peak_rss_mib"], rss["idle_peak_rss_mib"]
+    );
+
+    let (best_c, fenced_best, plain_at_best) = best.unwrap_or((0, f64::NAN, f64::NAN));
+    let ratio = fenced_best / plain_at_best;
+    let uptime_after = load();
+    let out = json!({
+        "quick": opts.quick,
+        "loadavg_before": uptime_before,
+        "loadavg_after": uptime_after,
+        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "postgres_fsync": false,
+        "throughput": rows,
+        "headline": {
+            "concurrency": best_c,
+            "fenced_jobs_per_s": round1(fenced_best),
+            "unfenced_jobs_per_s": round1(plain_at_best),
+            "ratio": (ratio * 1000.0).round() / 1000.0,
+        },
+        "lease_acquire": acq,
+        "takeover": {
+            "ttl_ms": opts.ttl.as_millis() as u64,
+            "samples_ms": takeovers.iter().map(|x| round1(*x)).collect::<Vec<_>>(),
+            "stats": tk,
+        },
+        "rss": rss,
+        "wall_secs": round1(wall.elapsed().as_secs_f64()),
+    });
+    let path = output_path();
+    std::fs::create_dir_all(path.parent().context("output dir")?)?;
+    std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;
+    println!(
+        "pipeline.meta json={} wall_secs={:.0} loadavg_after=\"{uptime_after}\"",
+        path.display(),
+        wall.elapsed().as_secs_f64()
+    );
+    println!(
+        "pipeline: fenced_jobs_per_s={:.0} unfenced_jobs_per_s={:.0} ratio={:.2} takeover_p99_ms={:.0} ttl_ms={}",
+        fenced_best,
+        plain_at_best,
+        ratio,
+        tk["p99_ms"].as_f64().unwrap_or(f64::NAN),
+        opts.ttl.as_millis()
+    );
+    drop(stack);
+    Ok(())
+}
