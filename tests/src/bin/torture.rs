@@ -163,6 +163,8 @@ struct Args {
     unsafe_no_fencing: bool,
     delay_ms: u64,
     quiesce: Duration,
+    /// Debugging: inject only this kind of fault.
+    only: Option<String>,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Args> {
@@ -173,8 +175,9 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         seed: 1,
         ttl: Duration::from_secs(2),
         unsafe_no_fencing: false,
-        delay_ms: 300,
+        delay_ms: 500,
         quiesce: Duration::from_secs(240),
+        only: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -192,6 +195,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--delay-ms" => a.delay_ms = val()?.parse()?,
             "--quiesce-secs" => a.quiesce = Duration::from_secs(val()?.parse()?),
             "--unsafe-no-fencing" => a.unsafe_no_fencing = true,
+            "--only" => a.only = Some(val()?),
             other => bail!("unknown argument {other:?}"),
         }
     }
@@ -632,15 +636,40 @@ impl Run {
     }
 
     async fn ready(&self) -> anyhow::Result<()> {
-        self.stack
-            .wait_ready(Duration::from_secs(60))
-            .await
-            .context("dev stack not ready after a fault")
+        let r = self.stack.wait_ready(Duration::from_secs(60)).await;
+        if r.is_err() {
+            for p in self.stack.processes() {
+                let log = std::fs::read_to_string(p.log_path()).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!("--- {} (running: {})", p.name(), p.is_running());
+                for l in &lines[lines.len().saturating_sub(15)..] {
+                    eprintln!("    {l}");
+                }
+            }
+        }
+        r.context("dev stack not ready after a fault")
     }
 
-    async fn inject(&mut self, f: Fault, rng: &mut StdRng) -> anyhow::Result<()> {
+    /// Arms worker `w` to abort right after its next step commit (before the ack).
+    fn arm_crash(&mut self, w: usize) -> bool {
+        match self.slots[w].stdin.as_mut() {
+            Some(s) => s
+                .write_all(b"crash-after-commit\n")
+                .and_then(|()| s.flush())
+                .is_ok(),
+            None => false,
+        }
+    }
+
+    /// Injects `f` (on worker `w` where it targets a worker) and heals it.
+    async fn inject(
+        &mut self,
+        f: Fault,
+        w: usize,
+        armed: bool,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<()> {
         let ttl = self.args.ttl;
-        let w = rng.random_range(0..self.slots.len());
         match f {
             Fault::WorkerPause => {
                 // Longer than the lease and the broker's ack wait, so another worker
@@ -659,11 +688,7 @@ impl Run {
                 self.spawn(w)?;
             }
             Fault::KillAfterCommit => {
-                let armed = match self.slots[w].stdin.as_mut() {
-                    Some(s) => s.write_all(b"crash-after-commit\n").and_then(|()| s.flush()).is_ok(),
-                    None => false,
-                };
-                let deadline = Instant::now() + Duration::from_secs(5);
+                let deadline = Instant::now() + Duration::from_secs(10);
                 let mut crashed = false;
                 while armed && Instant::now() < deadline {
                     if let Some(c) = self.slots[w].child.as_mut() {
@@ -901,18 +926,28 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         .map(|i| Fault::ALL[i % Fault::ALL.len()])
         .collect();
     schedule.shuffle(&mut rng);
+    if let Some(only) = &args.only {
+        let f = *Fault::ALL
+            .iter()
+            .find(|f| f.name() == only)
+            .with_context(|| format!("no fault kind {only}"))?;
+        schedule = vec![f; args.faults];
+    }
 
     let mut ids: Vec<JobId> = Vec::with_capacity(args.jobs);
     let batches = schedule.len().max(1);
     for (k, fault) in schedule.iter().copied().enumerate() {
         let lo = args.jobs * k / batches;
         let hi = args.jobs * (k + 1) / batches;
+        let w = rng.random_range(0..run.slots.len());
+        let armed = fault == Fault::KillAfterCommit && run.arm_crash(w);
         ids.extend(enqueue_batch(&client, &jobs[lo..hi]).await?);
-        tokio::time::sleep(ms(&mut rng, Duration::from_millis(100), Duration::from_millis(600))).await;
-        run.reap()?;
-        run.inject(fault, &mut rng)
+        // Short enough that the batch is still running when the fault lands.
+        tokio::time::sleep(ms(&mut rng, Duration::from_millis(50), Duration::from_millis(400))).await;
+        run.inject(fault, w, armed, &mut rng)
             .await
             .with_context(|| format!("fault {}", fault.name()))?;
+        run.reap()?;
         let total: u64 = run.counts.values().sum();
         eprintln!(
             "torture: [{:>6.1}s] fault {}/{} {} (enqueued {})",
