@@ -5,11 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
-use std::sync::Mutex;
-
-/// The two runs each start a dev stack and three workers; on a 2-core machine
-/// they run one after the other.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 const JOBS: &str = "300";
 const FAULTS: &str = "40"; // four of each of the ten kinds
@@ -21,15 +16,26 @@ struct Summary {
 }
 
 fn run(extra: &[&str]) -> (bool, Summary, String) {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new(env!("CARGO_BIN_EXE_torture"))
-        .args(["--jobs", JOBS, "--workers", "3", "--faults", FAULTS, "--seed", SEED])
+        .args([
+            "--jobs",
+            JOBS,
+            "--workers",
+            "3",
+            "--faults",
+            FAULTS,
+            "--seed",
+            SEED,
+        ])
         .args(extra)
         .output()
         .expect("run the torture binary");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let all = format!("--- stdout\n{stdout}\n--- stderr (tail)\n{}", tail(&stderr, 40));
+    let all = format!(
+        "--- stdout\n{stdout}\n--- stderr (tail)\n{}",
+        tail(&stderr, 40)
+    );
     let line = stdout
         .lines()
         .last()
@@ -64,12 +70,18 @@ fn every_kind_injected(all: &str) {
         .lines()
         .find(|l| l.starts_with("torture: faults by kind:"))
         .expect("per-kind fault counts");
-    for kv in kinds.trim_start_matches("torture: faults by kind:").split_whitespace() {
+    for kv in kinds
+        .trim_start_matches("torture: faults by kind:")
+        .split_whitespace()
+    {
         let (k, v) = kv.split_once('=').expect("k=v");
         // An armed crash-after-commit that saw no commit in time is counted
         // as a plain kill; every other kind always happens as scheduled.
         if k != "worker_kill_after_commit" {
-            assert!(v.parse::<u32>().unwrap() > 0, "no {k} fault injected\n{all}");
+            assert!(
+                v.parse::<u32>().unwrap() > 0,
+                "no {k} fault injected\n{all}"
+            );
         }
     }
 }

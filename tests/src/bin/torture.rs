@@ -412,7 +412,6 @@ async fn accept_loop(listener: TcpListener, target: String, rx: watch::Receiver<
     }
 }
 
-
 async fn forward(inbound: TcpStream, target: String, mut rx: watch::Receiver<Mode>) {
     let Ok(outbound) = TcpStream::connect(&target).await else {
         return;
@@ -674,7 +673,8 @@ impl Run {
             Fault::WorkerPause => {
                 // Longer than the lease and the broker's ack wait, so another worker
                 // takes the jobs over while this one sleeps mid-step.
-                let hold = ttl * 2 + ms(rng, Duration::from_millis(500), Duration::from_millis(1500));
+                let hold =
+                    ttl * 2 + ms(rng, Duration::from_millis(500), Duration::from_millis(1500));
                 if let Some(pid) = self.slots[w].pid() {
                     signal(pid, "STOP");
                     tokio::time::sleep(hold).await;
@@ -712,10 +712,16 @@ impl Run {
                 let m = if f == Fault::EtcdLeaderKill {
                     leader
                 } else {
-                    (leader + rng.random_range(1..self.stack.etcd_members())) % self.stack.etcd_members()
+                    (leader + rng.random_range(1..self.stack.etcd_members()))
+                        % self.stack.etcd_members()
                 };
                 self.stack.etcd_member(m).kill()?;
-                tokio::time::sleep(ms(rng, Duration::from_millis(500), Duration::from_millis(2500))).await;
+                tokio::time::sleep(ms(
+                    rng,
+                    Duration::from_millis(500),
+                    Duration::from_millis(2500),
+                ))
+                .await;
                 self.stack.etcd_member(m).restart()?;
                 self.ready().await?;
             }
@@ -825,8 +831,14 @@ async fn setup_schema(client: &Client, s: &str, guard: bool) -> anyhow::Result<(
     }
     tx.commit().await?;
     if guard {
-        client.store().install_guard(&format!("{s}.accounts")).await?;
-        client.store().install_guard(&format!("{s}.history")).await?;
+        client
+            .store()
+            .install_guard(&format!("{s}.accounts"))
+            .await?;
+        client
+            .store()
+            .install_guard(&format!("{s}.history"))
+            .await?;
     }
     Ok(())
 }
@@ -871,7 +883,11 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         args.faults,
         args.seed,
         args.ttl,
-        if args.unsafe_no_fencing { " UNSAFE-NO-FENCING" } else { "" }
+        if args.unsafe_no_fencing {
+            " UNSAFE-NO-FENCING"
+        } else {
+            ""
+        }
     );
 
     let mut slots = Vec::new();
@@ -943,7 +959,12 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         let armed = fault == Fault::KillAfterCommit && run.arm_crash(w);
         ids.extend(enqueue_batch(&client, &jobs[lo..hi]).await?);
         // Short enough that the batch is still running when the fault lands.
-        tokio::time::sleep(ms(&mut rng, Duration::from_millis(50), Duration::from_millis(400))).await;
+        tokio::time::sleep(ms(
+            &mut rng,
+            Duration::from_millis(50),
+            Duration::from_millis(400),
+        ))
+        .await;
         run.inject(fault, w, armed, &mut rng)
             .await
             .with_context(|| format!("fault {}", fault.name()))?;
@@ -1017,7 +1038,11 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         verdict.ledger_violations,
         run.unexpected_exits,
         started.elapsed().as_secs_f64(),
-        if args.unsafe_no_fencing { "unsafe-no-fencing" } else { "fenced" }
+        if args.unsafe_no_fencing {
+            "unsafe-no-fencing"
+        } else {
+            "fenced"
+        }
     );
     println!(
         "torture: jobs={} done={} dead={} lost={} double_commits={} token_regressions={} stale_rejected={} faults={} seed={}",
@@ -1172,8 +1197,7 @@ async fn check(client: &Client, s: &str, ids: &[JobId], dir: &Path) -> anyhow::R
             match kind {
                 "C" => {
                     v.accepted_reported += 1;
-                    if !history.contains(&(job.to_string(), step.to_string(), token.to_string()))
-                    {
+                    if !history.contains(&(job.to_string(), step.to_string(), token.to_string())) {
                         eprintln!("torture: a worker reported commit {line} with no history row");
                         v.unconfirmed_commits += 1;
                     }
