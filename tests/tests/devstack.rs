@@ -119,11 +119,10 @@ async fn jetstream_publish_survives_nats_restart() {
     let mut found = None;
     for _ in 0..50 {
         if let Ok(mut s) = js.get_stream("DEVSTACK").await
-            && let Ok(info) = s.info().await
-        {
-            found = Some(info.state.messages);
-            break;
-        }
+            && let Ok(info) = s.info().await {
+                found = Some(info.state.messages);
+                break;
+            }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
