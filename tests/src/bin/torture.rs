@@ -691,11 +691,11 @@ impl Run {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 let mut crashed = false;
                 while armed && Instant::now() < deadline {
-                    if let Some(c) = self.slots[w].child.as_mut() {
-                        if let Ok(Some(_)) = c.try_wait() {
-                            crashed = true;
-                            break;
-                        }
+                    if let Some(c) = self.slots[w].child.as_mut()
+                        && let Ok(Some(_)) = c.try_wait()
+                    {
+                        crashed = true;
+                        break;
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -1093,10 +1093,10 @@ async fn check(client: &Client, s: &str, ids: &[JobId], dir: &Path) -> anyhow::R
         let Some(last) = page.last() else { break };
         after = last.dlq_sequence;
         for d in &page {
-            if let Some(id) = d.job_id {
-                if !d.reason.is_empty() {
-                    in_dlq.insert(id.as_uuid());
-                }
+            if let Some(id) = d.job_id
+                && !d.reason.is_empty()
+            {
+                in_dlq.insert(id.as_uuid());
             }
         }
     }
