@@ -820,6 +820,11 @@ async fn setup_schema(client: &Client, s: &str, guard: bool) -> anyhow::Result<(
     ))
     .execute(pool)
     .await?;
+    sqlx::query(&format!(
+        "CREATE INDEX history_job ON {s}.history (job_id, seq)"
+    ))
+    .execute(pool)
+    .await?;
     let mut tx = pool.begin().await?;
     FenceStore::bypass_guard(&mut tx).await?;
     for a in 0..ACCOUNTS {
