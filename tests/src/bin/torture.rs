@@ -1073,7 +1073,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
                 || verdict.unconfirmed_commits != 0,
         )
     };
-    if code == 0 {
+    if code == 0 && std::env::var_os("TORTURE_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
         eprintln!("torture: keeping {}", dir.display());
