@@ -860,6 +860,7 @@ struct Verdict {
     accepted_reported: u64,
     stale_rejected: u64,
     history_rows: i64,
+    lost_ids: Vec<JobId>,
 }
 
 async fn parent_main(args: Args) -> anyhow::Result<i32> {
@@ -1024,6 +1025,9 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         }
         v
     };
+    for id in &verdict.lost_ids {
+        diagnose(&client, &s, *id, &dir).await;
+    }
     for i in 0..run.slots.len() {
         run.kill_worker(i);
     }
@@ -1127,12 +1131,15 @@ async fn check(client: &Client, s: &str, ids: &[JobId], dir: &Path) -> anyhow::R
                 if reason.as_deref().is_some_and(|r| !r.is_empty()) && in_dlq.contains(&u) {
                     v.dead += 1;
                 } else {
+                    eprintln!("torture: LOST {u}: dead but not in the DLQ");
                     v.lost += 1;
+                    v.lost_ids.push(*id);
                 }
             }
             other => {
                 eprintln!("torture: LOST {u}: {other:?}");
                 v.lost += 1;
+                v.lost_ids.push(*id);
             }
         }
     }
@@ -1213,4 +1220,33 @@ async fn check(client: &Client, s: &str, ids: &[JobId], dir: &Path) -> anyhow::R
         }
     }
     Ok(v)
+}
+
+/// Prints what is known of a lost job: its row, its history, the workers' records.
+async fn diagnose(client: &Client, s: &str, id: JobId, dir: &Path) {
+    match client.job(id).await {
+        Ok(row) => eprintln!("torture: lost {id}: row {row:?}"),
+        Err(e) => eprintln!("torture: lost {id}: row unreadable: {e}"),
+    }
+    let history: Result<Vec<(i64, i32, i64, String)>, _> = sqlx::query_as(&format!(
+        "SELECT seq, step, token, worker FROM {s}.history WHERE job_id = $1 ORDER BY seq"
+    ))
+    .bind(id.as_uuid())
+    .fetch_all(client.store().pool())
+    .await;
+    eprintln!("torture: lost {id}: history {history:?}");
+    let needle = id.as_uuid().to_string();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                for line in text.lines().filter(|l| l.contains(&needle)) {
+                    eprintln!(
+                        "torture: lost {id}: {}: {line}",
+                        path.file_name().and_then(|n| n.to_str()).unwrap_or("?")
+                    );
+                }
+            }
+        }
+    }
 }
