@@ -1027,6 +1027,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     };
     for id in &verdict.lost_ids {
         diagnose(&client, &s, *id, &dir).await;
+        lock_holder(&run.stack.etcd_endpoints(), &ns, *id).await;
     }
     for i in 0..run.slots.len() {
         run.kill_worker(i);
@@ -1248,5 +1249,34 @@ async fn diagnose(client: &Client, s: &str, id: JobId, dir: &Path) {
                 }
             }
         }
+    }
+}
+
+/// Prints who holds a lost job's lock key in etcd, and whether that lease lives.
+async fn lock_holder(endpoints: &[String], ns: &str, id: JobId) {
+    let Ok(mut etcd) = etcd_client::Client::connect(endpoints, None).await else {
+        eprintln!("torture: lost {id}: etcd unreachable");
+        return;
+    };
+    let key = format!("{ns}/jobs/{id}");
+    match etcd.get(key.as_str(), None).await {
+        Ok(resp) => match resp.kvs().first() {
+            Some(kv) => {
+                let ttl = etcd
+                    .lease_time_to_live(kv.lease(), None)
+                    .await
+                    .map(|t| t.ttl())
+                    .unwrap_or(-2);
+                eprintln!(
+                    "torture: lost {id}: lock key {key} held: lease={:x} create_revision={} \
+                     value={:?} lease_ttl_left={ttl}s",
+                    kv.lease(),
+                    kv.create_revision(),
+                    kv.value_str().unwrap_or("?")
+                );
+            }
+            None => eprintln!("torture: lost {id}: no lock key {key}"),
+        },
+        Err(e) => eprintln!("torture: lost {id}: etcd get failed: {e}"),
     }
 }
