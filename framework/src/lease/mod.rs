@@ -892,6 +892,12 @@ impl Session {
     /// [`LeaseError::Etcd`] or [`LeaseError::Timeout`]; keys not deleted stay
     /// until the lease ends.
     pub async fn release_many(&self, locks: Vec<JobLock>) -> Result<(), LeaseError> {
+        self.release_slice(&locks).await
+    }
+
+    /// [`release_many`](Self::release_many) on borrowed locks, so that a caller can
+    /// retry after an error (the deletes are guarded by the token: idempotent).
+    pub(crate) async fn release_slice(&self, locks: &[JobLock]) -> Result<(), LeaseError> {
         let span = tracing::info_span!(
             "tenure.lease.release_many",
             locks = locks.len(), lease_id = %self.lease, worker = %self.worker_id,
