@@ -15,3 +15,6 @@ lint:
 
 bench: setup
 	cargo bench -p tenure-benches --bench pipeline
+
+torture: setup
+	cargo run --release -p tenure-tests --bin torture -- --jobs 2000 --workers 3 --faults 100 --seed 1

@@ -98,6 +98,14 @@ pub struct Config {
     pub nats_request_timeout: Duration,
     /// How long graceful shutdown waits for running steps.
     pub shutdown_grace: Duration,
+    /// TEST ONLY (feature `testing`), for the torture test's negative control:
+    /// when true, the fence store builds its claim, admission and step-commit SQL
+    /// without any fence (or step/status) predicate and the runtime skips the
+    /// pre-commit lease-health check, so a stale owner's writes land. Never
+    /// compiled into a build without the `testing` feature.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub unsafe_no_fencing: bool,
 }
 
 impl Config {
@@ -132,6 +140,8 @@ impl Config {
             duplicate_window: Duration::from_secs(120),
             nats_request_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(10),
+            #[cfg(feature = "testing")]
+            unsafe_no_fencing: false,
         }
     }
 

@@ -175,7 +175,9 @@ impl ServerProcess {
         self.signal(Signal::SIGCONT)
     }
 
-    /// Kills the server at once (SIGKILL to its process group) and reaps it.
+    /// Kills the server at once (SIGKILL to its process group and to the
+    /// processes it forked that left the group) and reaps it. Returns once those
+    /// processes are gone, so a [`restart`](Self::restart) never meets them.
     /// Killing a server that is not running is a no-op.
     ///
     /// # Errors
@@ -184,10 +186,22 @@ impl ServerProcess {
         let mut guard = self.lock();
         if let Some(mut child) = guard.take() {
             let pgid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+            // PostgreSQL's backends call setsid(): not in the server's process
+            // group, they outlive a killpg for a moment and hold the shared memory
+            // segment, and a restart in that moment fails with "pre-existing
+            // shared memory block is still in use". Kill them too, and wait.
+            let orphans = children_of(child.id());
             // A stopped process group still dies of SIGKILL.
             let _ = killpg(pgid, Signal::SIGKILL);
+            for pid in &orphans {
+                let _ = nix::sys::signal::kill(*pid, Signal::SIGKILL);
+            }
             let _ = child.kill();
             let _ = child.wait();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while orphans.iter().any(|p| is_alive(*p)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
         }
         Ok(())
     }
@@ -206,5 +220,28 @@ impl ServerProcess {
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.kill();
+    }
+}
+
+/// The direct children of `pid` (Linux `/proc/<pid>/task/<pid>/children`; empty
+/// where that file is unavailable).
+fn children_of(pid: u32) -> Vec<Pid> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse::<i32>().ok())
+        .map(Pid::from_raw)
+        .collect()
+}
+
+/// Whether `pid` exists and is not a zombie (a zombie holds no memory).
+fn is_alive(pid: Pid) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
     }
 }

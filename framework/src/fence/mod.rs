@@ -143,7 +143,18 @@ impl FenceStore {
             .max_connections(max)
             .connect_with(options)
             .await?;
-        Self::new(pool, &cfg.schema)
+        let store = Self::new(pool, &cfg.schema)?;
+        #[cfg(feature = "testing")]
+        let store = if cfg.unsafe_no_fencing {
+            tracing::error!("UNSAFE: fencing is OFF (test-only negative control)");
+            FenceStore {
+                sql: Arc::new(Sql::new(&cfg.schema).without_fencing(&cfg.schema)),
+                ..store
+            }
+        } else {
+            store
+        };
+        Ok(store)
     }
 
     /// A store on an existing pool, for schema `schema` (`[a-z0-9_]`, 1-48 chars,

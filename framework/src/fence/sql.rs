@@ -109,4 +109,36 @@ impl Sql {
             guard_function: format!("\"{schema}\".tenure_guard()"),
         }
     }
+
+    /// TEST ONLY: the torture test's negative control (`Config::unsafe_no_fencing`).
+    /// The claim no longer requires `fence < $token`, the admission and the step
+    /// commit check neither the fence nor the step nor the status, so a stale
+    /// owner's step is admitted and committed on top of its successor's.
+    #[cfg(feature = "testing")]
+    pub(crate) fn without_fencing(mut self, schema: &str) -> Self {
+        let t = format!("\"{schema}\".jobs");
+        let set_gucs = "set_config('tenure.job_id', $1::text, true) AS tenure_job_id, \
+                        set_config('tenure.fence', $2::text, true) AS tenure_fence";
+        self.claim = format!(
+            "UPDATE {t} SET prev_fence = fence, \
+                            took_over = (fence > 0 AND NOT released), \
+                            takeovers = takeovers + (fence > 0 AND NOT released)::int, \
+                            fence = $2, released = false, status = 'running', updated_at = now() \
+             WHERE id = $1 AND status IN ('pending', 'running') \
+             RETURNING {CLAIM_RETURNING}"
+        );
+        self.claim_and_begin = format!("{}, {set_gucs}", self.claim);
+        self.admit = format!(
+            "WITH admitted AS MATERIALIZED ( \
+                 SELECT id FROM {t} WHERE id = $1 AND $3::int >= 0 FOR UPDATE) \
+             SELECT {set_gucs} FROM admitted"
+        );
+        self.commit_step = format!(
+            "UPDATE {t} SET step = $3 + 1, checkpoint = $4, \
+                            status = CASE WHEN $5 THEN 'done' ELSE status END, \
+                            updated_at = now() \
+             WHERE id = $1 AND $2::bigint IS NOT NULL"
+        );
+        self
+    }
 }

@@ -742,13 +742,13 @@ impl Session {
     pub async fn acquire_and_release_many(
         &self,
         job_ids: &[JobId],
-        locks: Vec<JobLock>,
+        locks: &[JobLock],
     ) -> Result<Vec<Acquire>, LeaseError> {
         if locks.is_empty() {
             return self.acquire_many(job_ids).await;
         }
         if job_ids.is_empty() {
-            self.release_many(locks).await?;
+            self.release_slice(locks).await?;
             return Ok(Vec::new());
         }
         let overlap = locks.iter().any(|l| job_ids.contains(&l.job_id));
@@ -756,7 +756,7 @@ impl Session {
         let duplicate = job_ids.iter().any(|j| !seen.insert(*j));
         if overlap || duplicate || job_ids.len() + locks.len() > MAX_BATCH {
             let (acquired, released) =
-                tokio::join!(self.acquire_many(job_ids), self.release_many(locks));
+                tokio::join!(self.acquire_many(job_ids), self.release_slice(locks));
             if let Err(e) = released {
                 tracing::warn!(error = %e, "releasing job locks failed; they expire with the session lease");
             }
@@ -767,7 +767,7 @@ impl Session {
             jobs = job_ids.len(), locks = locks.len(), lease_id = %self.lease,
             worker = %self.worker_id,
         );
-        self.acquire_batch(job_ids, &locks).instrument(span).await
+        self.acquire_batch(job_ids, locks).instrument(span).await
     }
 
     /// One Txn of creates (plain for one job, nested for several) and guarded
@@ -997,6 +997,12 @@ impl Session {
     /// [`LeaseError::Etcd`] or [`LeaseError::Timeout`]; keys not deleted stay
     /// until the lease ends.
     pub async fn release_many(&self, locks: Vec<JobLock>) -> Result<(), LeaseError> {
+        self.release_slice(&locks).await
+    }
+
+    /// [`release_many`](Self::release_many) on borrowed locks, so that a caller can
+    /// retry after an error (the deletes are guarded by the token: idempotent).
+    pub(crate) async fn release_slice(&self, locks: &[JobLock]) -> Result<(), LeaseError> {
         let span = tracing::info_span!(
             "tenure.lease.release_many",
             locks = locks.len(), lease_id = %self.lease, worker = %self.worker_id,

@@ -15,7 +15,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::JobId;
-use crate::lease::{Acquire, JobLock, LeaseError, Session};
+use crate::lease::{Acquire, Health, JobLock, LeaseError, Session};
 
 const MAX_BATCH: usize = 128;
 const MAX_BATCHES_IN_FLIGHT: usize = 1;
@@ -141,7 +141,11 @@ async fn execute(batch: Vec<Request>) {
             continue;
         }
         let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
-        let results = session.acquire_and_release_many(&ids, releases).await;
+        let results = session.acquire_and_release_many(&ids, &releases).await;
+        if results.is_err() {
+            // Guarded deletes are idempotent: retry them on their own.
+            release(&session, &releases).await;
+        }
         answer(acquires, results);
     }
 }
@@ -173,12 +177,37 @@ fn answer(acquires: Vec<(JobId, AcquireReply)>, results: Result<Vec<Acquire>, Le
 }
 
 async fn release_all(session: &Session, releases: Vec<JobLock>) {
-    if releases.is_empty() {
-        return;
+    if !releases.is_empty() {
+        release(session, &releases).await;
     }
-    let n = releases.len();
-    if let Err(e) = session.release_many(releases).await {
-        tracing::warn!(locks = n, error = %e, "releasing job locks failed; they expire with the session lease");
+}
+
+/// Attempts of a failed release while the session lives.
+const RELEASE_ATTEMPTS: u32 = 20;
+/// Pause between release attempts (each attempt is itself bounded by
+/// `Config::etcd_request_timeout`).
+const RELEASE_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Releases `locks`, retrying while the session is not `Lost`. A lock that is not
+/// released stays as long as its session lease: if the session survives the
+/// etcd hiccup that failed the release (a leader election, a short quorum loss,
+/// slow keepalives: `Degraded` but never `Lost`), the lock would outlive the job
+/// attempt that gave it up, and every redelivery of the job would find it held.
+async fn release(session: &Session, locks: &[JobLock]) {
+    let mut attempt = 0;
+    loop {
+        match session.release_slice(locks).await {
+            Ok(()) => return,
+            Err(e) if attempt + 1 < RELEASE_ATTEMPTS && session.health() != Health::Lost => {
+                attempt += 1;
+                tracing::debug!(locks = locks.len(), attempt, error = %e, "releasing job locks failed; retrying");
+                tokio::time::sleep(RELEASE_RETRY_DELAY).await;
+            }
+            Err(e) => {
+                tracing::warn!(locks = locks.len(), error = %e, "releasing job locks failed; they expire with the session lease");
+                return;
+            }
+        }
     }
 }
 

@@ -1,0 +1,1282 @@
+//! The split-brain torture test: real processes, injected faults, a recorded
+//! history and checkers that can fail.
+//!
+//! ```text
+//! torture --jobs N --workers W --faults F --seed S [--ttl-secs T] [--unsafe-no-fencing]
+//! ```
+//!
+//! Starts its own dev stack (3 etcd members, NATS, PostgreSQL), W worker processes
+//! (this binary re-executed with `worker`, dying with the parent through
+//! `setpriv --pdeathsig KILL` and the close of their standard input), each
+//! reaching etcd through a fault proxy of its own, and enqueues N transfers
+//! between a fixed set of accounts (steps `debit`, `credit`, `settle`, each writing
+//! to guarded tables in its fenced transaction and appending to `history` in the
+//! same transaction). It injects F faults drawn from the seed, waits for
+//! quiescence, then checks the history:
+//!
+//! * every `(job, step)` committed exactly once (`double_commits`);
+//! * the tokens of a job's commits never decrease in commit order
+//!   (`token_regressions`; commit order per job is `history.seq`, assigned while
+//!   the job row is locked by the committing transaction);
+//! * no job lost: every job `done` with all its steps in the history, or `dead`
+//!   with a reason and present in the DLQ (`lost`);
+//! * the ledger: each account's balance is its initial balance plus its history
+//!   deltas, each done transfer moved exactly its amount once, money is conserved
+//!   (`ledger_violations`).
+//!
+//! Workers record every attempted commit: accepted ones (`C`) and refused stale
+//! ones (`S`) in a file per worker process (through
+//! [`WorkerObserver`](tenure::runtime::WorkerObserver)).
+//!
+//! `--unsafe-no-fencing` sets the test-only `Config::unsafe_no_fencing` in the
+//! workers (fence predicates off, no pre-commit health check) and installs no
+//! guards: the same schedule must then report violations. Exit status: 0 when the
+//! checks pass (normal mode), or when violations were found (negative control).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tenure::devstack::DevStack;
+use tenure::fence::FenceStore;
+use tenure::runtime::{Worker, WorkerObserver};
+use tenure::{Client, Config, FencingToken, JobId, StepCtx, StepError, StepIndex};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// Number of accounts.
+const ACCOUNTS: i32 = 16;
+/// Initial balance of each account.
+const INITIAL: i64 = 1_000_000;
+/// Steps of a transfer.
+const STEPS: i64 = 3;
+
+// ---------------------------------------------------------------------------
+// The job.
+
+/// A transfer request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Xfer {
+    from: i32,
+    to: i32,
+    amount: i64,
+    /// Upper bound of the random delay before each step's database work.
+    delay_ms: u64,
+}
+
+/// A three-step transfer; each step appends to `history` in its fenced transaction.
+#[derive(Debug, Clone)]
+struct Transfer {
+    worker: String,
+    schema: String,
+}
+
+impl Transfer {
+    async fn apply(
+        &self,
+        ctx: &mut StepCtx,
+        x: &Xfer,
+        account: Option<i32>,
+        delta: i64,
+    ) -> Result<(), StepError> {
+        // Not bound to the cancellation token on purpose: a SIGSTOP lands mid-step
+        // and the process carries on when it wakes, like after a GC pause.
+        let ms = rand::rng().random_range(0..=x.delay_ms);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let (job, step, token) = (
+            ctx.job_id().as_uuid(),
+            i32::try_from(ctx.step().get()).unwrap_or(i32::MAX),
+            ctx.token().get(),
+        );
+        let s = &self.schema;
+        let db = ctx.db().await?;
+        if let Some(a) = account {
+            sqlx::query(&format!(
+                "UPDATE {s}.accounts SET balance = balance + $2 WHERE id = $1"
+            ))
+            .bind(a)
+            .bind(delta)
+            .execute(&mut *db)
+            .await?;
+        }
+        sqlx::query(&format!(
+            "INSERT INTO {s}.history (job_id, step, token, worker, account, delta) \
+             VALUES ($1, $2, $3, $4, $5, $6)"
+        ))
+        .bind(job)
+        .bind(step)
+        .bind(token)
+        .bind(&self.worker)
+        .bind(account)
+        .bind(delta)
+        .execute(&mut *db)
+        .await?;
+        Ok(())
+    }
+}
+
+#[tenure::job(name = "torture.transfer", max_takeovers = 20, retries = 20)]
+impl Transfer {
+    #[step]
+    async fn debit(&self, ctx: &mut StepCtx, x: Xfer) -> Result<Xfer, StepError> {
+        self.apply(ctx, &x, Some(x.from), -x.amount).await?;
+        Ok(x)
+    }
+
+    #[step]
+    async fn credit(&self, ctx: &mut StepCtx, x: Xfer) -> Result<Xfer, StepError> {
+        self.apply(ctx, &x, Some(x.to), x.amount).await?;
+        Ok(x)
+    }
+
+    #[step]
+    async fn settle(&self, ctx: &mut StepCtx, x: Xfer) -> Result<i64, StepError> {
+        self.apply(ctx, &x, None, 0).await?;
+        Ok(x.amount)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Arguments.
+
+#[derive(Debug, Clone)]
+struct Args {
+    jobs: usize,
+    workers: usize,
+    faults: usize,
+    seed: u64,
+    ttl: Duration,
+    unsafe_no_fencing: bool,
+    delay_ms: u64,
+    quiesce: Duration,
+    /// Debugging: inject only this kind of fault.
+    only: Option<String>,
+}
+
+fn parse_args(args: &[String]) -> anyhow::Result<Args> {
+    let mut a = Args {
+        jobs: 300,
+        workers: 3,
+        faults: 30,
+        seed: 1,
+        ttl: Duration::from_secs(2),
+        unsafe_no_fencing: false,
+        delay_ms: 500,
+        quiesce: Duration::from_secs(240),
+        only: None,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut val = || {
+            it.next()
+                .cloned()
+                .with_context(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--jobs" => a.jobs = val()?.parse()?,
+            "--workers" => a.workers = val()?.parse()?,
+            "--faults" => a.faults = val()?.parse()?,
+            "--seed" => a.seed = val()?.parse()?,
+            "--ttl-secs" => a.ttl = Duration::from_secs_f64(val()?.parse()?),
+            "--delay-ms" => a.delay_ms = val()?.parse()?,
+            "--quiesce-secs" => a.quiesce = Duration::from_secs(val()?.parse()?),
+            "--unsafe-no-fencing" => a.unsafe_no_fencing = true,
+            "--only" => a.only = Some(val()?),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    if a.workers < 2 {
+        bail!("--workers must be at least 2 (a takeover needs a second worker)");
+    }
+    Ok(a)
+}
+
+fn main() -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    if argv.first().map(String::as_str) == Some("worker") {
+        return rt.block_on(worker_main(&argv[1..]));
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = parse_args(&argv)?;
+    let code = rt.block_on(parent_main(args))?;
+    drop(rt);
+    std::process::exit(code);
+}
+
+// ---------------------------------------------------------------------------
+// The worker process.
+
+struct Recorder {
+    file: Mutex<std::fs::File>,
+    crash_armed: AtomicBool,
+}
+
+impl Recorder {
+    fn line(&self, kind: char, job_id: JobId, step: StepIndex, token: FencingToken) {
+        if let Ok(mut f) = self.file.lock() {
+            let _ = writeln!(
+                f,
+                "{kind} {} {} {}",
+                job_id.as_uuid(),
+                step.get(),
+                token.get()
+            );
+        }
+    }
+}
+
+impl WorkerObserver for Recorder {
+    fn step_committed(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
+        self.line('C', job_id, step, token);
+        if self.crash_armed.swap(false, Ordering::SeqCst) {
+            // Killed between the step's commit and the message's ack.
+            std::process::abort();
+        }
+    }
+    fn stale_rejected(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
+        self.line('S', job_id, step, token);
+    }
+}
+
+fn flag_value(args: &[String], name: &str) -> anyhow::Result<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .with_context(|| format!("worker: missing {name}"))
+}
+
+async fn worker_main(args: &[String]) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let ns = flag_value(args, "--ns")?;
+    let id = flag_value(args, "--id")?;
+    let ttl = Duration::from_millis(flag_value(args, "--ttl-ms")?.parse()?);
+    let log = flag_value(args, "--log")?;
+    let mut cfg = Config::new(ns.clone())
+        .with_schema(ns.clone())
+        .with_etcd_endpoints(flag_value(args, "--etcd")?.split(','))
+        .with_nats_url(flag_value(args, "--nats")?)
+        .with_database_url(flag_value(args, "--db")?)
+        .with_lease_ttl(ttl)
+        .with_worker_id(id.clone());
+    cfg.contention_backoff.base = Duration::from_millis(50);
+    cfg.contention_backoff.cap = Duration::from_millis(500);
+    cfg.retry_backoff.base = Duration::from_millis(50);
+    cfg.retry_backoff.cap = Duration::from_millis(500);
+    cfg.session_backoff.base = Duration::from_millis(100);
+    cfg.session_backoff.cap = Duration::from_secs(1);
+    cfg.max_in_flight = 16;
+    cfg.unsafe_no_fencing = args.iter().any(|a| a == "--unsafe-no-fencing");
+    let recorder = Arc::new(Recorder {
+        file: Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .with_context(|| format!("open {log}"))?,
+        ),
+        crash_armed: AtomicBool::new(false),
+    });
+    // The servers may be down right now (a fault): keep trying.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let worker = loop {
+        let job = Transfer {
+            worker: id.clone(),
+            schema: ns.clone(),
+        };
+        match Worker::builder(cfg.clone())
+            .register(job)
+            .observer(recorder.clone())
+            .start()
+            .await
+        {
+            Ok(w) => break w,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("worker {id}: start failed ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    println!("READY {id}");
+    let _ = std::io::stdout().flush();
+    // Commands on stdin; its close (the parent is gone) ends the process.
+    let mut stdin = TokioBufReader::new(tokio::io::stdin());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match stdin.read_line(&mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if line.trim() == "crash-after-commit" {
+                    recorder.crash_armed.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+    drop(worker);
+    std::process::exit(0);
+}
+
+// ---------------------------------------------------------------------------
+// The fault proxy between a worker and the etcd members.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Pass,
+    /// Drop every connection and refuse new ones.
+    Cut,
+    /// Add this latency to every chunk forwarded.
+    Delay(Duration),
+}
+
+/// One worker's proxies, one per etcd member, all sharing one mode.
+struct Proxy {
+    mode: watch::Sender<Mode>,
+    addrs: Vec<String>,
+    _tasks: JoinSet<()>,
+}
+
+impl Proxy {
+    async fn start(targets: &[String]) -> anyhow::Result<Proxy> {
+        let (mode, _) = watch::channel(Mode::Pass);
+        let mut tasks = JoinSet::new();
+        let mut addrs = Vec::new();
+        for target in targets {
+            let target = target
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string();
+            anyhow::ensure!(target.starts_with("127.0.0.1:"), "non-local etcd {target}");
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            addrs.push(format!("http://{}", listener.local_addr()?));
+            let rx = mode.subscribe();
+            tasks.spawn(accept_loop(listener, target, rx));
+        }
+        Ok(Proxy {
+            mode,
+            addrs,
+            _tasks: tasks,
+        })
+    }
+
+    fn set(&self, m: Mode) {
+        self.mode.send_replace(m);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, target: String, rx: watch::Receiver<Mode>) {
+    // Owns its connections: they end when this task is aborted.
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((inbound, _)) = accepted else { continue };
+                if *rx.borrow() == Mode::Cut {
+                    drop(inbound);
+                    continue;
+                }
+                conns.spawn(forward(inbound, target.clone(), rx.clone()));
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+async fn forward(inbound: TcpStream, target: String, mut rx: watch::Receiver<Mode>) {
+    let Ok(outbound) = TcpStream::connect(&target).await else {
+        return;
+    };
+    let _ = inbound.set_nodelay(true);
+    let _ = outbound.set_nodelay(true);
+    let (ri, wi) = inbound.into_split();
+    let (ro, wo) = outbound.into_split();
+    let up = pump(ri, wo, rx.clone());
+    let down = pump(ro, wi, rx.clone());
+    let cut = async move {
+        loop {
+            if *rx.borrow_and_update() == Mode::Cut {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    // Whichever ends first ends the connection (both halves dropped).
+    tokio::select! {
+        () = cut => {}
+        () = up => {}
+        () = down => {}
+    }
+}
+
+async fn pump<R, W>(mut r: R, mut w: W, rx: watch::Receiver<Mode>)
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mode = *rx.borrow();
+        match mode {
+            Mode::Cut => return,
+            Mode::Delay(d) => tokio::time::sleep(d).await,
+            Mode::Pass => {}
+        }
+        if w.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Faults.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Fault {
+    WorkerPause,
+    WorkerKill,
+    KillAfterCommit,
+    EtcdKill,
+    EtcdLeaderKill,
+    EtcdQuorumLoss,
+    NatsRestart,
+    PgRestart,
+    EtcdPartition,
+    SlowKeepalive,
+}
+
+impl Fault {
+    const ALL: [Fault; 10] = [
+        Fault::WorkerPause,
+        Fault::WorkerKill,
+        Fault::KillAfterCommit,
+        Fault::EtcdKill,
+        Fault::EtcdLeaderKill,
+        Fault::EtcdQuorumLoss,
+        Fault::NatsRestart,
+        Fault::PgRestart,
+        Fault::EtcdPartition,
+        Fault::SlowKeepalive,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::WorkerPause => "worker_sigstop",
+            Fault::WorkerKill => "worker_sigkill",
+            Fault::KillAfterCommit => "worker_kill_after_commit",
+            Fault::EtcdKill => "etcd_member_kill",
+            Fault::EtcdLeaderKill => "etcd_leader_kill",
+            Fault::EtcdQuorumLoss => "etcd_quorum_loss",
+            Fault::NatsRestart => "nats_restart",
+            Fault::PgRestart => "postgres_restart",
+            Fault::EtcdPartition => "worker_cut_from_etcd",
+            Fault::SlowKeepalive => "slow_keepalives",
+        }
+    }
+}
+
+/// One worker slot: its process (replaced after a kill) and its etcd proxy.
+struct Slot {
+    index: usize,
+    generation: u32,
+    child: Option<Child>,
+    stdin: Option<ChildStdin>,
+    ready: Arc<AtomicBool>,
+    proxy: Proxy,
+}
+
+impl Slot {
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+struct Run {
+    args: Args,
+    stack: DevStack,
+    ns: String,
+    dir: PathBuf,
+    exe: PathBuf,
+    slots: Vec<Slot>,
+    counts: BTreeMap<&'static str, u64>,
+    unexpected_exits: u64,
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn ms(rng: &mut StdRng, lo: Duration, hi: Duration) -> Duration {
+    let (lo, hi) = (lo.as_millis() as u64, hi.as_millis() as u64);
+    Duration::from_millis(rng.random_range(lo..=hi.max(lo)))
+}
+
+impl Run {
+    fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
+        let slot = &mut self.slots[i];
+        slot.generation += 1;
+        let id = format!("w{}g{}", slot.index, slot.generation);
+        let log = self.dir.join(format!("{id}.commits"));
+        let err = std::fs::File::create(self.dir.join(format!("{id}.stderr")))?;
+        let mut cmd = Command::new("setpriv");
+        cmd.arg("--pdeathsig")
+            .arg("KILL")
+            .arg("--")
+            .arg(&self.exe)
+            .arg("worker")
+            .arg("--ns")
+            .arg(&self.ns)
+            .arg("--id")
+            .arg(&id)
+            .arg("--ttl-ms")
+            .arg(self.args.ttl.as_millis().to_string())
+            .arg("--log")
+            .arg(&log)
+            .arg("--etcd")
+            .arg(slot.proxy.addrs.join(","))
+            .arg("--nats")
+            .arg(self.stack.nats_url())
+            .arg("--db")
+            .arg(self.stack.database_url());
+        if self.args.unsafe_no_fencing {
+            cmd.arg("--unsafe-no-fencing");
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(err))
+            .spawn()
+            .context("spawn worker (setpriv)")?;
+        let ready = Arc::new(AtomicBool::new(false));
+        if let Some(out) = child.stdout.take() {
+            let ready = ready.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if line.starts_with("READY") {
+                        ready.store(true, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+        slot.stdin = child.stdin.take();
+        slot.child = Some(child);
+        slot.ready = ready;
+        Ok(())
+    }
+
+    fn kill_worker(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if let Some(mut c) = slot.child.take() {
+            signal(c.id(), "KILL");
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        slot.stdin = None;
+    }
+
+    /// Replaces workers that died on their own (or by an armed crash).
+    fn reap(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.slots.len() {
+            let exited = match self.slots[i].child.as_mut() {
+                Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+                None => true,
+            };
+            if exited {
+                self.unexpected_exits += 1;
+                self.slots[i].child = None;
+                self.spawn(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn count(&mut self, f: Fault) {
+        *self.counts.entry(f.name()).or_default() += 1;
+    }
+
+    async fn ready(&self) -> anyhow::Result<()> {
+        let r = self.stack.wait_ready(Duration::from_secs(60)).await;
+        if r.is_err() {
+            for p in self.stack.processes() {
+                let log = std::fs::read_to_string(p.log_path()).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!("--- {} (running: {})", p.name(), p.is_running());
+                for l in &lines[lines.len().saturating_sub(15)..] {
+                    eprintln!("    {l}");
+                }
+            }
+        }
+        r.context("dev stack not ready after a fault")
+    }
+
+    /// Arms worker `w` to abort right after its next step commit (before the ack).
+    fn arm_crash(&mut self, w: usize) -> bool {
+        match self.slots[w].stdin.as_mut() {
+            Some(s) => s
+                .write_all(b"crash-after-commit\n")
+                .and_then(|()| s.flush())
+                .is_ok(),
+            None => false,
+        }
+    }
+
+    /// Injects `f` (on worker `w` where it targets a worker) and heals it.
+    async fn inject(
+        &mut self,
+        f: Fault,
+        w: usize,
+        armed: bool,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<()> {
+        let ttl = self.args.ttl;
+        match f {
+            Fault::WorkerPause => {
+                // Longer than the lease and the broker's ack wait, so another worker
+                // takes the jobs over while this one sleeps mid-step.
+                let hold =
+                    ttl * 2 + ms(rng, Duration::from_millis(500), Duration::from_millis(1500));
+                if let Some(pid) = self.slots[w].pid() {
+                    signal(pid, "STOP");
+                    tokio::time::sleep(hold).await;
+                    signal(pid, "CONT");
+                }
+            }
+            Fault::WorkerKill => {
+                tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(300))).await;
+                self.kill_worker(w);
+                tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
+                self.spawn(w)?;
+            }
+            Fault::KillAfterCommit => {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut crashed = false;
+                while armed && Instant::now() < deadline {
+                    if let Some(c) = self.slots[w].child.as_mut()
+                        && let Ok(Some(_)) = c.try_wait()
+                    {
+                        crashed = true;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                self.kill_worker(w);
+                self.spawn(w)?;
+                if !crashed {
+                    // No commit came in time: it was a plain kill.
+                    self.count(Fault::WorkerKill);
+                    return Ok(());
+                }
+            }
+            Fault::EtcdKill | Fault::EtcdLeaderKill => {
+                let leader = self.stack.etcd_leader().await.unwrap_or(0);
+                let m = if f == Fault::EtcdLeaderKill {
+                    leader
+                } else {
+                    (leader + rng.random_range(1..self.stack.etcd_members()))
+                        % self.stack.etcd_members()
+                };
+                self.stack.etcd_member(m).kill()?;
+                tokio::time::sleep(ms(
+                    rng,
+                    Duration::from_millis(500),
+                    Duration::from_millis(2500),
+                ))
+                .await;
+                self.stack.etcd_member(m).restart()?;
+                self.ready().await?;
+            }
+            Fault::EtcdQuorumLoss => {
+                let n = self.stack.etcd_members();
+                let a = rng.random_range(0..n);
+                let b = (a + rng.random_range(1..n)) % n;
+                self.stack.etcd_member(a).pause()?;
+                self.stack.etcd_member(b).pause()?;
+                tokio::time::sleep(ms(rng, Duration::from_millis(500), ttl * 2)).await;
+                self.stack.etcd_member(a).resume()?;
+                self.stack.etcd_member(b).resume()?;
+                self.ready().await?;
+            }
+            Fault::NatsRestart => {
+                self.stack.nats().restart()?;
+                self.ready().await?;
+            }
+            Fault::PgRestart => {
+                self.stack.postgres().restart()?;
+                self.ready().await?;
+            }
+            Fault::EtcdPartition => {
+                // The worker still reaches NATS and PostgreSQL directly.
+                self.slots[w].proxy.set(Mode::Cut);
+                tokio::time::sleep(ms(rng, ttl.mul_f64(1.2), ttl.mul_f64(2.5))).await;
+                self.slots[w].proxy.set(Mode::Pass);
+            }
+            Fault::SlowKeepalive => {
+                let d = ms(rng, ttl / 6, ttl.mul_f64(0.6));
+                self.slots[w].proxy.set(Mode::Delay(d));
+                tokio::time::sleep(ms(rng, Duration::from_secs(2), Duration::from_secs(5))).await;
+                self.slots[w].proxy.set(Mode::Pass);
+            }
+        }
+        self.count(f);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The parent: set up, load, faults, checks.
+
+async fn retry<T, F, Fut>(what: &str, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(error = %e, "{what} failed; retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e.context(what.to_string())),
+        }
+    }
+}
+
+async fn enqueue_batch(client: &Client, batch: &[(String, Xfer)]) -> anyhow::Result<Vec<JobId>> {
+    let results: Vec<anyhow::Result<JobId>> = futures::stream::iter(batch.iter().cloned())
+        .map(|(key, x)| async move {
+            retry("enqueue", || {
+                let (key, x) = (key.clone(), x.clone());
+                async move { Ok(client.enqueue::<Transfer>(&key, &x).await?.job_id) }
+            })
+            .await
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+async fn setup_schema(client: &Client, s: &str, guard: bool) -> anyhow::Result<()> {
+    client.migrate().await?;
+    let pool = client.store().pool();
+    sqlx::query(&format!(
+        "CREATE TABLE {s}.accounts (id int PRIMARY KEY, balance bigint NOT NULL)"
+    ))
+    .execute(pool)
+    .await?;
+    sqlx::query(&format!(
+        "CREATE TABLE {s}.history (
+            seq bigserial PRIMARY KEY,
+            job_id uuid NOT NULL,
+            step int NOT NULL,
+            token bigint NOT NULL,
+            worker text NOT NULL,
+            account int,
+            delta bigint NOT NULL,
+            txid bigint NOT NULL DEFAULT txid_current(),
+            at timestamptz NOT NULL DEFAULT clock_timestamp())"
+    ))
+    .execute(pool)
+    .await?;
+    sqlx::query(&format!(
+        "CREATE INDEX history_job ON {s}.history (job_id, seq)"
+    ))
+    .execute(pool)
+    .await?;
+    let mut tx = pool.begin().await?;
+    FenceStore::bypass_guard(&mut tx).await?;
+    for a in 0..ACCOUNTS {
+        sqlx::query(&format!("INSERT INTO {s}.accounts VALUES ($1, $2)"))
+            .bind(a)
+            .bind(INITIAL)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    if guard {
+        client
+            .store()
+            .install_guard(&format!("{s}.accounts"))
+            .await?;
+        client
+            .store()
+            .install_guard(&format!("{s}.history"))
+            .await?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Verdict {
+    done: u64,
+    dead: u64,
+    lost: u64,
+    double_commits: i64,
+    token_regressions: i64,
+    ledger_violations: i64,
+    unconfirmed_commits: u64,
+    accepted_reported: u64,
+    stale_rejected: u64,
+    history_rows: i64,
+    lost_ids: Vec<JobId>,
+}
+
+async fn parent_main(args: Args) -> anyhow::Result<i32> {
+    let started = Instant::now();
+    let stack = DevStack::start().await.context("dev stack")?;
+    let ns = DevStack::unique_namespace("torture");
+    let dir = std::env::temp_dir().join(&ns);
+    std::fs::create_dir_all(&dir)?;
+    let exe = std::env::current_exe()?;
+    let mut cfg = Config::new(ns.clone())
+        .with_schema(ns.clone())
+        .with_etcd_endpoints(stack.etcd_endpoints())
+        .with_nats_url(stack.nats_url())
+        .with_database_url(stack.database_url())
+        .with_lease_ttl(args.ttl);
+    cfg.max_in_flight = 16;
+    let client = Client::connect(&cfg).await.context("client")?;
+    setup_schema(&client, &ns, !args.unsafe_no_fencing)
+        .await
+        .context("schema")?;
+    eprintln!(
+        "torture: ns={ns} dir={} jobs={} workers={} faults={} seed={} ttl={:?}{}",
+        dir.display(),
+        args.jobs,
+        args.workers,
+        args.faults,
+        args.seed,
+        args.ttl,
+        if args.unsafe_no_fencing {
+            " UNSAFE-NO-FENCING"
+        } else {
+            ""
+        }
+    );
+
+    let mut slots = Vec::new();
+    for index in 0..args.workers {
+        slots.push(Slot {
+            index,
+            generation: 0,
+            child: None,
+            stdin: None,
+            ready: Arc::new(AtomicBool::new(false)),
+            proxy: Proxy::start(&stack.etcd_endpoints()).await?,
+        });
+    }
+    let mut run = Run {
+        args: args.clone(),
+        stack,
+        ns: ns.clone(),
+        dir: dir.clone(),
+        exe,
+        slots,
+        counts: BTreeMap::new(),
+        unexpected_exits: 0,
+    };
+    for i in 0..args.workers {
+        run.spawn(i)?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !run.slots.iter().all(|s| s.ready.load(Ordering::SeqCst)) {
+        if Instant::now() > deadline {
+            bail!("workers did not start; see {}", dir.display());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The load and the schedule, both from the seed.
+    let mut job_rng = StdRng::seed_from_u64(args.seed ^ 0x6a6f_6273);
+    let jobs: Vec<(String, Xfer)> = (0..args.jobs)
+        .map(|i| {
+            let from = job_rng.random_range(0..ACCOUNTS);
+            let to = (from + job_rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
+            let x = Xfer {
+                from,
+                to,
+                amount: job_rng.random_range(1..=1000),
+                delay_ms: args.delay_ms,
+            };
+            (format!("t{i}"), x)
+        })
+        .collect();
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut schedule: Vec<Fault> = (0..args.faults)
+        .map(|i| Fault::ALL[i % Fault::ALL.len()])
+        .collect();
+    schedule.shuffle(&mut rng);
+    if let Some(only) = &args.only {
+        let f = *Fault::ALL
+            .iter()
+            .find(|f| f.name() == only)
+            .with_context(|| format!("no fault kind {only}"))?;
+        schedule = vec![f; args.faults];
+    }
+
+    let mut ids: Vec<JobId> = Vec::with_capacity(args.jobs);
+    let batches = schedule.len().max(1);
+    for (k, fault) in schedule.iter().copied().enumerate() {
+        let lo = args.jobs * k / batches;
+        let hi = args.jobs * (k + 1) / batches;
+        let w = rng.random_range(0..run.slots.len());
+        let armed = fault == Fault::KillAfterCommit && run.arm_crash(w);
+        ids.extend(enqueue_batch(&client, &jobs[lo..hi]).await?);
+        // Short enough that the batch is still running when the fault lands.
+        tokio::time::sleep(ms(
+            &mut rng,
+            Duration::from_millis(50),
+            Duration::from_millis(400),
+        ))
+        .await;
+        run.inject(fault, w, armed, &mut rng)
+            .await
+            .with_context(|| format!("fault {}", fault.name()))?;
+        run.reap()?;
+        let total: u64 = run.counts.values().sum();
+        eprintln!(
+            "torture: [{:>6.1}s] fault {}/{} {} (enqueued {})",
+            started.elapsed().as_secs_f64(),
+            total,
+            args.faults,
+            fault.name(),
+            ids.len()
+        );
+    }
+    if schedule.is_empty() {
+        ids.extend(enqueue_batch(&client, &jobs).await?);
+    }
+
+    // Quiescence: every job terminal.
+    for s in &run.slots {
+        s.proxy.set(Mode::Pass);
+    }
+    run.ready().await?;
+    let s = ns.clone();
+    let quiesce_deadline = Instant::now() + args.quiesce;
+    loop {
+        run.reap()?;
+        let terminal: i64 = retry("count terminal", || {
+            let client = &client;
+            let s = &s;
+            async move {
+                Ok(sqlx::query_scalar(&format!(
+                    "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead')"
+                ))
+                .fetch_one(client.store().pool())
+                .await?)
+            }
+        })
+        .await?;
+        if terminal as usize >= ids.len() || Instant::now() > quiesce_deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Let dead-lettering of the last dead jobs finish.
+    let verdict = {
+        let mut v = check(&client, &s, &ids, &dir).await?;
+        let dlq_deadline = Instant::now() + Duration::from_secs(30);
+        while v.lost > 0 && Instant::now() < dlq_deadline {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            v = check(&client, &s, &ids, &dir).await?;
+        }
+        v
+    };
+    for id in &verdict.lost_ids {
+        diagnose(&client, &s, *id, &dir).await;
+        lock_holder(&run.stack.etcd_endpoints(), &ns, *id).await;
+    }
+    for i in 0..run.slots.len() {
+        run.kill_worker(i);
+    }
+    let faults: u64 = run.counts.values().sum();
+    let kinds: Vec<String> = Fault::ALL
+        .iter()
+        .map(|f| format!("{}={}", f.name(), run.counts.get(f.name()).unwrap_or(&0)))
+        .collect();
+    println!("torture: faults by kind: {}", kinds.join(" "));
+    println!(
+        "torture: history_rows={} accepted_reported={} stale_rejected={} unconfirmed_commits={} \
+         ledger_violations={} worker_restarts_unplanned={} elapsed={:.1}s mode={}",
+        verdict.history_rows,
+        verdict.accepted_reported,
+        verdict.stale_rejected,
+        verdict.unconfirmed_commits,
+        verdict.ledger_violations,
+        run.unexpected_exits,
+        started.elapsed().as_secs_f64(),
+        if args.unsafe_no_fencing {
+            "unsafe-no-fencing"
+        } else {
+            "fenced"
+        }
+    );
+    println!(
+        "torture: jobs={} done={} dead={} lost={} double_commits={} token_regressions={} stale_rejected={} faults={} seed={}",
+        ids.len(),
+        verdict.done,
+        verdict.dead,
+        verdict.lost,
+        verdict.double_commits,
+        verdict.token_regressions,
+        verdict.stale_rejected,
+        faults,
+        args.seed
+    );
+    let _ = std::io::stdout().flush();
+    let violations = verdict.double_commits + verdict.token_regressions;
+    let code = if args.unsafe_no_fencing {
+        i32::from(violations == 0)
+    } else {
+        i32::from(
+            violations != 0
+                || verdict.lost != 0
+                || verdict.ledger_violations != 0
+                || verdict.unconfirmed_commits != 0,
+        )
+    };
+    if code == 0 && std::env::var_os("TORTURE_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("torture: keeping {}", dir.display());
+    }
+    drop(run);
+    Ok(code)
+}
+
+async fn check(client: &Client, s: &str, ids: &[JobId], dir: &Path) -> anyhow::Result<Verdict> {
+    let pool = client.store().pool();
+    let mut v = Verdict::default();
+    let rows: Vec<(sqlx::types::Uuid, String, Option<String>)> =
+        sqlx::query_as(&format!("SELECT id, status, last_error FROM {s}.jobs"))
+            .fetch_all(pool)
+            .await?;
+    let rows: HashMap<_, _> = rows.into_iter().map(|(id, st, e)| (id, (st, e))).collect();
+    // The DLQ, every page.
+    let mut in_dlq = HashSet::new();
+    let mut after = 0;
+    loop {
+        let page = client.queue().dead_letters_after(after, 500).await?;
+        let Some(last) = page.last() else { break };
+        after = last.dlq_sequence;
+        for d in &page {
+            if let Some(id) = d.job_id
+                && !d.reason.is_empty()
+            {
+                in_dlq.insert(id.as_uuid());
+            }
+        }
+    }
+    // Steps present per job.
+    let steps: Vec<(sqlx::types::Uuid, i64)> = sqlx::query_as(&format!(
+        "SELECT job_id, count(DISTINCT step) FROM {s}.history GROUP BY job_id"
+    ))
+    .fetch_all(pool)
+    .await?;
+    let steps: HashMap<_, _> = steps.into_iter().collect();
+    for id in ids {
+        let u = id.as_uuid();
+        match rows.get(&u) {
+            Some((st, _)) if st == "done" => {
+                if steps.get(&u).copied().unwrap_or(0) == STEPS {
+                    v.done += 1;
+                } else {
+                    eprintln!("torture: LOST {u}: done but its history has missing steps");
+                    v.lost += 1;
+                }
+            }
+            Some((st, reason)) if st == "dead" => {
+                if reason.as_deref().is_some_and(|r| !r.is_empty()) && in_dlq.contains(&u) {
+                    v.dead += 1;
+                } else {
+                    eprintln!("torture: LOST {u}: dead but not in the DLQ");
+                    v.lost += 1;
+                    v.lost_ids.push(*id);
+                }
+            }
+            other => {
+                eprintln!("torture: LOST {u}: {other:?}");
+                v.lost += 1;
+                v.lost_ids.push(*id);
+            }
+        }
+    }
+    v.history_rows = sqlx::query_scalar(&format!("SELECT count(*) FROM {s}.history"))
+        .fetch_one(pool)
+        .await?;
+    v.double_commits = sqlx::query_scalar(&format!(
+        "SELECT coalesce(sum(c - 1), 0)::bigint FROM \
+           (SELECT count(*) AS c FROM {s}.history GROUP BY job_id, step HAVING count(*) > 1) d"
+    ))
+    .fetch_one(pool)
+    .await?;
+    v.token_regressions = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \
+           (SELECT token < lag(token) OVER (PARTITION BY job_id ORDER BY seq) AS r \
+              FROM {s}.history) x WHERE r"
+    ))
+    .fetch_one(pool)
+    .await?;
+    // Ledger: balances = initial + history deltas; each done transfer nets to zero
+    // with exactly one debit and one credit; money is conserved modulo transfers
+    // of dead jobs caught between their debit and credit.
+    let bad_accounts: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {s}.accounts a WHERE a.balance <> $1 + \
+           coalesce((SELECT sum(delta) FROM {s}.history h WHERE h.account = a.id), 0)"
+    ))
+    .bind(INITIAL)
+    .fetch_one(pool)
+    .await?;
+    let bad_transfers: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {s}.jobs j WHERE j.status = 'done' AND \
+           (SELECT coalesce(sum(delta), 0) <> 0 OR count(*) FILTER (WHERE delta < 0) <> 1 \
+                   OR count(*) FILTER (WHERE delta > 0) <> 1 \
+              FROM {s}.history h WHERE h.job_id = j.id)"
+    ))
+    .fetch_one(pool)
+    .await?;
+    let conserved: bool = sqlx::query_scalar(&format!(
+        "SELECT (SELECT sum(balance) FROM {s}.accounts) = $1 + \
+           coalesce((SELECT sum(h.delta) FROM {s}.history h JOIN {s}.jobs j ON j.id = h.job_id \
+                      WHERE j.status <> 'done'), 0)"
+    ))
+    .bind(INITIAL * i64::from(ACCOUNTS))
+    .fetch_one(pool)
+    .await?;
+    v.ledger_violations = bad_accounts + bad_transfers + i64::from(!conserved);
+    // The workers' own records of attempted commits.
+    let history: Vec<(sqlx::types::Uuid, i32, i64)> =
+        sqlx::query_as(&format!("SELECT job_id, step, token FROM {s}.history"))
+            .fetch_all(pool)
+            .await?;
+    let history: HashSet<(String, String, String)> = history
+        .into_iter()
+        .map(|(j, st, t)| (j.to_string(), st.to_string(), t.to_string()))
+        .collect();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("commits") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        for line in text.lines() {
+            let parts: Vec<&str> = line.split(' ').collect();
+            let [kind, job, step, token] = parts[..] else {
+                continue;
+            };
+            match kind {
+                "C" => {
+                    v.accepted_reported += 1;
+                    if !history.contains(&(job.to_string(), step.to_string(), token.to_string())) {
+                        eprintln!("torture: a worker reported commit {line} with no history row");
+                        v.unconfirmed_commits += 1;
+                    }
+                }
+                "S" => v.stale_rejected += 1,
+                _ => {}
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// Prints what is known of a lost job: its row, its history, the workers' records.
+async fn diagnose(client: &Client, s: &str, id: JobId, dir: &Path) {
+    match client.job(id).await {
+        Ok(row) => eprintln!("torture: lost {id}: row {row:?}"),
+        Err(e) => eprintln!("torture: lost {id}: row unreadable: {e}"),
+    }
+    let history: Result<Vec<(i64, i32, i64, String)>, _> = sqlx::query_as(&format!(
+        "SELECT seq, step, token, worker FROM {s}.history WHERE job_id = $1 ORDER BY seq"
+    ))
+    .bind(id.as_uuid())
+    .fetch_all(client.store().pool())
+    .await;
+    eprintln!("torture: lost {id}: history {history:?}");
+    let needle = id.as_uuid().to_string();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                for line in text.lines().filter(|l| l.contains(&needle)) {
+                    eprintln!(
+                        "torture: lost {id}: {}: {line}",
+                        path.file_name().and_then(|n| n.to_str()).unwrap_or("?")
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Prints who holds a lost job's lock key in etcd, and whether that lease lives.
+async fn lock_holder(endpoints: &[String], ns: &str, id: JobId) {
+    let Ok(mut etcd) = etcd_client::Client::connect(endpoints, None).await else {
+        eprintln!("torture: lost {id}: etcd unreachable");
+        return;
+    };
+    let key = format!("{ns}/jobs/{id}");
+    match etcd.get(key.as_str(), None).await {
+        Ok(resp) => match resp.kvs().first() {
+            Some(kv) => {
+                let ttl = etcd
+                    .lease_time_to_live(kv.lease(), None)
+                    .await
+                    .map(|t| t.ttl())
+                    .unwrap_or(-2);
+                eprintln!(
+                    "torture: lost {id}: lock key {key} held: lease={:x} create_revision={} \
+                     value={:?} lease_ttl_left={ttl}s",
+                    kv.lease(),
+                    kv.create_revision(),
+                    kv.value_str().unwrap_or("?")
+                );
+            }
+            None => eprintln!("torture: lost {id}: no lock key {key}"),
+        },
+        Err(e) => eprintln!("torture: lost {id}: etcd get failed: {e}"),
+    }
+}
