@@ -304,6 +304,9 @@ async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_co
             && total(&m, "tenure.dlq.routed") >= 1.0
             && total(&m, "tenure.jobs.completed") >= 2.0
             && total(&m, "tenure.jobs.in_flight") == 0.0
+            // The scenario can settle within one keepalive period (TTL/6): wait
+            // for a keepalive round trip too.
+            && !points(&m, "tenure.lease.keepalive.duration").is_empty()
     })
     .await;
     let m = snapshot(&provider, &exporter);
