@@ -20,6 +20,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tenure_examples::{read_metrics, wait_for, wait_until};
 
 use anyhow::{Context, bail};
 use bank::{Bank, Transfer, TransferReq};
@@ -358,56 +359,6 @@ fn token_of(lines: &Arc<Mutex<Vec<String>>>, prefix: &str) -> String {
                 .and_then(|l| l.split_whitespace().nth(3).map(str::to_string))
         })
         .unwrap_or_default()
-}
-
-fn read_metrics(exporter: &InMemoryMetricExporter) -> HashMap<String, u64> {
-    use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
-    let mut out = HashMap::new();
-    for rm in exporter.get_finished_metrics().unwrap_or_default() {
-        for scope in rm.scope_metrics() {
-            for metric in scope.metrics() {
-                if let AggregatedMetrics::U64(MetricData::Sum(sum)) = metric.data() {
-                    let total: u64 = sum.data_points().map(|p| p.value()).sum();
-                    out.insert(metric.name().to_string(), total);
-                }
-            }
-        }
-    }
-    out
-}
-
-async fn wait_for(
-    lines: &Arc<Mutex<Vec<String>>>,
-    prefix: &str,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    let ok = wait_until(timeout, || async {
-        lines
-            .lock()
-            .map(|l| l.iter().any(|l| l.starts_with(prefix)))
-            .unwrap_or(false)
-    })
-    .await;
-    if ok {
-        Ok(())
-    } else {
-        bail!("worker A did not print {prefix:?} within {timeout:?}")
-    }
-}
-
-async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }
 
 /// A worker child process (this same binary, in worker mode).
