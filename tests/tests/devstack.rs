@@ -153,13 +153,22 @@ async fn postgres_answers_and_pause_stops_answers_until_resume() {
         .expect("select");
     assert_eq!(one, 1);
 
+    // A connection opened before the pause is served by a backend that left
+    // the postmaster's process group (PostgreSQL backends call setsid()); the
+    // pause must freeze it too, not only the postmaster.
+    let mut held = pool.acquire().await.expect("acquire");
     stack.postgres().pause().expect("pause");
     let paused = tokio::time::timeout(
         Duration::from_secs(1),
-        sqlx::query_scalar::<_, i32>("SELECT 2").fetch_one(&pool),
+        sqlx::query_scalar::<_, i32>("SELECT 2").fetch_one(&mut *held),
     )
     .await;
-    assert!(paused.is_err(), "a paused server must not answer");
+    assert!(
+        paused.is_err(),
+        "a paused server must not answer, not even on an open connection"
+    );
+    // The cancelled query left the connection mid-protocol: keep it out of the pool.
+    drop(held.detach());
 
     stack.postgres().resume().expect("resume");
     let two: i32 = tokio::time::timeout(

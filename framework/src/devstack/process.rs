@@ -1,8 +1,9 @@
 //! One server process the dev stack started, with fault injection.
 //!
 //! Every server runs in a process group of its own that the dev stack creates
-//! (`process_group(0)`), so signals reach the server and the children it forks
-//! (PostgreSQL backends) and nothing else. Servers are spawned through
+//! (`process_group(0)`), so signals reach the server and nothing else. Children
+//! that leave that group (PostgreSQL backends call `setsid()`) are signalled
+//! one by one as the direct children of the server. Servers are spawned through
 //! `setpriv --pdeathsig KILL` from one long-lived spawner thread, so they die with
 //! the process that started them even when it crashes and no `Drop` runs.
 
@@ -158,21 +159,42 @@ impl ServerProcess {
         })
     }
 
-    /// Freezes the server (SIGSTOP to its process group): it keeps its sockets
-    /// open but answers nothing, like a GC pause or a VM suspend.
+    /// Freezes the server (SIGSTOP to its process group and to the processes it
+    /// forked that left the group): it keeps its sockets open but answers
+    /// nothing, not even on connections opened before, like a GC pause or a VM
+    /// suspend.
+    ///
+    /// PostgreSQL's backends call `setsid()`, so a signal to the postmaster's
+    /// group alone would leave every open connection answering.
     ///
     /// # Errors
     /// [`DevStackError::NotRunning`] if it was killed.
     pub fn pause(&self) -> Result<(), DevStackError> {
-        self.signal(Signal::SIGSTOP)
+        // Group first: a stopped server forks no more children, so the list
+        // read afterwards is complete.
+        self.signal(Signal::SIGSTOP)?;
+        self.signal_children(Signal::SIGSTOP);
+        Ok(())
     }
 
-    /// Thaws a paused server (SIGCONT).
+    /// Thaws a paused server (SIGCONT to the processes [`pause`](Self::pause)
+    /// stopped).
     ///
     /// # Errors
     /// [`DevStackError::NotRunning`] if it was killed.
     pub fn resume(&self) -> Result<(), DevStackError> {
+        self.signal_children(Signal::SIGCONT);
         self.signal(Signal::SIGCONT)
+    }
+
+    /// Sends `sig` to the server's direct children; those that exited in the
+    /// meantime are skipped.
+    fn signal_children(&self, sig: Signal) {
+        if let Some(pid) = self.pid() {
+            for child in children_of(pid) {
+                let _ = nix::sys::signal::kill(child, sig);
+            }
+        }
     }
 
     /// Kills the server at once (SIGKILL to its process group and to the
