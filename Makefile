@@ -7,7 +7,7 @@ demo: setup
 	cargo run --example ledger
 
 test: setup
-	cargo test --workspace
+	cargo test --workspace --no-fail-fast
 
 lint:
 	cargo fmt --all -- --check
