@@ -323,7 +323,9 @@ async fn retry_after_redelivers_after_the_delay_with_a_higher_count() {
             .expect("fetch")
             .is_empty()
     );
-    let again = fetch_one(&queue, Duration::from_secs(5))
+    // Wait past AckWait (5 s): if the delay were ignored, the assertion below
+    // says so with the time it took, instead of a bare timeout.
+    let again = fetch_one(&queue, Duration::from_secs(10))
         .await
         .expect("redelivery");
     let after = nak_at.elapsed();
