@@ -737,3 +737,56 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
     assert_eq!(rows, 3, "one job, three steps, once");
     w.shutdown().await.unwrap();
 }
+
+/// The claim opens the first step's transaction. A first step that works longer
+/// than `idle_in_transaction_session_timeout` (one TTL) before its first write
+/// must not lose the claim with it: after the claim window the claim is
+/// committed alone and the step opens its own transaction. Without that, the
+/// idle transaction is killed and every attempt fails the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
+    let ns = DevStack::unique_namespace("rt_slow_first");
+    let ttl = Duration::from_secs(2);
+    let cfg = config_for(stack(), &ns, ttl).with_worker_id("slow");
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let worker = Worker::builder(cfg)
+        .register(ThreeStep {
+            worker: "slow".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .expect("worker");
+    let work = Work {
+        n: 1,
+        slow_worker: Some("slow".into()),
+        slow_step: 0,
+        // Past the TTL, so past the idle-in-transaction timeout.
+        slow_ms: 3_000,
+        ..Work::default()
+    };
+    let id = client
+        .enqueue::<ThreeStep>("slow-first", &work)
+        .await
+        .expect("enqueue")
+        .job_id;
+    let done = wait_until(Duration::from_secs(60), || async {
+        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+    })
+    .await;
+    let row = client.job(id).await.unwrap().unwrap();
+    assert!(done, "job not done: {row:?}");
+    assert_eq!(row.attempts, 0, "no attempt may fail: {row:?}");
+    assert_eq!(row.takeovers, 0, "{row:?}");
+    let pool = client.store().pool();
+    let rows: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {ns}.step_log WHERE job_id = $1"
+    ))
+    .bind(id.as_uuid())
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, 3, "every step once");
+    worker.shutdown().await.expect("shutdown");
+}

@@ -163,6 +163,19 @@ impl FencedTx {
         .await
     }
 
+    /// Commits a transaction that carries its claim and no step work: the claim
+    /// alone becomes durable (used when the step did not take the transaction
+    /// within the claim window).
+    ///
+    /// # Errors
+    /// [`FenceError::Db`]; the claim's outcome is then unknown (the next fenced
+    /// call under this token tells).
+    pub(crate) async fn commit_claim(self) -> Result<(), FenceError> {
+        debug_assert!(self.carries_claim, "commit_claim on a step transaction");
+        self.tx.commit().await?;
+        Ok(())
+    }
+
     /// Rolls the step back. If this transaction carries its claim
     /// ([`FenceStore::claim_and_begin`]), the claim is re-applied on its own
     /// (same token) so the generation keeps the fence and can

@@ -10,10 +10,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, field};
 
 use super::Shared;
+use super::locks::ReleaseMode;
 use super::registry::DynJob;
 use super::stage::{StageOutcome, run_stage};
 use crate::fence::{FenceError, JobRow, JobStatus};
-use crate::job::{StepCtx, StepErrorKind};
+use crate::job::{ClaimSlot, StepCtx, StepErrorKind, take_claim};
 use crate::lease::{Acquire, Health, JobLock, Session};
 use crate::queue::{DeadLetterInfo, Delivery};
 use crate::telemetry::{StaleAt, spans};
@@ -271,13 +272,15 @@ impl JobRun {
         let token = lock.token();
         tracing::Span::current().record("token", token.get());
 
-        // 3. Claim the fence at the resource, before any useful work.
+        // 3. Claim the fence at the resource, before any useful work. The claim
+        // opens the first step's fenced transaction (its UPDATE holds the row
+        // lock, so the step needs no admission and no commit of its own).
         let claimed = sh
             .store
-            .claim(job_id, token)
+            .claim_and_begin(job_id, token)
             .instrument(tracing::info_span!(spans::CLAIM, job_id = %job_id, token = token.get()))
             .await;
-        let claim = match claimed {
+        let (claim, claim_tx) = match claimed {
             Ok(c) => c,
             Err(e) if e.is_fenced_out() => {
                 sh.metrics.stale_rejected(job.name(), StaleAt::Claim);
@@ -286,17 +289,19 @@ impl JobRun {
                     "ALERT: a freshly created job lock was fenced out at claim; etcd revisions \
                      went backwards (snapshot restore without --bump-revision?)"
                 );
-                sh.locks.release(session, lock).await;
+                sh.locks.release(session, lock, ReleaseMode::Prompt).await;
                 return Err(Stop::Quiet);
             }
             Err(FenceError::Terminal { .. }) => {
                 ack(delivery).await;
-                sh.locks.release(session, lock).await;
+                sh.locks.release(session, lock, ReleaseMode::Deferred).await;
                 return Err(Stop::Quiet);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "claim failed; retrying later");
-                sh.locks.release(session.clone(), lock).await;
+                sh.locks
+                    .release(session.clone(), lock, ReleaseMode::Prompt)
+                    .await;
                 self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
                     .await;
                 return Err(Stop::Quiet);
@@ -323,6 +328,19 @@ impl JobRun {
         // 4. Poison check.
         let max_takeovers = owned.job.max_takeovers().unwrap_or(sh.cfg.max_takeovers);
         if claim.takeovers > max_takeovers {
+            // The dead-lettering writes are fenced on their own connection: make
+            // the claim durable first (it holds the row lock until then).
+            if let Err(e) = claim_tx.commit_claim().await {
+                tracing::warn!(error = %e, "committing the claim failed; retrying later");
+                if let Some(lock) = owned.lock.take() {
+                    sh.locks
+                        .release(owned.session.clone(), lock, ReleaseMode::Prompt)
+                        .await;
+                }
+                self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
+                    .await;
+                return Err(Stop::Quiet);
+            }
             let reason = format!(
                 "lost its owner {} times (max_takeovers = {max_takeovers})",
                 claim.takeovers
@@ -340,6 +358,13 @@ impl JobRun {
         } else {
             claim.checkpoint.unwrap_or(serde_json::Value::Null)
         };
+        // The claim's transaction goes to the first step, which takes it on its
+        // first `ctx.db()`. A step that does other work first must not keep the
+        // job row locked (and the transaction idle towards
+        // `idle_in_transaction_session_timeout`): after `claim_window` the claim
+        // is committed alone and the step opens its own transaction.
+        let mut claim_slot: Option<ClaimSlot> =
+            Some(Arc::new(std::sync::Mutex::new(Some(claim_tx))));
         for k in claim.step.get()..n {
             let step = StepIndex::new(k);
             let step_name = steps.get(k as usize).map(|s| s.name).unwrap_or("?");
@@ -360,11 +385,30 @@ impl JobRun {
                 deadline: owned.session.lost_deadline(),
                 store: Some(sh.store.clone()),
                 tx: None,
+                claim_tx: claim_slot.clone(),
             };
+            let committer = claim_slot
+                .as_ref()
+                .map(|slot| commit_claim_later(slot.clone(), claim_window(&sh.cfg)));
             let outcome = self
                 .drive_stage(&owned, &delivery, ctx, step, input, &cancel)
                 .instrument(tracing::info_span!(spans::STEP, step = %step, name = step_name, token = token.get()))
                 .await;
+            // Whatever the step did not take of the claim's transaction.
+            let leftover = claim_slot.take().and_then(|slot| take_claim(&slot));
+            if let Some(c) = committer {
+                c.cancel();
+            }
+            let mut outcome = outcome;
+            if let Some(tx) = leftover {
+                match outcome.ctx.as_mut() {
+                    Some(ctx) if ctx.tx.is_none() => ctx.tx = Some(tx),
+                    _ => {
+                        // Rolling back re-applies the claim on its own.
+                        let _ = tx.rollback().await;
+                    }
+                }
+            }
             match outcome.result {
                 Ok(out) => {
                     let Some(mut ctx) = outcome.ctx else {
@@ -424,7 +468,9 @@ impl JobRun {
                         let _ = tx.rollback().await;
                         tracing::warn!(?health, step = %step, "lease not healthy at commit; rolled back, leaving the job to the next owner");
                         if let Some(lock) = owned.lock.take() {
-                            sh.locks.release(owned.session.clone(), lock).await;
+                            sh.locks
+                                .release(owned.session.clone(), lock, ReleaseMode::Prompt)
+                                .await;
                         }
                         return Err(Stop::Quiet);
                     }
@@ -503,7 +549,9 @@ impl JobRun {
         sh.metrics.completed(owned.job.name());
         ack(delivery).await;
         if let Some(lock) = owned.lock.take() {
-            sh.locks.release(owned.session.clone(), lock).await;
+            sh.locks
+                .release(owned.session.clone(), lock, ReleaseMode::Deferred)
+                .await;
         }
         Ok(())
     }
@@ -588,7 +636,9 @@ impl JobRun {
             Err(e) => {
                 tracing::warn!(error = %e, %reason, "recording the failure failed; retrying later");
                 if let Some(lock) = owned.lock.take() {
-                    sh.locks.release(owned.session.clone(), lock).await;
+                    sh.locks
+                        .release(owned.session.clone(), lock, ReleaseMode::Prompt)
+                        .await;
                 }
                 self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
                     .await;
@@ -608,7 +658,9 @@ impl JobRun {
         let delay = retry::jittered(&sh.cfg.retry_backoff, attempts.saturating_sub(1));
         tracing::info!(attempts, ?delay, %reason, "step failed; retrying");
         if let Some(lock) = owned.lock.take() {
-            sh.locks.release(owned.session.clone(), lock).await;
+            sh.locks
+                .release(owned.session.clone(), lock, ReleaseMode::Prompt)
+                .await;
         }
         self.retry_later(delivery, delay).await;
     }
@@ -622,7 +674,9 @@ impl JobRun {
             tracing::warn!(error = %e, "recording the voluntary release failed");
         }
         if let Some(lock) = owned.lock.take() {
-            sh.locks.release(owned.session.clone(), lock).await;
+            sh.locks
+                .release(owned.session.clone(), lock, ReleaseMode::Prompt)
+                .await;
         }
         tracing::info!("released the job voluntarily (shutdown)");
         self.retry_later(delivery, Duration::ZERO).await;
@@ -668,7 +722,9 @@ impl JobRun {
             tracing::error!(error = %e, "DLQ publish failed; the redelivery will dead-letter it at admission");
         }
         if let Some(lock) = owned.lock.take() {
-            sh.locks.release(owned.session.clone(), lock).await;
+            sh.locks
+                .release(owned.session.clone(), lock, ReleaseMode::Deferred)
+                .await;
         }
     }
 
@@ -744,4 +800,36 @@ async fn ack(delivery: Delivery) {
     if let Err(e) = delivery.ack().await {
         tracing::warn!(error = %e, "ack failed; the redelivery finds the row terminal and acks again");
     }
+}
+
+/// How long the first step may take before it asks for its database: the
+/// claim's transaction (and the job row lock) stays open that long at most
+/// before the claim is committed alone. A quarter of the TTL keeps it far below
+/// `idle_in_transaction_session_timeout` (one TTL).
+fn claim_window(cfg: &crate::Config) -> Duration {
+    cfg.lease_ttl / 4
+}
+
+/// Commits the claim's transaction alone after `window`, unless the step took it
+/// first or the returned token is cancelled (the step ended).
+fn commit_claim_later(slot: ClaimSlot, window: Duration) -> CancellationToken {
+    let done = CancellationToken::new();
+    let stop = done.clone();
+    tokio::spawn(
+        async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(window) => {
+                    if let Some(tx) = take_claim(&slot) {
+                        tracing::debug!("the first step did not open its transaction within the claim window; committing the claim alone");
+                        if let Err(e) = tx.commit_claim().await {
+                            tracing::warn!(error = %e, "committing the claim alone failed; the step's first fenced call will tell");
+                        }
+                    }
+                }
+            }
+        }
+        .in_current_span(),
+    );
+    done
 }

@@ -8,6 +8,14 @@
 //! time: etcd's cost is per transaction (a Raft entry, fsynced on every member),
 //! not per key, so more batches in flight only means smaller ones and more etcd
 //! work per job. Within a batch the creates and the deletes share one Txn.
+//!
+//! The lock of a job that ended for good (done, dead-lettered) guards nothing any
+//! more: a redelivery finds the row terminal at admission and never asks for the
+//! lock. Its release is therefore *deferred*: it waits up to [`RELEASE_LINGER`]
+//! for the next acquisition to ride along with, instead of costing a Txn of its
+//! own. Releases of jobs handed back for another attempt go out at once, since
+//! the next attempt needs the lock. Deferred releases that are still waiting when
+//! the worker stops go with the session lease, which shutdown revokes.
 
 use std::sync::Arc;
 
@@ -19,6 +27,20 @@ use crate::lease::{Acquire, Health, JobLock, LeaseError, Session};
 
 const MAX_BATCH: usize = 128;
 const MAX_BATCHES_IN_FLIGHT: usize = 1;
+/// How long a deferred release waits for an acquisition to ride along with.
+const RELEASE_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+/// Deferred releases that are sent on their own without waiting any longer.
+const DEFERRED_FLUSH: usize = 64;
+
+/// When a release goes to etcd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseMode {
+    /// The job ended for good: ride along with the next acquisition (at most
+    /// [`RELEASE_LINGER`] later).
+    Deferred,
+    /// The job is handed back for another attempt: in the next batch.
+    Prompt,
+}
 
 enum Request {
     Acquire {
@@ -29,7 +51,20 @@ enum Request {
     Release {
         session: Arc<Session>,
         lock: JobLock,
+        mode: ReleaseMode,
     },
+}
+
+impl Request {
+    fn is_deferred_release(&self) -> bool {
+        matches!(
+            self,
+            Request::Release {
+                mode: ReleaseMode::Deferred,
+                ..
+            }
+        )
+    }
 }
 
 /// Handle to the batching task (cloneable; the task stops when `stop` is
@@ -76,24 +111,50 @@ impl LockBatcher {
     }
 
     /// Releases `lock` (batched, fire and forget: a lock that is not released
-    /// expires with its session lease).
-    pub(crate) async fn release(&self, session: Arc<Session>, lock: JobLock) {
-        let _ = self.tx.send(Request::Release { session, lock }).await;
+    /// expires with its session lease). See [`ReleaseMode`] for when it is sent.
+    pub(crate) async fn release(&self, session: Arc<Session>, lock: JobLock, mode: ReleaseMode) {
+        let _ = self
+            .tx
+            .send(Request::Release {
+                session,
+                lock,
+                mode,
+            })
+            .await;
     }
 }
 
 async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken) {
     let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
     let mut batches = tokio::task::JoinSet::new();
+    // Deferred releases waiting for an acquisition, and until when they wait.
+    let mut deferred: Vec<Request> = Vec::new();
+    let mut flush_at = tokio::time::Instant::now();
     loop {
         let first = tokio::select! {
             () = stop.cancelled() => break,
-            r = rx.recv() => match r { Some(r) => r, None => break },
+            r = rx.recv() => match r { Some(r) => Some(r), None => break },
+            () = tokio::time::sleep_until(flush_at), if !deferred.is_empty() => None,
         };
+        if let Some(r) = first {
+            if r.is_deferred_release() {
+                if deferred.is_empty() {
+                    flush_at = tokio::time::Instant::now() + RELEASE_LINGER;
+                }
+                deferred.push(r);
+                if deferred.len() < DEFERRED_FLUSH {
+                    continue;
+                }
+            } else {
+                deferred.push(r);
+            }
+        }
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
         };
-        let mut batch = vec![first];
+        // Everything deferred so far rides along (MAX_BATCH bounds only what is
+        // added here; an oversized Txn is split by the lease layer).
+        let mut batch = std::mem::take(&mut deferred);
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
@@ -134,6 +195,11 @@ async fn execute(batch: Vec<Request>) {
         }
     }
     for (session, acquires, releases) in groups {
+        tracing::debug!(
+            acquires = acquires.len(),
+            releases = releases.len(),
+            "lock batch"
+        );
         // Acquisitions and releases of one batch share one etcd Txn (one Raft
         // entry) when they can.
         if acquires.is_empty() {
