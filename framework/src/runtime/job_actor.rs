@@ -361,8 +361,9 @@ impl JobRun {
         // The claim's transaction goes to the first step, which takes it on its
         // first `ctx.db()`. A step that does other work first must not keep the
         // job row locked (and the transaction idle towards
-        // `idle_in_transaction_session_timeout`): after `claim_window` the claim
-        // is committed alone and the step opens its own transaction.
+        // `idle_in_transaction_session_timeout`) nor a pooled connection: after
+        // `claim_window` the claim is committed alone and the step opens its own
+        // transaction.
         let mut claim_slot: Option<ClaimSlot> =
             Some(Arc::new(std::sync::Mutex::new(Some(claim_tx))));
         for k in claim.step.get()..n {
@@ -802,12 +803,22 @@ async fn ack(delivery: Delivery) {
     }
 }
 
+/// The longest the claim's transaction waits for the first step to take it.
+///
+/// A step that writes to the database asks for it at once (well under a
+/// millisecond after the claim); one that works elsewhere first should not hold
+/// a pooled connection, the job row lock and an idle transaction meanwhile. With
+/// a thousand jobs in flight whose first steps wait on something else, a longer
+/// window would hold a thousand connections (the benchmark's RSS run found that
+/// at PostgreSQL's `max_connections`).
+const CLAIM_WINDOW_MAX: Duration = Duration::from_millis(50);
+
 /// How long the first step may take before it asks for its database: the
 /// claim's transaction (and the job row lock) stays open that long at most
-/// before the claim is committed alone. A quarter of the TTL keeps it far below
-/// `idle_in_transaction_session_timeout` (one TTL).
+/// before the claim is committed alone. Never more than a quarter of the TTL,
+/// far below `idle_in_transaction_session_timeout` (one TTL).
 fn claim_window(cfg: &crate::Config) -> Duration {
-    cfg.lease_ttl / 4
+    (cfg.lease_ttl / 4).min(CLAIM_WINDOW_MAX)
 }
 
 /// Commits the claim's transaction alone after `window`, unless the step took it
