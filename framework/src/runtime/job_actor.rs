@@ -157,6 +157,9 @@ impl JobRun {
                  shutdown) or its owner went silent past AckWait"
             );
         }
+        // This delivery will ask for its lock once admitted: a lock batch about
+        // to leave may wait a moment for it.
+        let coming = sh.locks.expect_acquire();
         // 1. Admit.
         let row = match sh.store.job(job_id).await {
             Ok(Some(row)) => row,
@@ -243,7 +246,7 @@ impl JobRun {
         tracing::Span::current().record("lease_id", field::display(session.lease_id()));
         let acquired = sh
             .locks
-            .acquire(session.clone(), job_id)
+            .acquire(session.clone(), job_id, coming)
             .instrument(tracing::info_span!(spans::ACQUIRE, job_id = %job_id))
             .await;
         let lock = match acquired {

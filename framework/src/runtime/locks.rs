@@ -18,6 +18,7 @@
 //! the worker stops go with the session lease, which shutdown revokes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,9 @@ const MAX_BATCHES_IN_FLIGHT: usize = 1;
 const RELEASE_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
 /// Deferred releases that are sent on their own without waiting any longer.
 const DEFERRED_FLUSH: usize = 64;
+/// How long a batch waits for acquisitions that are on their way (jobs between
+/// delivery and their lock request, see [`LockBatcher::expect_acquire`]).
+const ACQUIRE_LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// When a release goes to etcd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +76,18 @@ impl Request {
 #[derive(Clone)]
 pub(crate) struct LockBatcher {
     tx: mpsc::Sender<Request>,
+    /// Jobs that will ask for a lock soon (admission running).
+    coming: Arc<AtomicUsize>,
+}
+
+/// A job on its way to a lock request: counted until it asks (or gives up), so a
+/// batch about to leave can wait a moment for it.
+pub(crate) struct Coming(Arc<AtomicUsize>);
+
+impl Drop for Coming {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for LockBatcher {
@@ -84,8 +100,19 @@ impl LockBatcher {
     /// Starts the batching task; it is owned by `tasks` (aborted with it).
     pub(crate) fn start(stop: CancellationToken, tasks: &mut tokio::task::JoinSet<()>) -> Self {
         let (tx, rx) = mpsc::channel(4096);
-        tasks.spawn(run(rx, stop));
-        LockBatcher { tx }
+        let coming = Arc::new(AtomicUsize::new(0));
+        tasks.spawn(run(rx, stop, coming.clone()));
+        LockBatcher { tx, coming }
+    }
+
+    /// Announces a lock request that is about to come (call when a delivery's
+    /// admission starts; pass the guard to [`acquire`](Self::acquire)). A batch
+    /// waits up to [`ACQUIRE_LINGER`] for announced requests, so a few jobs
+    /// arriving together share one etcd transaction; with nothing announced it
+    /// leaves at once, and a lone job pays no wait.
+    pub(crate) fn expect_acquire(&self) -> Coming {
+        self.coming.fetch_add(1, Ordering::AcqRel);
+        Coming(self.coming.clone())
     }
 
     /// Acquires `job_id`'s lock under `session`, batched with concurrent callers.
@@ -96,16 +123,20 @@ impl LockBatcher {
         &self,
         session: Arc<Session>,
         job_id: JobId,
+        announced: Coming,
     ) -> Result<Acquire, String> {
         let (reply, rx) = oneshot::channel();
-        self.tx
+        let sent = self
+            .tx
             .send(Request::Acquire {
                 session,
                 job_id,
                 reply,
             })
-            .await
-            .map_err(|_| "lock batcher stopped".to_string())?;
+            .await;
+        // Queued (or failed): no longer on its way.
+        drop(announced);
+        sent.map_err(|_| "lock batcher stopped".to_string())?;
         rx.await
             .map_err(|_| "lock batcher dropped the request".to_string())?
     }
@@ -124,7 +155,7 @@ impl LockBatcher {
     }
 }
 
-async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken) {
+async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: Arc<AtomicUsize>) {
     let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
     let mut batches = tokio::task::JoinSet::new();
     // Deferred releases waiting for an acquisition, and until when they wait.
@@ -155,9 +186,16 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken) {
         // Everything deferred so far rides along (MAX_BATCH bounds only what is
         // added here; an oversized Txn is split by the lease layer).
         let mut batch = std::mem::take(&mut deferred);
+        let linger_until = tokio::time::Instant::now() + ACQUIRE_LINGER;
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
+                Err(_) if coming.load(Ordering::Acquire) > 0 => {
+                    match tokio::time::timeout_at(linger_until, rx.recv()).await {
+                        Ok(Some(r)) => batch.push(r),
+                        _ => break,
+                    }
+                }
                 Err(_) => break,
             }
         }
