@@ -335,13 +335,8 @@ impl JobRun {
             // the claim durable first (it holds the row lock until then).
             if let Err(e) = claim_tx.commit_claim().await {
                 tracing::warn!(error = %e, "committing the claim failed; retrying later");
-                if let Some(lock) = owned.lock.take() {
-                    sh.locks
-                        .release(owned.session.clone(), lock, ReleaseMode::Prompt)
-                        .await;
-                }
-                self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
-                    .await;
+                let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+                self.hand_back(&mut owned, delivery, delay).await;
                 return Err(Stop::Quiet);
             }
             let reason = format!(
@@ -639,13 +634,8 @@ impl JobRun {
             }
             Err(e) => {
                 tracing::warn!(error = %e, %reason, "recording the failure failed; retrying later");
-                if let Some(lock) = owned.lock.take() {
-                    sh.locks
-                        .release(owned.session.clone(), lock, ReleaseMode::Prompt)
-                        .await;
-                }
-                self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
-                    .await;
+                let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+                self.hand_back(owned, delivery, delay).await;
                 return;
             }
         };
@@ -661,8 +651,15 @@ impl JobRun {
         sh.metrics.retried(owned.job.name());
         let delay = retry::jittered(&sh.cfg.retry_backoff, attempts.saturating_sub(1));
         tracing::info!(attempts, ?delay, %reason, "step failed; retrying");
+        self.hand_back(owned, delivery, delay).await;
+    }
+
+    /// Gives the job back for a later attempt: deletes our lock at once (the
+    /// next attempt needs it), then naks the message with `delay`.
+    async fn hand_back(&self, owned: &mut Owned, delivery: Delivery, delay: Duration) {
         if let Some(lock) = owned.lock.take() {
-            sh.locks
+            self.shared
+                .locks
                 .release(owned.session.clone(), lock, ReleaseMode::Prompt)
                 .await;
         }
