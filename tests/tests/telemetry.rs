@@ -601,3 +601,54 @@ async fn prometheus_scrape_shows_a_workers_metrics() {
     assert!(!scraped.contains(&job.to_string()), "no job ids in metrics");
     worker.shutdown().await.unwrap();
 }
+
+/// Under load a lock batch's linearizable re-read (the etcd issue 11456 guard)
+/// rides in the next batch's etcd Txn instead of a request of its own, and
+/// every job still runs under a verified token. The `lock batch` debug event
+/// says how many re-reads a batch carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_rereads_ride_in_the_next_batch_under_load() {
+    logs();
+    let ns = DevStack::unique_namespace("obs_fold");
+    let mut cfg = config_for(stack(), &ns, Duration::from_secs(5)).with_worker_id("fold");
+    cfg.max_in_flight = 32;
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let worker = Worker::builder(cfg).register(Plain).start().await.unwrap();
+    const N: u64 = 300;
+    let mut ids = Vec::new();
+    for n in 0..N {
+        ids.push(
+            client
+                .enqueue::<Plain>(&format!("p{n}"), &n)
+                .await
+                .unwrap()
+                .job_id,
+        );
+    }
+    let all_done = wait_until(Duration::from_secs(120), || async {
+        let mut done = 0;
+        for id in &ids {
+            if status(&client, *id).await == Some(JobStatus::Done) {
+                done += 1;
+            }
+        }
+        done == ids.len()
+    })
+    .await;
+    assert!(all_done, "every job done");
+    for id in &ids {
+        let row = client.job(*id).await.unwrap().unwrap();
+        assert!(row.fence > 0, "claimed under a verified token: {row:?}");
+        assert_eq!(row.takeovers, 0, "{row:?}");
+    }
+    let folded: Vec<String> = log_lines("lock batch", "verifies=")
+        .into_iter()
+        .filter(|l| !l.contains("verifies=0"))
+        .collect();
+    assert!(
+        !folded.is_empty(),
+        "no lock batch carried the previous batch's re-read"
+    );
+    worker.shutdown().await.unwrap();
+}

@@ -364,6 +364,43 @@ impl fmt::Debug for Session {
     }
 }
 
+/// Locks one batch Txn created whose linearizable re-read is still to come
+/// (runtime batching: it rides in the next batch's Txn, see
+/// `Session::acquire_folding`). Holding one proves nothing: no token is handed
+/// out before the check.
+#[derive(Debug)]
+pub(crate) struct Unverified {
+    entries: Vec<(JobId, String, String)>,
+    revision: i64,
+    /// Per job: `Some(holder)` if contended, `None` if created.
+    outcomes: Vec<Option<Option<LeaseId>>>,
+}
+
+impl Unverified {
+    /// How many keys the check reads (the created ones).
+    pub(crate) fn reads(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.is_none()).count()
+    }
+
+    fn read_ops(&self) -> Vec<TxnOp> {
+        self.entries
+            .iter()
+            .zip(&self.outcomes)
+            .filter(|(_, o)| o.is_none())
+            .map(|((_, key, _), _)| TxnOp::get(key.as_str(), None))
+            .collect()
+    }
+}
+
+/// A batch's outcome in [`Session::acquire_folding`].
+#[derive(Debug)]
+pub(crate) enum Batch {
+    /// Verified: per job, in request order.
+    Done(Vec<Acquire>),
+    /// Written, not verified yet.
+    Unverified(Unverified),
+}
+
 /// At most this many jobs go into one etcd transaction (etcd's default
 /// `--max-txn-ops` is 128, and etcd 3.4 refuses 128 nested txns but accepts
 /// 127); larger batches are split.
@@ -777,6 +814,101 @@ impl Session {
         job_ids: &[JobId],
         releases: &[JobLock],
     ) -> Result<Vec<Acquire>, LeaseError> {
+        let (created, _) = self.write_batch(job_ids, releases, None).await?;
+        let answers = self.verify_alone(&created).await;
+        self.finish(created, answers).await
+    }
+
+    /// Acquires `job_ids` and releases `releases` in ONE Txn that also carries
+    /// the verification reads of `previous` (the locks the previous batch
+    /// created): one Raft entry serves this batch's creates and deletes and the
+    /// previous batch's re-read. A read inside a write Txn is ordered after every
+    /// earlier Txn, so it sees what a linearizable read issued after the previous
+    /// batch's Txn would: the same check as [`Session::acquire`] makes.
+    ///
+    /// Returns the previous batch's results (if there was one) and this batch,
+    /// written but [`Batch::Unverified`]: its check is left to the next call or
+    /// to [`Session::verify_pending`], whichever the caller makes first. Batches
+    /// that cannot share one Txn (overlap, duplicates, more than [`MAX_BATCH`]
+    /// operations) verify `previous` alone first and are then acquired and
+    /// verified alone ([`Batch::Done`]).
+    pub(crate) async fn acquire_folding(
+        &self,
+        job_ids: &[JobId],
+        releases: &[JobLock],
+        previous: Option<Unverified>,
+    ) -> (
+        Option<Result<Vec<Acquire>, LeaseError>>,
+        Result<Batch, LeaseError>,
+    ) {
+        let overlap = releases.iter().any(|l| job_ids.contains(&l.job_id));
+        let mut seen = std::collections::HashSet::with_capacity(job_ids.len());
+        let duplicate = job_ids.iter().any(|j| !seen.insert(*j));
+        let reads = previous.as_ref().map_or(0, Unverified::reads);
+        let ops = job_ids.len() + releases.len() + reads;
+        if overlap || duplicate || ops > MAX_BATCH || (job_ids.is_empty() && releases.is_empty()) {
+            let before = match previous {
+                Some(p) => Some(self.verify_pending(p).await),
+                None => None,
+            };
+            let now = self.acquire_and_release_many(job_ids, releases).await;
+            return (before, now.map(Batch::Done));
+        }
+        let Some(previous) = previous else {
+            let written = self.write_batch(job_ids, releases, None).await;
+            return (None, written.map(|(created, _)| Batch::Unverified(created)));
+        };
+        let span = tracing::info_span!(
+            "tenure.lease.acquire_folding",
+            jobs = job_ids.len(), locks = releases.len(), verifies = previous.reads(),
+            lease_id = %self.lease, worker = %self.worker_id,
+        );
+        let written = self
+            .write_batch(job_ids, releases, Some(&previous))
+            .instrument(span)
+            .await;
+        match written {
+            Ok((created, answers)) => {
+                let answers = answers.ok_or_else(|| LeaseError::Unexpected {
+                    op: "acquire",
+                    detail: "no verification answers in the batch".into(),
+                });
+                let before = self.finish(previous, answers).await;
+                (Some(before), Ok(Batch::Unverified(created)))
+            }
+            Err(e) => {
+                // This batch's creates were undone; the previous batch's check
+                // did not happen: make it on its own.
+                let before = self.verify_pending(previous).await;
+                (Some(before), Err(e))
+            }
+        }
+    }
+
+    /// Verifies a batch whose check was left pending ([`Batch::Unverified`]) with
+    /// its own linearizable read.
+    ///
+    /// # Errors
+    /// As [`Session::acquire_many`].
+    pub(crate) async fn verify_pending(
+        &self,
+        pending: Unverified,
+    ) -> Result<Vec<Acquire>, LeaseError> {
+        let answers = self.verify_alone(&pending).await;
+        self.finish(pending, answers).await
+    }
+
+    /// The batch Txn: creates of `job_ids` (a plain create-if-absent Txn for a
+    /// lone job, nested ones otherwise), guarded deletes of `releases`, and the
+    /// reads that verify `verify`'s created keys. Returns this batch's created
+    /// (not yet verified) locks and the answers of the reads. On an error, what
+    /// this very Txn may have created is undone best-effort.
+    async fn write_batch(
+        &self,
+        job_ids: &[JobId],
+        releases: &[JobLock],
+        verify: Option<&Unverified>,
+    ) -> Result<(Unverified, Option<Vec<TxnOpResponse>>), LeaseError> {
         self.ensure_not_lost()?;
         let nonce: u64 = rand::random();
         let lease = self.lease.get();
@@ -794,13 +926,16 @@ impl Session {
                 )])
                 .or_else([TxnOp::get(key, None)])
         };
-        let single = entries.len() == 1 && releases.is_empty();
+        let reads = verify.map(Unverified::read_ops).unwrap_or_default();
+        let n_reads = reads.len();
+        let single = entries.len() == 1 && releases.is_empty() && reads.is_empty();
         let txn = match entries.as_slice() {
             [(_, key, value)] if single => create(key, value),
             many => Txn::new().and_then(
                 many.iter()
                     .map(|(_, key, value)| TxnOp::txn(create(key, value)))
                     .chain(releases.iter().map(guarded_delete))
+                    .chain(reads)
                     .collect::<Vec<_>>(),
             ),
         };
@@ -815,22 +950,24 @@ impl Session {
         let revision = header_revision(&resp, "acquire")?;
 
         // Per job: Some(holder) if contended, None if created.
-        let outcomes: Vec<Option<Option<LeaseId>>> = if single {
-            vec![contended_holder(&resp)]
+        let (outcomes, answers) = if single {
+            (vec![contended_holder(&resp)], None)
         } else {
             let mut nested = resp.op_responses();
-            if nested.len() != entries.len() + releases.len() {
+            if nested.len() != entries.len() + releases.len() + n_reads {
                 self.undo(&entries).await;
                 return Err(LeaseError::Unexpected {
                     op: "acquire",
                     detail: format!(
-                        "{} answers for {} jobs and {} releases",
+                        "{} answers for {} jobs, {} releases and {} reads",
                         nested.len(),
                         entries.len(),
-                        releases.len()
+                        releases.len(),
+                        n_reads
                     ),
                 });
             }
+            let answers = nested.split_off(entries.len() + releases.len());
             let released = nested.split_off(entries.len());
             for (l, r) in releases.iter().zip(released) {
                 if !matches!(r, TxnOpResponse::Txn(t) if t.succeeded()) {
@@ -853,30 +990,61 @@ impl Session {
                     }
                 }
             }
-            v
+            (v, verify.map(|_| answers))
         };
+        Ok((
+            Unverified {
+                entries,
+                revision,
+                outcomes,
+            },
+            answers,
+        ))
+    }
 
+    /// The linearizable re-read of a batch's created keys, on its own (a
+    /// read-only Txn is served through the leader's read index, like a default
+    /// range read). No created key: no request.
+    async fn verify_alone(&self, pending: &Unverified) -> Result<Vec<TxnOpResponse>, LeaseError> {
+        let reads = pending.read_ops();
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let check = self.txn("verify", Txn::new().and_then(reads)).await?;
+        Ok(check.op_responses())
+    }
+
+    /// Checks the re-read of every key `pending` created (it must still carry
+    /// this session's lease and the batch's revision) and turns the batch into
+    /// results. On any failure every key of the batch is undone and the batch
+    /// fails: [`LeaseError::LockLostBeforeVerify`] (etcd issue 11456 guard), the
+    /// read's error, or [`LeaseError::SessionLost`].
+    async fn finish(
+        &self,
+        pending: Unverified,
+        answers: Result<Vec<TxnOpResponse>, LeaseError>,
+    ) -> Result<Vec<Acquire>, LeaseError> {
+        let Unverified {
+            entries,
+            revision,
+            outcomes,
+        } = pending;
+        let lease = self.lease.get();
         let created: Vec<usize> = outcomes
             .iter()
             .enumerate()
             .filter_map(|(i, o)| o.is_none().then_some(i))
             .collect();
+        let single = entries.len() == 1;
         let mut tokens: Vec<Option<FencingToken>> = vec![None; entries.len()];
         if !created.is_empty() {
-            // One linearizable read of every created key (a read-only Txn is served
-            // through the leader's read index, like a default range read).
-            let reads: Vec<TxnOp> = created
-                .iter()
-                .map(|&i| TxnOp::get(entries[i].1.as_str(), None))
-                .collect();
-            let check = match self.txn("verify", Txn::new().and_then(reads)).await {
-                Ok(r) => r,
+            let answers = match answers {
+                Ok(a) => a,
                 Err(e) => {
                     self.undo(&entries).await;
                     return Err(e);
                 }
             };
-            let answers = check.op_responses();
             for (n, &i) in created.iter().enumerate() {
                 let (job_id, key, _) = &entries[i];
                 let kv = match answers.get(n) {

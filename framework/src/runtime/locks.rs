@@ -9,6 +9,13 @@
 //! not per key, so more batches in flight only means smaller ones and more etcd
 //! work per job. Within a batch the creates and the deletes share one Txn.
 //!
+//! Every created lock is re-read linearizably before its token is handed out
+//! (the etcd issue 11456 guard). When the next batch is ready as soon as a
+//! batch's Txn returns, that re-read rides in the next batch's Txn (a read in a
+//! write Txn is ordered after every earlier one); otherwise it is made on its
+//! own at once. Under load that saves one etcd request per batch; a lone job
+//! waits exactly as long as before.
+//!
 //! The lock of a job that ended for good (done, dead-lettered) guards nothing any
 //! more: a redelivery finds the row terminal at admission and never asks for the
 //! lock. Its release is therefore *deferred*: it waits up to [`RELEASE_LINGER`]
@@ -20,14 +27,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::JobId;
-use crate::lease::{Acquire, Health, JobLock, LeaseError, Session};
+use crate::lease::{Acquire, Batch, Health, JobLock, LeaseError, Session, Unverified};
 
 const MAX_BATCH: usize = 128;
-const MAX_BATCHES_IN_FLIGHT: usize = 1;
 /// How long a deferred release waits for an acquisition to ride along with.
 const RELEASE_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
 /// Deferred releases that are sent on their own without waiting any longer.
@@ -155,20 +161,36 @@ impl LockBatcher {
     }
 }
 
+/// A batch whose locks are written but not verified yet, with its callers.
+type Pending = (Arc<Session>, Unverified, Vec<(JobId, AcquireReply)>);
+
 async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: Arc<AtomicUsize>) {
-    let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
-    let mut batches = tokio::task::JoinSet::new();
     // Deferred releases waiting for an acquisition, and until when they wait.
     let mut deferred: Vec<Request> = Vec::new();
     let mut flush_at = tokio::time::Instant::now();
+    // The last batch, awaiting its verification read: it rides in the next
+    // batch's Txn if one is ready now, else it is made on its own at once.
+    let mut pending: Option<Pending> = None;
     loop {
-        let first = tokio::select! {
-            () = stop.cancelled() => break,
-            r = rx.recv() => match r { Some(r) => Some(r), None => break },
-            () = tokio::time::sleep_until(flush_at), if !deferred.is_empty() => None,
+        let first = if pending.is_some() {
+            match next_ready(&mut rx, &coming).await {
+                Some(r) => Some(r),
+                None => {
+                    if let Some((session, unverified, replies)) = pending.take() {
+                        answer(replies, session.verify_pending(unverified).await);
+                    }
+                    continue;
+                }
+            }
+        } else {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                r = rx.recv() => match r { Some(r) => Some(r), None => break },
+                () = tokio::time::sleep_until(flush_at), if !deferred.is_empty() => None,
+            }
         };
         if let Some(r) = first {
-            if r.is_deferred_release() {
+            if r.is_deferred_release() && pending.is_none() {
                 if deferred.is_empty() {
                     flush_at = tokio::time::Instant::now() + RELEASE_LINGER;
                 }
@@ -180,9 +202,6 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: A
                 deferred.push(r);
             }
         }
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            break;
-        };
         // Everything deferred so far rides along (MAX_BATCH bounds only what is
         // added here; an oversized Txn is split by the lease layer).
         let mut batch = std::mem::take(&mut deferred);
@@ -199,21 +218,35 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: A
                 Err(_) => break,
             }
         }
-        while batches.try_join_next().is_some() {}
-        batches.spawn(async move {
-            execute(batch).await;
-            drop(permit);
-        });
+        pending = execute(batch, pending.take()).await;
+        if stop.is_cancelled() {
+            break;
+        }
     }
-    batches.shutdown().await;
+}
+
+/// A request that is ready now, or announced and arriving within
+/// [`ACQUIRE_LINGER`].
+async fn next_ready(rx: &mut mpsc::Receiver<Request>, coming: &AtomicUsize) -> Option<Request> {
+    match rx.try_recv() {
+        Ok(r) => Some(r),
+        Err(_) if coming.load(Ordering::Acquire) > 0 => {
+            tokio::time::timeout(ACQUIRE_LINGER, rx.recv())
+                .await
+                .ok()
+                .flatten()
+        }
+        Err(_) => None,
+    }
 }
 
 type AcquireReply = oneshot::Sender<Result<Acquire, String>>;
 type Group = (Arc<Session>, Vec<(JobId, AcquireReply)>, Vec<JobLock>);
 
-/// Runs one batch: per session, one etcd Txn of creates and guarded deletes
-/// (see `Session::acquire_and_release_many`), then the verification read.
-async fn execute(batch: Vec<Request>) {
+/// Runs one batch: per session, one etcd Txn of creates, guarded deletes and
+/// the verification reads of `pending` (see `Session::acquire_folding`).
+/// Returns the batch left awaiting its own check, if any.
+async fn execute(batch: Vec<Request>, mut pending: Option<Pending>) -> Option<Pending> {
     // Group by session (normally there is one current session).
     let mut groups: Vec<Group> = Vec::new();
     for req in batch {
@@ -232,26 +265,53 @@ async fn execute(batch: Vec<Request>) {
             Request::Release { lock, .. } => groups[idx].2.push(lock),
         }
     }
+    let mut next: Option<Pending> = None;
     for (session, acquires, releases) in groups {
+        let previous = match &pending {
+            Some((s, _, _)) if Arc::ptr_eq(s, &session) => pending.take(),
+            _ => None,
+        };
         tracing::debug!(
             acquires = acquires.len(),
             releases = releases.len(),
+            verifies = previous.as_ref().map_or(0, |p| p.1.reads()),
             "lock batch"
         );
-        // Acquisitions and releases of one batch share one etcd Txn (one Raft
-        // entry) when they can.
-        if acquires.is_empty() {
+        if acquires.is_empty() && previous.is_none() {
             release_all(&session, releases).await;
             continue;
         }
+        let (previous, previous_replies) = match previous {
+            Some((_, unverified, replies)) => (Some(unverified), replies),
+            None => (None, Vec::new()),
+        };
         let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
-        let results = session.acquire_and_release_many(&ids, &releases).await;
-        if results.is_err() {
-            // Guarded deletes are idempotent: retry them on their own.
-            release(&session, &releases).await;
+        let (before, now) = session.acquire_folding(&ids, &releases, previous).await;
+        if let Some(results) = before {
+            answer(previous_replies, results);
         }
-        answer(acquires, results);
+        match now {
+            Ok(Batch::Done(results)) => answer(acquires, Ok(results)),
+            Ok(Batch::Unverified(unverified)) if unverified.reads() > 0 && next.is_none() => {
+                next = Some((session, unverified, acquires));
+            }
+            Ok(Batch::Unverified(unverified)) => {
+                // Nothing to read (all contended), or another session's batch
+                // already waits: settle it now.
+                answer(acquires, session.verify_pending(unverified).await);
+            }
+            Err(e) => {
+                // Guarded deletes are idempotent: retry them on their own.
+                release(&session, &releases).await;
+                answer(acquires, Err(e));
+            }
+        }
     }
+    // A pending batch whose session had no request in this batch.
+    if let Some((session, unverified, replies)) = pending {
+        answer(replies, session.verify_pending(unverified).await);
+    }
+    next
 }
 
 fn answer(acquires: Vec<(JobId, AcquireReply)>, results: Result<Vec<Acquire>, LeaseError>) {
