@@ -21,7 +21,7 @@ use crate::telemetry::{StaleAt, spans};
 use crate::{FencingToken, JobId, StepIndex, retry};
 
 /// A contended job lock is retried at least every `lease_ttl / CONTENTION_RETRY_DIVISOR`.
-const CONTENTION_RETRY_DIVISOR: u32 = 10;
+const CONTENTION_RETRY_DIVISOR: u32 = 20;
 
 pub(crate) struct JobArgs {
     pub(crate) shared: Arc<Shared>,
@@ -257,7 +257,7 @@ impl JobRun {
                     u32::try_from(delivery.delivery_count().saturating_sub(1)).unwrap_or(u32::MAX);
                 // A message comes back while its lock is held only when the holder
                 // stopped progress-acking (paused, partitioned, crashed): its lease
-                // ends within a TTL. Retry at least every TTL/10, so the new owner
+                // ends within a TTL. Retry at least every TTL/20, so the new owner
                 // acquires soon after the lease ends instead of backing off past it.
                 let delay = retry::jittered(&sh.cfg.contention_backoff, attempt)
                     .min(sh.cfg.lease_ttl / CONTENTION_RETRY_DIVISOR);
