@@ -777,8 +777,9 @@ async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
     .await;
     let row = client.job(id).await.unwrap().unwrap();
     assert!(done, "job not done: {row:?}");
+    // Without the claim window the idle claim transaction is killed and the
+    // step's first write fails: a failed attempt, every time.
     assert_eq!(row.attempts, 0, "no attempt may fail: {row:?}");
-    assert_eq!(row.takeovers, 0, "{row:?}");
     let pool = client.store().pool();
     let rows: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM {ns}.step_log WHERE job_id = $1"
