@@ -395,9 +395,7 @@ impl JobRun {
                 .await;
             // Whatever the step did not take of the claim's transaction.
             let leftover = claim_slot.take().and_then(|slot| take_claim(&slot));
-            if let Some(c) = committer {
-                c.cancel();
-            }
+            drop(committer);
             let mut outcome = outcome;
             if let Some(tx) = leftover {
                 match outcome.ctx.as_mut() {
@@ -822,8 +820,9 @@ fn claim_window(cfg: &crate::Config) -> Duration {
 }
 
 /// Commits the claim's transaction alone after `window`, unless the step took it
-/// first or the returned token is cancelled (the step ended).
-fn commit_claim_later(slot: ClaimSlot, window: Duration) -> CancellationToken {
+/// first or the returned guard is dropped (the step ended, or the job actor's
+/// future was dropped). The task never outlives `window` plus one commit.
+fn commit_claim_later(slot: ClaimSlot, window: Duration) -> tokio_util::sync::DropGuard {
     let done = CancellationToken::new();
     let stop = done.clone();
     tokio::spawn(
@@ -842,5 +841,5 @@ fn commit_claim_later(slot: ClaimSlot, window: Duration) -> CancellationToken {
         }
         .in_current_span(),
     );
-    done
+    done.drop_guard()
 }
