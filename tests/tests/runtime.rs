@@ -791,3 +791,54 @@ async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
     assert_eq!(rows, 3, "every step once");
     worker.shutdown().await.expect("shutdown");
 }
+
+/// A finished job's lock delete waits for the next acquisition to ride along
+/// with, but not for long: with no other job coming, it goes on its own within
+/// the release linger, while the worker keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes() {
+    let ns = DevStack::unique_namespace("rt_release");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(5)).with_worker_id("rel");
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let worker = Worker::builder(cfg.clone())
+        .register(ThreeStep {
+            worker: "rel".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .expect("worker");
+    let id = client
+        .enqueue::<ThreeStep>("lonely", &Work::default())
+        .await
+        .expect("enqueue")
+        .job_id;
+    let done = wait_until(Duration::from_secs(60), || async {
+        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+    })
+    .await;
+    assert!(done, "job done");
+    let mut etcd = etcd_client::Client::connect(stack().etcd_endpoints(), None)
+        .await
+        .expect("etcd");
+    let key = format!("{}jobs/{id}", cfg.etcd_prefix());
+    let gone = wait_until(Duration::from_secs(5), || {
+        let mut etcd = etcd.clone();
+        let key = key.clone();
+        async move {
+            etcd.get(key, None)
+                .await
+                .map(|r| r.kvs().is_empty())
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    let left = etcd.get(key.as_str(), None).await.expect("get");
+    assert!(
+        gone,
+        "the lock of a finished job is still there: {:?}",
+        left.kvs()
+    );
+    worker.shutdown().await.expect("shutdown");
+}
