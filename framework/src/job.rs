@@ -291,18 +291,19 @@ pub struct StepCtx {
     pub(crate) deadline: tokio::time::Instant,
     pub(crate) store: Option<crate::fence::FenceStore>,
     pub(crate) tx: Option<crate::fence::FencedTx>,
-    /// The first step after a claim: the claim's still open transaction, which
-    /// [`db`](StepCtx::db) takes over as the step's (see `runtime::job_actor`).
-    pub(crate) claim_tx: Option<ClaimSlot>,
+    /// This step's fenced transaction, already open: the claim's (first step)
+    /// or the one the previous step's commit opened in the same round trip.
+    /// [`db`](StepCtx::db) takes it over (see `runtime::job_actor`).
+    pub(crate) open_tx: Option<TxSlot>,
 }
 
-/// A claim's open transaction, shared between the step (which takes it on its
-/// first [`StepCtx::db`]) and the runtime (which commits it alone if the step does
-/// not take it soon).
-pub(crate) type ClaimSlot = std::sync::Arc<std::sync::Mutex<Option<crate::fence::FencedTx>>>;
+/// A step's already open transaction, shared between the step (which takes it on
+/// its first [`StepCtx::db`]) and the runtime (which ends it if the step does not
+/// take it soon: a claim is committed alone, a plain admission rolled back).
+pub(crate) type TxSlot = std::sync::Arc<std::sync::Mutex<Option<crate::fence::FencedTx>>>;
 
-/// Takes the transaction out of a claim slot, if it is still there.
-pub(crate) fn take_claim(slot: &ClaimSlot) -> Option<crate::fence::FencedTx> {
+/// Takes the transaction out of a slot, if it is still there.
+pub(crate) fn take_tx(slot: &TxSlot) -> Option<crate::fence::FencedTx> {
     slot.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .take()
@@ -330,7 +331,7 @@ impl StepCtx {
             deadline: tokio::time::Instant::now() + std::time::Duration::from_secs(3600),
             store: None,
             tx: None,
-            claim_tx: None,
+            open_tx: None,
         }
     }
 
@@ -440,8 +441,9 @@ impl StepCtx {
     /// the step's checkpoint does, under this owner's fence.
     pub async fn db(&mut self) -> Result<&mut sqlx::PgConnection, StepError> {
         if self.tx.is_none() {
-            // The claim's transaction, if the runtime has not committed it alone.
-            self.tx = self.claim_tx.take().and_then(|slot| take_claim(&slot));
+            // The transaction opened for this step, if the runtime has not
+            // ended it yet.
+            self.tx = self.open_tx.take().and_then(|slot| take_tx(&slot));
         }
         if self.tx.is_none() {
             let Some(store) = self.store.as_ref() else {

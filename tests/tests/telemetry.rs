@@ -652,3 +652,34 @@ async fn lock_rereads_ride_in_the_next_batch_under_load() {
     );
     worker.shutdown().await.unwrap();
 }
+
+/// A step's commit opens the next step's fenced transaction in the same round
+/// trip, and the next step uses it: the chained admission admits (it never
+/// falls back for a healthy job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_step_commit_opens_the_next_steps_transaction() {
+    logs();
+    let ns = DevStack::unique_namespace("obs_chain");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(5)).with_worker_id("chain");
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let worker = Worker::builder(cfg).register(Plain).start().await.unwrap();
+    let id = client.enqueue::<Plain>("chained", &1).await.unwrap().job_id;
+    let done = wait_until(Duration::from_secs(60), || async {
+        status(&client, id).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(done, "job done");
+    let row = client.job(id).await.unwrap().unwrap();
+    assert_eq!(row.checkpoint, Some(serde_json::json!(3)), "{row:?}");
+    let job = id.to_string();
+    let opened = log_lines(&job, "the next step's transaction opened with this commit");
+    assert_eq!(
+        opened.len(),
+        1,
+        "step 0's commit opened step 1's transaction: {opened:#?}"
+    );
+    let fell_back = log_lines(&job, "the next step was not admitted with the commit");
+    assert!(fell_back.is_empty(), "{fell_back:#?}");
+    worker.shutdown().await.unwrap();
+}

@@ -110,6 +110,17 @@ impl Sql {
         }
     }
 
+    /// The admission statement with its three parameters written as literals,
+    /// for a simple-query string that also ends the previous step's transaction
+    /// (see `FencedTx::commit_step_and_begin`). Only typed values go in: a
+    /// UUID's canonical text, and two integers.
+    pub(crate) fn admit_literal(&self, id: uuid::Uuid, token: i64, step: i32) -> String {
+        self.admit
+            .replace("$1", &format!("'{id}'::uuid"))
+            .replace("$2", &format!("{token}::bigint"))
+            .replace("$3", &format!("{step}::int"))
+    }
+
     /// TEST ONLY: the torture test's negative control (`Config::unsafe_no_fencing`).
     /// The claim no longer requires `fence < $token`, the admission and the step
     /// commit check neither the fence nor the step nor the status, so a stale
@@ -140,5 +151,31 @@ impl Sql {
              WHERE id = $1 AND $2::bigint IS NOT NULL"
         );
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sql;
+
+    #[test]
+    fn the_literal_admission_has_no_parameters_left_and_quotes_only_the_uuid() {
+        let sql = Sql::new("tenure");
+        let id = uuid::Uuid::from_u128(0x1234_5678_9abc_def0_1234_5678_9abc_def0);
+        let text = sql.admit_literal(id, 42, 7);
+        assert!(!text.contains('$'), "{text}");
+        assert!(
+            text.contains("id = '12345678-9abc-def0-1234-56789abcdef0'::uuid"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fence = 42::bigint AND step = 7::int"),
+            "{text}"
+        );
+        assert!(
+            text.contains("set_config('tenure.fence', 42::bigint::text, true)"),
+            "{text}"
+        );
+        assert!(text.contains("FOR UPDATE"), "{text}");
     }
 }

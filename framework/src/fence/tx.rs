@@ -163,6 +163,96 @@ impl FencedTx {
         .await
     }
 
+    /// [`commit_step`](Self::commit_step), and in the same round trip (`COMMIT;
+    /// BEGIN; <admission of next>` as one simple-query string, on the same
+    /// connection) opens the fenced transaction of step `next` under the same
+    /// token. Saves the next step a pool checkout, its `BEGIN` and its admission
+    /// round trip.
+    ///
+    /// Returns `Ok(None)` when this step committed but the next one is not
+    /// admitted here (zero rows, or an error after the `COMMIT`): the next step
+    /// then opens its transaction the usual way, which reports why. When the
+    /// combined statement fails, the job row tells whether the `COMMIT` went
+    /// through.
+    ///
+    /// # Errors
+    /// As [`commit_step`](Self::commit_step).
+    pub(crate) async fn commit_step_and_begin(
+        mut self,
+        output: &serde_json::Value,
+        next: StepIndex,
+    ) -> Result<Option<FencedTx>, FenceError> {
+        let span = tracing::info_span!(
+            "tenure.fence.commit_step",
+            job_id = %self.job_id,
+            token = %self.token,
+            step = %self.step,
+            next = %next,
+        );
+        async move {
+            let step = step_to_sql(self.job_id, self.step)?;
+            let next_sql = step_to_sql(self.job_id, next)?;
+            let done = sqlx::query(&self.store.sql.commit_step)
+                .bind(self.job_id.as_uuid())
+                .bind(self.token.get())
+                .bind(step)
+                .bind(output)
+                .bind(false)
+                .execute(&mut *self.tx)
+                .await?;
+            if done.rows_affected() != 1 {
+                let err = self
+                    .store
+                    .refusal(&mut *self.tx, self.job_id, self.token, Some(self.step))
+                    .await;
+                let _ = self.tx.rollback().await;
+                tracing::warn!(error = %err, "step commit refused");
+                return Err(err);
+            }
+            let admit = self
+                .store
+                .sql
+                .admit_literal(self.job_id.as_uuid(), self.token.get(), next_sql);
+            let chained = format!("COMMIT; BEGIN; {admit}");
+            // sqlx's transaction depth stays 1 throughout: the connection is in a
+            // transaction again afterwards (or, on an error, dropping `tx` sends
+            // the ROLLBACK that cleans up whatever state it is in).
+            // A `&str` without arguments goes out as one simple query, which may
+            // hold several statements.
+            let conn: &mut sqlx::PgConnection = &mut self.tx;
+            let answered = sqlx::Executor::fetch_all(conn, chained.as_str()).await;
+            match answered {
+                Ok(rows) if rows.len() == 1 => {
+                    tracing::debug!(next = %next, "the next step's transaction opened with this commit");
+                    Ok(Some(FencedTx {
+                        step: next,
+                        carries_claim: false,
+                        ..self
+                    }))
+                }
+                Ok(_) => {
+                    // Committed; the next step is not admitted (it will say why).
+                    tracing::debug!(next = %next, "committed; the next step was not admitted with the commit");
+                    let _ = self.tx.rollback().await;
+                    Ok(None)
+                }
+                Err(e) => {
+                    let (store, job_id, token) = (self.store.clone(), self.job_id, self.token);
+                    drop(self.tx);
+                    match store.job(job_id).await {
+                        Ok(Some(row)) if row.fence == token.get() && row.step == next => {
+                            tracing::debug!(error = %e, "step committed; opening the next step's transaction failed");
+                            Ok(None)
+                        }
+                        _ => Err(FenceError::Db(e)),
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
     /// Commits a transaction that carries its claim and no step work: the claim
     /// alone becomes durable (used when the step did not take the transaction
     /// within the claim window).

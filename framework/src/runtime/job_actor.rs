@@ -14,7 +14,7 @@ use super::locks::ReleaseMode;
 use super::registry::DynJob;
 use super::stage::{StageOutcome, run_stage};
 use crate::fence::{FenceError, JobRow, JobStatus};
-use crate::job::{ClaimSlot, StepCtx, StepErrorKind, take_claim};
+use crate::job::{StepCtx, StepErrorKind, TxSlot, take_tx};
 use crate::lease::{Acquire, Health, JobLock, Session};
 use crate::queue::{DeadLetterInfo, Delivery};
 use crate::telemetry::{StaleAt, spans};
@@ -362,12 +362,15 @@ impl JobRun {
         // `idle_in_transaction_session_timeout`) nor a pooled connection: after
         // `claim_window` the claim is committed alone and the step opens its own
         // transaction.
-        let mut claim_slot: Option<ClaimSlot> =
-            Some(Arc::new(std::sync::Mutex::new(Some(claim_tx))));
+        let mut tx_slot: Option<TxSlot> = Some(Arc::new(std::sync::Mutex::new(Some(claim_tx))));
         for k in claim.step.get()..n {
             let step = StepIndex::new(k);
             let step_name = steps.get(k as usize).map(|s| s.name).unwrap_or("?");
             if sh.draining.is_cancelled() && k > claim.step.get() {
+                // The transaction opened for this step holds the job row.
+                if let Some(tx) = tx_slot.take().and_then(|slot| take_tx(&slot)) {
+                    let _ = tx.rollback().await;
+                }
                 self.release_voluntarily(&mut owned, delivery, job_id).await;
                 return Err(Stop::Quiet);
             }
@@ -384,17 +387,17 @@ impl JobRun {
                 deadline: owned.session.lost_deadline(),
                 store: Some(sh.store.clone()),
                 tx: None,
-                claim_tx: claim_slot.clone(),
+                open_tx: tx_slot.clone(),
             };
-            let committer = claim_slot
+            let committer = tx_slot
                 .as_ref()
-                .map(|slot| commit_claim_later(slot.clone(), claim_window(&sh.cfg)));
+                .map(|slot| end_unused_later(slot.clone(), claim_window(&sh.cfg)));
             let outcome = self
                 .drive_stage(&owned, &delivery, ctx, step, input, &cancel)
                 .instrument(tracing::info_span!(spans::STEP, step = %step, name = step_name, token = token.get()))
                 .await;
             // Whatever the step did not take of the claim's transaction.
-            let leftover = claim_slot.take().and_then(|slot| take_claim(&slot));
+            let leftover = tx_slot.take().and_then(|slot| take_tx(&slot));
             drop(committer);
             let mut outcome = outcome;
             if let Some(tx) = leftover {
@@ -472,14 +475,23 @@ impl JobRun {
                         return Err(Stop::Quiet);
                     }
                     let last = k + 1 == n;
-                    let committed = tx
-                        .commit_step(&out, last)
-                        .instrument(
-                            tracing::info_span!(spans::COMMIT, step = %step, token = token.get()),
-                        )
-                        .await;
+                    // Not the last step: the same round trip that commits this
+                    // step opens the next one's fenced transaction.
+                    let commit_span =
+                        tracing::info_span!(spans::COMMIT, step = %step, token = token.get());
+                    let committed = if last {
+                        tx.commit_step(&out, true)
+                            .instrument(commit_span)
+                            .await
+                            .map(|()| None)
+                    } else {
+                        tx.commit_step_and_begin(&out, StepIndex::new(k + 1))
+                            .instrument(commit_span)
+                            .await
+                    };
                     match committed {
-                        Ok(()) => {
+                        Ok(next) => {
+                            tx_slot = next.map(|tx| Arc::new(std::sync::Mutex::new(Some(tx))));
                             sh.metrics.step_done(
                                 owned.job.name(),
                                 step_name,
@@ -811,18 +823,20 @@ async fn ack(delivery: Delivery) {
 /// at PostgreSQL's `max_connections`).
 const CLAIM_WINDOW_MAX: Duration = Duration::from_millis(50);
 
-/// How long the first step may take before it asks for its database: the
-/// claim's transaction (and the job row lock) stays open that long at most
-/// before the claim is committed alone. Never more than a quarter of the TTL,
-/// far below `idle_in_transaction_session_timeout` (one TTL).
+/// How long a step may take before it asks for its database: the transaction
+/// opened for it (and the job row lock) stays open that long at most before it
+/// is ended (a claim committed alone, a plain admission rolled back). Never more
+/// than a quarter of the TTL, far below `idle_in_transaction_session_timeout`
+/// (one TTL).
 fn claim_window(cfg: &crate::Config) -> Duration {
     (cfg.lease_ttl / 4).min(CLAIM_WINDOW_MAX)
 }
 
-/// Commits the claim's transaction alone after `window`, unless the step took it
-/// first or the returned guard is dropped (the step ended, or the job actor's
-/// future was dropped). The task never outlives `window` plus one commit.
-fn commit_claim_later(slot: ClaimSlot, window: Duration) -> tokio_util::sync::DropGuard {
+/// Ends the transaction opened for a step after `window`, unless the step took
+/// it first or the returned guard is dropped (the step ended, or the job actor's
+/// future was dropped): a claim is committed alone, a plain admission rolled
+/// back. The task never outlives `window` plus one commit.
+fn end_unused_later(slot: TxSlot, window: Duration) -> tokio_util::sync::DropGuard {
     let done = CancellationToken::new();
     let stop = done.clone();
     tokio::spawn(
@@ -830,11 +844,18 @@ fn commit_claim_later(slot: ClaimSlot, window: Duration) -> tokio_util::sync::Dr
             tokio::select! {
                 () = stop.cancelled() => {}
                 () = tokio::time::sleep(window) => {
-                    if let Some(tx) = take_claim(&slot) {
-                        tracing::debug!("the first step did not open its transaction within the claim window; committing the claim alone");
-                        if let Err(e) = tx.commit_claim().await {
-                            tracing::warn!(error = %e, "committing the claim alone failed; the step's first fenced call will tell");
+                    match take_tx(&slot) {
+                        Some(tx) if tx.carries_claim() => {
+                            tracing::debug!("the step did not take its transaction within the window; committing the claim alone");
+                            if let Err(e) = tx.commit_claim().await {
+                                tracing::warn!(error = %e, "committing the claim alone failed; the step's first fenced call will tell");
+                            }
                         }
+                        Some(tx) => {
+                            tracing::debug!("the step did not take its transaction within the window; rolling it back");
+                            let _ = tx.rollback().await;
+                        }
+                        None => {}
                     }
                 }
             }
