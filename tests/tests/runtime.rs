@@ -28,6 +28,26 @@ async fn count_status(client: &Client, schema: &str, status: &str) -> i64 {
     .expect("count")
 }
 
+/// A worker `id` (its log name too) running [`ThreeStep`] on `cfg`'s schema `ns`.
+async fn three_step_worker(cfg: &tenure::Config, ns: &str, id: &str) -> Worker {
+    Worker::builder(cfg.clone().with_worker_id(id))
+        .register(ThreeStep {
+            worker: id.into(),
+            schema: ns.to_string(),
+        })
+        .start()
+        .await
+        .expect("worker")
+}
+
+/// Whether job `id` is `done` within `within`.
+async fn done_within(client: &Client, id: JobId, within: Duration) -> bool {
+    wait_until(within, || async {
+        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
     let ns = DevStack::unique_namespace("rt_thousand");
@@ -746,18 +766,10 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
     let ns = DevStack::unique_namespace("rt_slow_first");
-    let ttl = Duration::from_secs(2);
-    let cfg = config_for(stack(), &ns, ttl).with_worker_id("slow");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(2));
     let client = Client::connect(&cfg).await.expect("client");
     prepare_schema(&client).await;
-    let worker = Worker::builder(cfg)
-        .register(ThreeStep {
-            worker: "slow".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .expect("worker");
+    let worker = three_step_worker(&cfg, &ns, "slow").await;
     let work = Work {
         n: 1,
         slow_worker: Some("slow".into()),
@@ -771,10 +783,7 @@ async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
         .await
         .expect("enqueue")
         .job_id;
-    let done = wait_until(Duration::from_secs(60), || async {
-        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
-    })
-    .await;
+    let done = done_within(&client, id, Duration::from_secs(60)).await;
     let row = client.job(id).await.unwrap().unwrap();
     assert!(done, "job not done: {row:?}");
     // Without the claim window the idle claim transaction is killed and the
@@ -798,27 +807,19 @@ async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes() {
     let ns = DevStack::unique_namespace("rt_release");
-    let cfg = config_for(stack(), &ns, Duration::from_secs(5)).with_worker_id("rel");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(5));
     let client = Client::connect(&cfg).await.expect("client");
     prepare_schema(&client).await;
-    let worker = Worker::builder(cfg.clone())
-        .register(ThreeStep {
-            worker: "rel".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .expect("worker");
+    let worker = three_step_worker(&cfg, &ns, "rel").await;
     let id = client
         .enqueue::<ThreeStep>("lonely", &Work::default())
         .await
         .expect("enqueue")
         .job_id;
-    let done = wait_until(Duration::from_secs(60), || async {
-        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
-    })
-    .await;
-    assert!(done, "job done");
+    assert!(
+        done_within(&client, id, Duration::from_secs(60)).await,
+        "job done"
+    );
     let mut etcd = etcd_client::Client::connect(stack().etcd_endpoints(), None)
         .await
         .expect("etcd");

@@ -138,22 +138,8 @@ impl FencedTx {
             last
         );
         async move {
-            let step = step_to_sql(self.job_id, self.step)?;
-            let done = sqlx::query(&self.store.sql.commit_step)
-                .bind(self.job_id.as_uuid())
-                .bind(self.token.get())
-                .bind(step)
-                .bind(output)
-                .bind(last)
-                .execute(&mut *self.tx)
-                .await?;
-            if done.rows_affected() != 1 {
-                let err = self
-                    .store
-                    .refusal(&mut *self.tx, self.job_id, self.token, Some(self.step))
-                    .await;
+            if let Some(err) = self.step_cas(output, last).await? {
                 let _ = self.tx.rollback().await;
-                tracing::warn!(error = %err, "step commit refused");
                 return Err(err);
             }
             self.tx.commit().await?;
@@ -190,23 +176,9 @@ impl FencedTx {
             next = %next,
         );
         async move {
-            let step = step_to_sql(self.job_id, self.step)?;
             let next_sql = step_to_sql(self.job_id, next)?;
-            let done = sqlx::query(&self.store.sql.commit_step)
-                .bind(self.job_id.as_uuid())
-                .bind(self.token.get())
-                .bind(step)
-                .bind(output)
-                .bind(false)
-                .execute(&mut *self.tx)
-                .await?;
-            if done.rows_affected() != 1 {
-                let err = self
-                    .store
-                    .refusal(&mut *self.tx, self.job_id, self.token, Some(self.step))
-                    .await;
+            if let Some(err) = self.step_cas(output, false).await? {
                 let _ = self.tx.rollback().await;
-                tracing::warn!(error = %err, "step commit refused");
                 return Err(err);
             }
             let admit = self
@@ -251,6 +223,34 @@ impl FencedTx {
         }
         .instrument(span)
         .await
+    }
+
+    /// The step CAS inside this transaction. `Ok(Some(verdict))` when it matched
+    /// no row (a newer owner, or the step's own SQL changed the job row): the
+    /// caller rolls back and returns the verdict.
+    async fn step_cas(
+        &mut self,
+        output: &serde_json::Value,
+        last: bool,
+    ) -> Result<Option<FenceError>, FenceError> {
+        let step = step_to_sql(self.job_id, self.step)?;
+        let done = sqlx::query(&self.store.sql.commit_step)
+            .bind(self.job_id.as_uuid())
+            .bind(self.token.get())
+            .bind(step)
+            .bind(output)
+            .bind(last)
+            .execute(&mut *self.tx)
+            .await?;
+        if done.rows_affected() == 1 {
+            return Ok(None);
+        }
+        let err = self
+            .store
+            .refusal(&mut *self.tx, self.job_id, self.token, Some(self.step))
+            .await;
+        tracing::warn!(error = %err, "step commit refused");
+        Ok(Some(err))
     }
 
     /// Commits a transaction that carries its claim and no step work: the claim
