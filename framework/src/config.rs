@@ -92,6 +92,10 @@ pub struct Config {
     pub max_deliver: i64,
     /// JetStream duplicate window for `Nats-Msg-Id`.
     pub duplicate_window: Duration,
+    /// Replicas of Tenure's JetStream streams (work, DLQ, advisories), 1 to 5
+    /// (default 1). Set 3 on a clustered NATS so that a published job survives
+    /// the loss of a server; a single server refuses more than 1.
+    pub stream_replicas: usize,
     /// Timeout of a single NATS request (a JetStream API call, a publish
     /// confirmation, a confirmed ack); also the slack a fetch allows past its wait
     /// for the server's answer (default 5 s).
@@ -138,6 +142,7 @@ impl Config {
             max_retries: 3,
             max_deliver: 1000,
             duplicate_window: Duration::from_secs(120),
+            stream_replicas: 1,
             nats_request_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(10),
             #[cfg(feature = "testing")]
@@ -147,7 +152,8 @@ impl Config {
 
     /// Reads `TENURE_ETCD_ENDPOINTS` (comma-separated), `TENURE_NATS_URL`,
     /// `TENURE_DATABASE_URL` (all required), and optionally `TENURE_NAMESPACE`
-    /// (default `tenure`), `TENURE_SCHEMA`, `TENURE_WORKER_ID`, `TENURE_LEASE_TTL_MS`.
+    /// (default `tenure`), `TENURE_SCHEMA`, `TENURE_WORKER_ID`, `TENURE_LEASE_TTL_MS`,
+    /// `TENURE_STREAM_REPLICAS`.
     ///
     /// # Errors
     /// A missing required variable or an invalid value.
@@ -168,6 +174,12 @@ impl Config {
         }
         if let Some(w) = var("TENURE_WORKER_ID") {
             cfg.worker_id = w;
+        }
+        if let Some(n) = var("TENURE_STREAM_REPLICAS") {
+            cfg.stream_replicas = n.parse().map_err(|e| ConfigError::Invalid {
+                name: "TENURE_STREAM_REPLICAS",
+                reason: format!("{e}"),
+            })?;
         }
         if let Some(ms) = var("TENURE_LEASE_TTL_MS") {
             let ms: u64 = ms.parse().map_err(|e| ConfigError::Invalid {
@@ -243,6 +255,15 @@ impl Config {
                 reason: "must be at least 1".into(),
             });
         }
+        if !(1..=5).contains(&self.stream_replicas) {
+            return Err(ConfigError::Invalid {
+                name: "stream_replicas",
+                reason: format!(
+                    "{} is not a JetStream replica count (1 to 5)",
+                    self.stream_replicas
+                ),
+            });
+        }
         Ok(())
     }
 
@@ -288,6 +309,11 @@ impl Config {
     /// Builder: timeout of a single NATS request.
     pub fn with_nats_request_timeout(mut self, timeout: Duration) -> Self {
         self.nats_request_timeout = timeout;
+        self
+    }
+    /// Builder: replicas of Tenure's JetStream streams (1 to 5).
+    pub fn with_stream_replicas(mut self, replicas: usize) -> Self {
+        self.stream_replicas = replicas;
         self
     }
     /// Builder: watchdog policy.
@@ -373,5 +399,15 @@ mod tests {
             })
         ));
         assert!(Config::new("ok").validate().is_ok());
+        for bad in [0, 6] {
+            assert!(matches!(
+                Config::new("ok").with_stream_replicas(bad).validate(),
+                Err(ConfigError::Invalid {
+                    name: "stream_replicas",
+                    ..
+                })
+            ));
+        }
+        assert!(Config::new("ok").with_stream_replicas(3).validate().is_ok());
     }
 }

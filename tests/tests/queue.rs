@@ -865,3 +865,35 @@ async fn empty_fetch_returns_within_the_wait() {
         d.ack().await.expect("ack");
     }
 }
+
+/// The replica count reaches JetStream: one server stores one replica, and
+/// asking it for three is refused at connect with an error naming the stream,
+/// not silently downgraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_replicas_reach_jetstream_and_a_single_server_refuses_three() {
+    let stack = nats();
+    let cfg = config(stack, "q_replicas", 2);
+    let q = Queue::connect(&cfg).await.expect("one replica");
+    let js = raw(stack).await;
+    let mut stream = js.get_stream(&q.names().stream).await.expect("stream");
+    assert_eq!(stream.info().await.expect("info").config.num_replicas, 1);
+
+    let three = config(stack, "q_replicas3", 2).with_stream_replicas(3);
+    let err = Queue::connect(&three)
+        .await
+        .expect_err("a single server cannot hold three replicas");
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    assert!(
+        text.to_lowercase().contains("q_replicas3"),
+        "the error names the stream: {text}"
+    );
+    assert!(
+        text.to_lowercase().contains("replica"),
+        "the error says why: {text}"
+    );
+}

@@ -445,6 +445,7 @@ impl Queue {
             description: Some(format!("Tenure work queue of namespace {}", cfg.namespace)),
             subjects: vec![format!("{}>", names.subject_prefix)],
             storage: stream::StorageType::File,
+            num_replicas: cfg.stream_replicas,
             retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: cfg.duplicate_window,
             allow_direct: true,
@@ -460,6 +461,7 @@ impl Queue {
             )),
             subjects: vec![format!("{}>", names.dlq_subject_prefix)],
             storage: stream::StorageType::File,
+            num_replicas: cfg.stream_replicas,
             retention: stream::RetentionPolicy::Limits,
             duplicate_window: cfg.duplicate_window,
             allow_direct: true,
@@ -475,6 +477,7 @@ impl Queue {
             )),
             subjects: vec![names.advisory_subject.clone()],
             storage: stream::StorageType::File,
+            num_replicas: cfg.stream_replicas,
             retention: stream::RetentionPolicy::WorkQueue,
             ..Default::default()
         })
