@@ -49,18 +49,4 @@ pub async fn wait_for(
     }
 }
 
-/// Polls `f` every 50 ms until it returns true, at most `timeout`.
-pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
+pub use tenure::devstack::wait_until;

@@ -145,18 +145,4 @@ pub async fn double_commits(pool: &sqlx::PgPool, schema: &str) -> i64 {
     .expect("count doubles")
 }
 
-/// Waits until `f` returns true, polling every 100 ms, at most `timeout`.
-pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
+pub use tenure::devstack::wait_until;

@@ -18,26 +18,12 @@ use tenure::{FencingToken, JobId, StepIndex};
 /// One PostgreSQL-only dev stack per test binary (this file needs no etcd/NATS);
 /// each test takes its own schema.
 fn stack() -> &'static DevStack {
-    static STACK: OnceLock<Result<DevStack, String>> = OnceLock::new();
-    STACK
-        .get_or_init(|| {
-            std::thread::spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                rt.block_on(DevStack::start_with(DevStackOptions {
-                    etcd: false,
-                    nats: false,
-                    ..Default::default()
-                }))
-                .map_err(|e| e.to_string())
-            })
-            .join()
-            .unwrap_or_else(|_| Err("devstack start panicked".into()))
-        })
-        .as_ref()
-        .expect("postgres dev stack")
+    DevStack::shared_with(DevStackOptions {
+        etcd: false,
+        nats: false,
+        ..Default::default()
+    })
+    .expect("postgres dev stack")
 }
 
 async fn pool(max: u32) -> PgPool {

@@ -4,7 +4,6 @@
 //! advisory, a NATS restart, and garbage messages.
 
 use std::collections::BTreeSet;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use tenure::config::BackoffConfig;
@@ -16,22 +15,7 @@ use tokio::time::Instant;
 /// One NATS-only stack for the tests that do not inject faults (each test has its
 /// own namespace, so its own streams and consumer).
 fn nats() -> &'static DevStack {
-    static STACK: OnceLock<Result<DevStack, String>> = OnceLock::new();
-    STACK
-        .get_or_init(|| {
-            std::thread::spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                rt.block_on(DevStack::start_with(nats_only()))
-                    .map_err(|e| e.to_string())
-            })
-            .join()
-            .unwrap_or_else(|_| Err("devstack start panicked".into()))
-        })
-        .as_ref()
-        .expect("NATS dev stack")
+    DevStack::shared_with(nats_only()).expect("NATS dev stack")
 }
 
 fn nats_only() -> DevStackOptions {

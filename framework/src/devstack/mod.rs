@@ -30,7 +30,7 @@ mod process;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -90,6 +90,23 @@ impl DevStackError {
             source,
         }
     }
+}
+
+/// Polls `f` every 50 ms until it returns true; false if `timeout` passes
+/// first. For tests and examples that wait on a server's state.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
 }
 
 /// Which servers to start.
@@ -203,23 +220,47 @@ impl DevStack {
     /// # Errors
     /// As [`DevStack::start`]; the first error is returned to every caller.
     pub fn shared() -> Result<&'static DevStack, String> {
-        static SHARED: OnceLock<Result<DevStack, String>> = OnceLock::new();
-        SHARED
-            .get_or_init(|| {
-                // Start on a thread of its own with its own runtime, so the stack
-                // does not depend on whichever test's runtime touched it first.
-                std::thread::spawn(|| {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| e.to_string())?;
-                    rt.block_on(DevStack::start()).map_err(|e| e.to_string())
-                })
-                .join()
-                .unwrap_or_else(|_| Err("devstack start panicked".to_string()))
-            })
-            .as_ref()
-            .map_err(Clone::clone)
+        Self::shared_with(DevStackOptions::default())
+    }
+
+    /// As [`DevStack::shared`], for a stack with only some servers (one per
+    /// process and set of servers, e.g. PostgreSQL alone for a test binary that
+    /// needs nothing else).
+    ///
+    /// # Errors
+    /// As [`DevStack::start_with`]; the first error is returned to every caller.
+    pub fn shared_with(options: DevStackOptions) -> Result<&'static DevStack, String> {
+        type Key = (bool, usize, bool, bool, bool);
+        type Started = Result<&'static DevStack, String>;
+        static SHARED: Mutex<Vec<(Key, Started)>> = Mutex::new(Vec::new());
+        let key: Key = (
+            options.etcd,
+            options.etcd_members,
+            options.nats,
+            options.postgres,
+            options.postgres_fsync,
+        );
+        // Held while a stack starts: a second caller for the same servers waits
+        // for it instead of starting another.
+        let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, started)) = shared.iter().find(|(k, _)| *k == key) {
+            return started.clone();
+        }
+        // Start on a thread of its own with its own runtime, so the stack does
+        // not depend on whichever test's runtime touched it first.
+        let started: Started = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(DevStack::start_with(options))
+                .map_err(|e| e.to_string())
+        })
+        .join()
+        .unwrap_or_else(|_| Err("devstack start panicked".to_string()))
+        .map(|stack| &*Box::leak(Box::new(stack)));
+        shared.push((key, started.clone()));
+        started
     }
 
     /// A name that is unique in this process and across processes sharing the
