@@ -313,14 +313,7 @@ impl JobLock {
             worker = %session.worker_id, deleted = tracing::field::Empty,
         );
         async move {
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    self.key.as_str(),
-                    CompareOp::Equal,
-                    self.token.get(),
-                )])
-                .and_then([TxnOp::delete(self.key.as_str(), None)]);
-            let resp = session.txn("release", txn).await?;
+            let resp = session.txn("release", guarded_delete_txn(&self)).await?;
             let deleted = resp.succeeded();
             tracing::Span::current().record("deleted", deleted);
             if !deleted {
@@ -788,10 +781,7 @@ impl Session {
             self.release_slice(locks).await?;
             return Ok(Vec::new());
         }
-        let overlap = locks.iter().any(|l| job_ids.contains(&l.job_id));
-        let mut seen = std::collections::HashSet::with_capacity(job_ids.len());
-        let duplicate = job_ids.iter().any(|j| !seen.insert(*j));
-        if overlap || duplicate || job_ids.len() + locks.len() > MAX_BATCH {
+        if !fits_one_txn(job_ids, locks, 0) {
             let (acquired, released) =
                 tokio::join!(self.acquire_many(job_ids), self.release_slice(locks));
             if let Err(e) = released {
@@ -841,12 +831,8 @@ impl Session {
         Option<Result<Vec<Acquire>, LeaseError>>,
         Result<Batch, LeaseError>,
     ) {
-        let overlap = releases.iter().any(|l| job_ids.contains(&l.job_id));
-        let mut seen = std::collections::HashSet::with_capacity(job_ids.len());
-        let duplicate = job_ids.iter().any(|j| !seen.insert(*j));
         let reads = previous.as_ref().map_or(0, Unverified::reads);
-        let ops = job_ids.len() + releases.len() + reads;
-        if overlap || duplicate || ops > MAX_BATCH || (job_ids.is_empty() && releases.is_empty()) {
+        if !fits_one_txn(job_ids, releases, reads) || (job_ids.is_empty() && releases.is_empty()) {
             let before = match previous {
                 Some(p) => Some(self.verify_pending(p).await),
                 None => None,
@@ -968,15 +954,7 @@ impl Session {
                 });
             }
             let answers = nested.split_off(entries.len() + releases.len());
-            let released = nested.split_off(entries.len());
-            for (l, r) in releases.iter().zip(released) {
-                if !matches!(r, TxnOpResponse::Txn(t) if t.succeeded()) {
-                    tracing::warn!(
-                        job_id = %l.job_id, token = %l.token,
-                        "release: the key is not ours any more; nothing deleted"
-                    );
-                }
-            }
+            count_released(releases, nested.split_off(entries.len()));
             let mut v = Vec::with_capacity(nested.len());
             for r in nested {
                 match r {
@@ -1181,15 +1159,7 @@ impl Session {
             for chunk in locks.chunks(MAX_BATCH) {
                 let ops: Vec<TxnOp> = chunk.iter().map(guarded_delete).collect();
                 let resp = self.txn("release", Txn::new().and_then(ops)).await?;
-                for (l, r) in chunk.iter().zip(resp.op_responses()) {
-                    match r {
-                        TxnOpResponse::Txn(t) if t.succeeded() => deleted += 1,
-                        _ => tracing::warn!(
-                            job_id = %l.job_id, token = %l.token,
-                            "release: the key is not ours any more; nothing deleted"
-                        ),
-                    }
-                }
+                deleted += count_released(chunk, resp.op_responses());
             }
             tracing::Span::current().record("deleted", deleted);
             Ok(())
@@ -1253,17 +1223,46 @@ fn keepalive_period(cfg: &Config) -> Duration {
     cfg.keepalive_interval()
 }
 
-/// A nested Txn deleting `l`'s key only while its `create_revision` is `l`'s token.
+/// A Txn deleting `l`'s key only while its `create_revision` is `l`'s token.
+fn guarded_delete_txn(l: &JobLock) -> Txn {
+    Txn::new()
+        .when([Compare::create_revision(
+            l.key.as_str(),
+            CompareOp::Equal,
+            l.token.get(),
+        )])
+        .and_then([TxnOp::delete(l.key.as_str(), None)])
+}
+
+/// [`guarded_delete_txn`] nested in a batch Txn.
 fn guarded_delete(l: &JobLock) -> TxnOp {
-    TxnOp::txn(
-        Txn::new()
-            .when([Compare::create_revision(
-                l.key.as_str(),
-                CompareOp::Equal,
-                l.token.get(),
-            )])
-            .and_then([TxnOp::delete(l.key.as_str(), None)]),
-    )
+    TxnOp::txn(guarded_delete_txn(l))
+}
+
+/// Counts the guarded deletes of `locks` that deleted their key (answers in the
+/// same order) and warns for each that found the key no longer ours.
+fn count_released(locks: &[JobLock], answers: Vec<TxnOpResponse>) -> usize {
+    let mut deleted = 0;
+    for (l, r) in locks.iter().zip(answers) {
+        match r {
+            TxnOpResponse::Txn(t) if t.succeeded() => deleted += 1,
+            _ => tracing::warn!(
+                job_id = %l.job_id, token = %l.token,
+                "release: the key is not ours any more; nothing deleted"
+            ),
+        }
+    }
+    deleted
+}
+
+/// Whether creating `job_ids`, deleting `locks` and `reads` re-reads can share
+/// one Txn: no job twice, no job both created and deleted, at most
+/// [`MAX_BATCH`] operations.
+fn fits_one_txn(job_ids: &[JobId], locks: &[JobLock], reads: usize) -> bool {
+    let overlap = locks.iter().any(|l| job_ids.contains(&l.job_id));
+    let mut seen = std::collections::HashSet::with_capacity(job_ids.len());
+    let duplicate = job_ids.iter().any(|j| !seen.insert(*j));
+    !overlap && !duplicate && job_ids.len() + locks.len() + reads <= MAX_BATCH
 }
 
 /// `None` if the (single-job) create succeeded; `Some(holder)` otherwise.
