@@ -173,7 +173,8 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: A
     let mut pending: Option<Pending> = None;
     loop {
         let first = if pending.is_some() {
-            match next_ready(&mut rx, &coming).await {
+            let linger_until = tokio::time::Instant::now() + ACQUIRE_LINGER;
+            match next_ready(&mut rx, &coming, linger_until).await {
                 Some(r) => Some(r),
                 None => {
                     if let Some((session, unverified, replies)) = pending.take() {
@@ -207,15 +208,9 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: A
         let mut batch = std::mem::take(&mut deferred);
         let linger_until = tokio::time::Instant::now() + ACQUIRE_LINGER;
         while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(r) => batch.push(r),
-                Err(_) if coming.load(Ordering::Acquire) > 0 => {
-                    match tokio::time::timeout_at(linger_until, rx.recv()).await {
-                        Ok(Some(r)) => batch.push(r),
-                        _ => break,
-                    }
-                }
-                Err(_) => break,
+            match next_ready(&mut rx, &coming, linger_until).await {
+                Some(r) => batch.push(r),
+                None => break,
             }
         }
         pending = execute(batch, pending.take()).await;
@@ -225,13 +220,17 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: A
     }
 }
 
-/// A request that is ready now, or announced and arriving within
-/// [`ACQUIRE_LINGER`].
-async fn next_ready(rx: &mut mpsc::Receiver<Request>, coming: &AtomicUsize) -> Option<Request> {
+/// A request that is ready now, or, while some are announced, one that arrives
+/// before `linger_until`.
+async fn next_ready(
+    rx: &mut mpsc::Receiver<Request>,
+    coming: &AtomicUsize,
+    linger_until: tokio::time::Instant,
+) -> Option<Request> {
     match rx.try_recv() {
         Ok(r) => Some(r),
         Err(_) if coming.load(Ordering::Acquire) > 0 => {
-            tokio::time::timeout(ACQUIRE_LINGER, rx.recv())
+            tokio::time::timeout_at(linger_until, rx.recv())
                 .await
                 .ok()
                 .flatten()
