@@ -302,6 +302,11 @@ pub struct StepCtx {
 /// take it soon: a claim is committed alone, a plain admission rolled back).
 pub(crate) type TxSlot = std::sync::Arc<std::sync::Mutex<Option<crate::fence::FencedTx>>>;
 
+/// A slot holding `tx`.
+pub(crate) fn new_slot(tx: crate::fence::FencedTx) -> TxSlot {
+    std::sync::Arc::new(std::sync::Mutex::new(Some(tx)))
+}
+
 /// Takes the transaction out of a slot, if it is still there.
 pub(crate) fn take_tx(slot: &TxSlot) -> Option<crate::fence::FencedTx> {
     slot.lock()

@@ -14,7 +14,7 @@ use super::locks::ReleaseMode;
 use super::registry::DynJob;
 use super::stage::{StageOutcome, run_stage};
 use crate::fence::{FenceError, JobRow, JobStatus};
-use crate::job::{StepCtx, StepErrorKind, TxSlot, take_tx};
+use crate::job::{StepCtx, StepErrorKind, TxSlot, new_slot, take_tx};
 use crate::lease::{Acquire, Health, JobLock, Session};
 use crate::queue::{DeadLetterInfo, Delivery};
 use crate::telemetry::{StaleAt, spans};
@@ -360,9 +360,9 @@ impl JobRun {
         // first `ctx.db()`. A step that does other work first must not keep the
         // job row locked (and the transaction idle towards
         // `idle_in_transaction_session_timeout`) nor a pooled connection: after
-        // `claim_window` the claim is committed alone and the step opens its own
+        // `open_tx_window` the claim is committed alone and the step opens its own
         // transaction.
-        let mut tx_slot: Option<TxSlot> = Some(Arc::new(std::sync::Mutex::new(Some(claim_tx))));
+        let mut tx_slot: Option<TxSlot> = Some(new_slot(claim_tx));
         for k in claim.step.get()..n {
             let step = StepIndex::new(k);
             let step_name = steps.get(k as usize).map(|s| s.name).unwrap_or("?");
@@ -391,12 +391,12 @@ impl JobRun {
             };
             let committer = tx_slot
                 .as_ref()
-                .map(|slot| end_unused_later(slot.clone(), claim_window(&sh.cfg)));
+                .map(|slot| end_unused_later(slot.clone(), open_tx_window(&sh.cfg)));
             let outcome = self
                 .drive_stage(&owned, &delivery, ctx, step, input, &cancel)
                 .instrument(tracing::info_span!(spans::STEP, step = %step, name = step_name, token = token.get()))
                 .await;
-            // Whatever the step did not take of the claim's transaction.
+            // The transaction opened for this step, if the step did not take it.
             let leftover = tx_slot.take().and_then(|slot| take_tx(&slot));
             drop(committer);
             let mut outcome = outcome;
@@ -404,7 +404,8 @@ impl JobRun {
                 match outcome.ctx.as_mut() {
                     Some(ctx) if ctx.tx.is_none() => ctx.tx = Some(tx),
                     _ => {
-                        // Rolling back re-applies the claim on its own.
+                        // Rolling back a claim's transaction re-applies the
+                        // claim on its own.
                         let _ = tx.rollback().await;
                     }
                 }
@@ -467,11 +468,7 @@ impl JobRun {
                     if health != Health::Healthy {
                         let _ = tx.rollback().await;
                         tracing::warn!(?health, step = %step, "lease not healthy at commit; rolled back, leaving the job to the next owner");
-                        if let Some(lock) = owned.lock.take() {
-                            sh.locks
-                                .release(owned.session.clone(), lock, ReleaseMode::Prompt)
-                                .await;
-                        }
+                        self.release_lock(&mut owned, ReleaseMode::Prompt).await;
                         return Err(Stop::Quiet);
                     }
                     let last = k + 1 == n;
@@ -491,7 +488,7 @@ impl JobRun {
                     };
                     match committed {
                         Ok(next) => {
-                            tx_slot = next.map(|tx| Arc::new(std::sync::Mutex::new(Some(tx))));
+                            tx_slot = next.map(new_slot);
                             sh.metrics.step_done(
                                 owned.job.name(),
                                 step_name,
@@ -557,11 +554,7 @@ impl JobRun {
         // 7. Finish: the last commit set status = done; ack, then delete the lock.
         sh.metrics.completed(owned.job.name());
         ack(delivery).await;
-        if let Some(lock) = owned.lock.take() {
-            sh.locks
-                .release(owned.session.clone(), lock, ReleaseMode::Deferred)
-                .await;
-        }
+        self.release_lock(&mut owned, ReleaseMode::Deferred).await;
         Ok(())
     }
 
@@ -667,13 +660,18 @@ impl JobRun {
     /// Gives the job back for a later attempt: deletes our lock at once (the
     /// next attempt needs it), then naks the message with `delay`.
     async fn hand_back(&self, owned: &mut Owned, delivery: Delivery, delay: Duration) {
+        self.release_lock(owned, ReleaseMode::Prompt).await;
+        self.retry_later(delivery, delay).await;
+    }
+
+    /// Deletes our job lock (once: later calls find none), see [`ReleaseMode`].
+    async fn release_lock(&self, owned: &mut Owned, mode: ReleaseMode) {
         if let Some(lock) = owned.lock.take() {
             self.shared
                 .locks
-                .release(owned.session.clone(), lock, ReleaseMode::Prompt)
+                .release(owned.session.clone(), lock, mode)
                 .await;
         }
-        self.retry_later(delivery, delay).await;
     }
 
     /// Graceful release: recorded on the row (so the next claim is no takeover),
@@ -684,13 +682,8 @@ impl JobRun {
         if let Err(e) = recorded {
             tracing::warn!(error = %e, "recording the voluntary release failed");
         }
-        if let Some(lock) = owned.lock.take() {
-            sh.locks
-                .release(owned.session.clone(), lock, ReleaseMode::Prompt)
-                .await;
-        }
         tracing::info!("released the job voluntarily (shutdown)");
-        self.retry_later(delivery, Duration::ZERO).await;
+        self.hand_back(owned, delivery, Duration::ZERO).await;
     }
 
     /// Dead-letters a job we own: fenced `mark_dead` first (so a crash in between
@@ -732,11 +725,7 @@ impl JobRun {
         if let Err(e) = delivery.dead_letter(dl).await {
             tracing::error!(error = %e, "DLQ publish failed; the redelivery will dead-letter it at admission");
         }
-        if let Some(lock) = owned.lock.take() {
-            sh.locks
-                .release(owned.session.clone(), lock, ReleaseMode::Deferred)
-                .await;
-        }
+        self.release_lock(owned, ReleaseMode::Deferred).await;
     }
 
     /// Dead-letters a delivery we do not own (bad message, unknown type, a row
@@ -813,7 +802,8 @@ async fn ack(delivery: Delivery) {
     }
 }
 
-/// The longest the claim's transaction waits for the first step to take it.
+/// The longest a transaction opened for a step (the claim's, or the one the
+/// previous step's commit opened) waits for the step to take it.
 ///
 /// A step that writes to the database asks for it at once (well under a
 /// millisecond after the claim); one that works elsewhere first should not hold
@@ -821,15 +811,15 @@ async fn ack(delivery: Delivery) {
 /// a thousand jobs in flight whose first steps wait on something else, a longer
 /// window would hold a thousand connections (the benchmark's RSS run found that
 /// at PostgreSQL's `max_connections`).
-const CLAIM_WINDOW_MAX: Duration = Duration::from_millis(50);
+const OPEN_TX_WINDOW_MAX: Duration = Duration::from_millis(50);
 
 /// How long a step may take before it asks for its database: the transaction
 /// opened for it (and the job row lock) stays open that long at most before it
 /// is ended (a claim committed alone, a plain admission rolled back). Never more
 /// than a quarter of the TTL, far below `idle_in_transaction_session_timeout`
 /// (one TTL).
-fn claim_window(cfg: &crate::Config) -> Duration {
-    (cfg.lease_ttl / 4).min(CLAIM_WINDOW_MAX)
+fn open_tx_window(cfg: &crate::Config) -> Duration {
+    (cfg.lease_ttl / 4).min(OPEN_TX_WINDOW_MAX)
 }
 
 /// Ends the transaction opened for a step after `window`, unless the step took
