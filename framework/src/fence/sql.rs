@@ -9,6 +9,25 @@ const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status,
 const CLAIM_RETURNING: &str =
     "job_type, input, step, checkpoint, status, takeovers, attempts, prev_fence, took_over";
 
+/// `SET LOCAL tenure.job_id / tenure.fence` (what the guard checks) as select
+/// items, from parameters `$1` (job id) and `$2` (token).
+const SET_GUCS: &str = "set_config('tenure.job_id', $1::text, true) AS tenure_job_id, \
+                        set_config('tenure.fence', $2::text, true) AS tenure_fence";
+
+/// The claim on table `t` where `fence_check` holds: raise the fence, count a
+/// takeover unless the previous generation released. SET expressions all read
+/// the OLD row version.
+fn claim_sql(t: &str, fence_check: &str) -> String {
+    format!(
+        "UPDATE {t} SET prev_fence = fence, \
+                        took_over = (fence > 0 AND NOT released), \
+                        takeovers = takeovers + (fence > 0 AND NOT released)::int, \
+                        fence = $2, released = false, status = 'running', updated_at = now() \
+         WHERE id = $1 {fence_check} AND status IN ('pending', 'running') \
+         RETURNING {CLAIM_RETURNING}"
+    )
+}
+
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub insert: String,
@@ -33,18 +52,8 @@ impl Sql {
     /// `schema` must already be validated (see `super::guard::check_schema`).
     pub(crate) fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".jobs");
-        // The claim: raise the fence, count a takeover unless the previous
-        // generation released. SET expressions all read the OLD row version.
-        let claim = format!(
-            "UPDATE {t} SET prev_fence = fence, \
-                            took_over = (fence > 0 AND NOT released), \
-                            takeovers = takeovers + (fence > 0 AND NOT released)::int, \
-                            fence = $2, released = false, status = 'running', updated_at = now() \
-             WHERE id = $1 AND fence < $2 AND status IN ('pending', 'running') \
-             RETURNING {CLAIM_RETURNING}"
-        );
-        let set_gucs = "set_config('tenure.job_id', $1::text, true) AS tenure_job_id, \
-                        set_config('tenure.fence', $2::text, true) AS tenure_fence";
+        let claim = claim_sql(&t, "AND fence < $2");
+        let set_gucs = SET_GUCS;
         Sql {
             insert: format!(
                 "INSERT INTO {t} (id, job_type, input) VALUES ($1, $2, $3) \
@@ -128,16 +137,8 @@ impl Sql {
     #[cfg(feature = "testing")]
     pub(crate) fn without_fencing(mut self, schema: &str) -> Self {
         let t = format!("\"{schema}\".jobs");
-        let set_gucs = "set_config('tenure.job_id', $1::text, true) AS tenure_job_id, \
-                        set_config('tenure.fence', $2::text, true) AS tenure_fence";
-        self.claim = format!(
-            "UPDATE {t} SET prev_fence = fence, \
-                            took_over = (fence > 0 AND NOT released), \
-                            takeovers = takeovers + (fence > 0 AND NOT released)::int, \
-                            fence = $2, released = false, status = 'running', updated_at = now() \
-             WHERE id = $1 AND status IN ('pending', 'running') \
-             RETURNING {CLAIM_RETURNING}"
-        );
+        let set_gucs = SET_GUCS;
+        self.claim = claim_sql(&t, "");
         self.claim_and_begin = format!("{}, {set_gucs}", self.claim);
         self.admit = format!(
             "WITH admitted AS MATERIALIZED ( \
