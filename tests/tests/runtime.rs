@@ -28,6 +28,16 @@ async fn count_status(client: &Client, schema: &str, status: &str) -> i64 {
     .expect("count")
 }
 
+/// A fresh namespace on the shared stack with lease TTL `ttl`: its name, its
+/// config, and a client whose schema is prepared.
+async fn fresh(prefix: &str, ttl: Duration) -> (String, tenure::Config, Client) {
+    let ns = DevStack::unique_namespace(prefix);
+    let cfg = config_for(stack(), &ns, ttl);
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    (ns, cfg, client)
+}
+
 /// A worker `id` (its log name too) running [`ThreeStep`] on `cfg`'s schema `ns`.
 async fn three_step_worker(cfg: &tenure::Config, ns: &str, id: &str) -> Worker {
     Worker::builder(cfg.clone().with_worker_id(id))
@@ -50,10 +60,7 @@ async fn done_within(client: &Client, id: JobId, within: Duration) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
-    let ns = DevStack::unique_namespace("rt_thousand");
-    let cfg = config_for(stack(), &ns, Duration::from_secs(5));
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
+    let (ns, cfg, client) = fresh("rt_thousand", Duration::from_secs(5)).await;
 
     let mut workers = Vec::new();
     for i in 0..3 {
@@ -275,10 +282,7 @@ async fn paused_worker_is_fenced_out_after_takeover() {
         .start()
         .await
         .expect("worker B");
-    let done = wait_until(Duration::from_secs(60), || async {
-        matches!(client.job(job_id).await.unwrap(), Some(r) if r.status == JobStatus::Done)
-    })
-    .await;
+    let done = done_within(&client, job_id, Duration::from_secs(60)).await;
     assert!(done, "B finishes the job");
 
     let s0 = log(0).await;
@@ -313,11 +317,7 @@ async fn paused_worker_is_fenced_out_after_takeover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
-    let stack = stack();
-    let ns = DevStack::unique_namespace("rt_poison");
-    let cfg = config_for(stack, &ns, Duration::from_secs(2));
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
+    let (ns, cfg, client) = fresh("rt_poison", Duration::from_secs(2)).await;
     let job_id = client
         .enqueue::<ThreeStep>("poison", &Work::default())
         .await
@@ -339,14 +339,7 @@ async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
     }
     assert_eq!(client.job(job_id).await.unwrap().unwrap().takeovers, 3);
 
-    let w = Worker::builder(cfg.clone().with_worker_id("w"))
-        .register(ThreeStep {
-            worker: "w".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .unwrap();
+    let w = three_step_worker(&cfg, &ns, "w").await;
     let dead = wait_until(Duration::from_secs(30), || async {
         matches!(client.job(job_id).await.unwrap(), Some(r) if r.status == JobStatus::Dead)
     })
@@ -369,19 +362,8 @@ async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_worker_lives() {
-    let stack = stack();
-    let ns = DevStack::unique_namespace("rt_fail");
-    let cfg = config_for(stack, &ns, Duration::from_secs(3));
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    let w = Worker::builder(cfg.clone().with_worker_id("w"))
-        .register(ThreeStep {
-            worker: "w".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .unwrap();
+    let (ns, cfg, client) = fresh("rt_fail", Duration::from_secs(3)).await;
+    let w = three_step_worker(&cfg, &ns, "w").await;
 
     let always = client
         .enqueue::<ThreeStep>(
@@ -465,12 +447,7 @@ async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_work
         .await
         .unwrap()
         .job_id;
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            client.job(after).await.unwrap().unwrap().status == JobStatus::Done
-        })
-        .await
-    );
+    assert!(done_within(&client, after, Duration::from_secs(30)).await);
     w.shutdown().await.unwrap();
 }
 
@@ -574,14 +551,7 @@ async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
     // contended and handed back, until the broker gives up.
     let holder = Session::establish(&cfg).await.expect("session");
     assert!(holder.acquire(job_id).await.unwrap().is_acquired());
-    let w = Worker::builder(cfg.clone().with_worker_id("w"))
-        .register(ThreeStep {
-            worker: "w".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .unwrap();
+    let w = three_step_worker(&cfg, &ns, "w").await;
     let dead = wait_until(Duration::from_secs(60), || async {
         matches!(client.job(job_id).await.unwrap(), Some(r) if r.status == JobStatus::Dead)
     })
@@ -610,10 +580,7 @@ async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
     holder.close().await.unwrap();
     assert_eq!(client.redrive(job_id).await.unwrap(), 1);
     assert!(
-        wait_until(Duration::from_secs(30), || async {
-            client.job(job_id).await.unwrap().unwrap().status == JobStatus::Done
-        })
-        .await,
+        done_within(&client, job_id, Duration::from_secs(30)).await,
         "a redriven job runs to completion"
     );
     w.shutdown().await.unwrap();
@@ -621,19 +588,8 @@ async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn graceful_shutdown_releases_jobs_without_counting_takeovers() {
-    let stack = stack();
-    let ns = DevStack::unique_namespace("rt_shutdown");
-    let cfg = config_for(stack, &ns, Duration::from_secs(2));
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    let first = Worker::builder(cfg.clone().with_worker_id("first"))
-        .register(ThreeStep {
-            worker: "first".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .unwrap();
+    let (ns, cfg, client) = fresh("rt_shutdown", Duration::from_secs(2)).await;
+    let first = three_step_worker(&cfg, &ns, "first").await;
     // Slow step 1 on `first`: it is mid-job when shutdown begins.
     let job_id = client
         .enqueue::<ThreeStep>(
@@ -662,20 +618,8 @@ async fn graceful_shutdown_releases_jobs_without_counting_takeovers() {
         "shutdown lets the running step finish, then releases the job between steps"
     );
 
-    let second = Worker::builder(cfg.clone().with_worker_id("second"))
-        .register(ThreeStep {
-            worker: "second".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .unwrap();
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            client.job(job_id).await.unwrap().unwrap().status == JobStatus::Done
-        })
-        .await
-    );
+    let second = three_step_worker(&cfg, &ns, "second").await;
+    assert!(done_within(&client, job_id, Duration::from_secs(30)).await);
     let row = client.job(job_id).await.unwrap().unwrap();
     assert_eq!(row.takeovers, 0, "a graceful release is not a lost owner");
     assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
@@ -725,20 +669,8 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
         "{other:?}"
     );
 
-    let w = Worker::builder(cfg.clone().with_worker_id("w"))
-        .register(ThreeStep {
-            worker: "w".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .unwrap();
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            client.job(first.job_id).await.unwrap().unwrap().status == JobStatus::Done
-        })
-        .await
-    );
+    let w = three_step_worker(&cfg, &ns, "w").await;
+    assert!(done_within(&client, first.job_id, Duration::from_secs(30)).await);
     // Both stored messages are consumed; the job ran once.
     assert!(
         wait_until(Duration::from_secs(30), || async {
@@ -765,10 +697,7 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
 /// idle transaction is killed and every attempt fails the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
-    let ns = DevStack::unique_namespace("rt_slow_first");
-    let cfg = config_for(stack(), &ns, Duration::from_secs(2));
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
+    let (ns, cfg, client) = fresh("rt_slow_first", Duration::from_secs(2)).await;
     let worker = three_step_worker(&cfg, &ns, "slow").await;
     let work = Work {
         n: 1,
@@ -806,10 +735,7 @@ async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
 /// the release linger, while the worker keeps running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes() {
-    let ns = DevStack::unique_namespace("rt_release");
-    let cfg = config_for(stack(), &ns, Duration::from_secs(5));
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
+    let (ns, cfg, client) = fresh("rt_release", Duration::from_secs(5)).await;
     let worker = three_step_worker(&cfg, &ns, "rel").await;
     let id = client
         .enqueue::<ThreeStep>("lonely", &Work::default())
