@@ -207,6 +207,15 @@ fn assert_single(all: &[Point], name: &str, want: &[(&str, &str)], value: f64) {
     assert_eq!(ps[0].value, value, "{name}: value");
 }
 
+/// A meter provider whose readings land in an in-memory exporter.
+fn in_memory_metrics() -> (InMemoryMetricExporter, SdkMeterProvider) {
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    (exporter, provider)
+}
+
 async fn status(client: &Client, id: JobId) -> Option<JobStatus> {
     client.job(id).await.unwrap().map(|r| r.status)
 }
@@ -269,10 +278,7 @@ async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_co
         .unwrap()
         .job_id;
 
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
+    let (exporter, provider) = in_memory_metrics();
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
         .meter(provider.meter("tenure"))
         .register(Plain)
@@ -463,10 +469,7 @@ async fn a_revoked_session_is_counted_as_a_loss_by_cause_and_a_new_grant() {
     let cfg = config_for(stack(), &ns, Duration::from_secs(2));
     let client = Client::connect(&cfg).await.expect("client");
     client.migrate().await.expect("migrate");
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
+    let (exporter, provider) = in_memory_metrics();
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
         .meter(provider.meter("tenure"))
         .register(Blocker)
