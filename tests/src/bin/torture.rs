@@ -210,9 +210,7 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    if argv.first().map(String::as_str) == Some("worker") {
-        return rt.block_on(worker_main(&argv[1..]));
-    }
+    // Parent and worker children log the same way, to stderr.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -220,6 +218,9 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if argv.first().map(String::as_str) == Some("worker") {
+        return rt.block_on(worker_main(&argv[1..]));
+    }
     let args = parse_args(&argv)?;
     let code = rt.block_on(parent_main(args))?;
     drop(rt);
@@ -270,13 +271,6 @@ fn flag_value(args: &[String], name: &str) -> anyhow::Result<String> {
 }
 
 async fn worker_main(args: &[String]) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let ns = flag_value(args, "--ns")?;
     let id = flag_value(args, "--id")?;
     let ttl = Duration::from_millis(flag_value(args, "--ttl-ms")?.parse()?);
