@@ -16,11 +16,10 @@
 mod bank;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tenure_examples::{read_metrics, wait_for, wait_until};
+use tenure_examples::{read_metrics, spawn_worker, wait_for, wait_until};
 
 use anyhow::{Context, bail};
 use bank::{Bank, Transfer, TransferReq};
@@ -140,7 +139,7 @@ async fn demo() -> anyhow::Result<bool> {
 
     // Worker A, its own OS process, so that it can really be frozen.
     tl.say("demo", "starting worker A (a separate process)");
-    let a = spawn_worker("A", &cfg)?;
+    let a = spawn_worker(ROLE_ENV, "A", &cfg, &[])?;
     let a_lines = a.lines.clone();
     wait_for(&a_lines, "READY", Duration::from_secs(30)).await?;
 
@@ -359,75 +358,6 @@ fn token_of(lines: &Arc<Mutex<Vec<String>>>, prefix: &str) -> String {
                 .and_then(|l| l.split_whitespace().nth(3).map(str::to_string))
         })
         .unwrap_or_default()
-}
-
-/// A worker child process (this same binary, in worker mode).
-struct ChildWorker {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-fn spawn_worker(id: &str, cfg: &Config) -> anyhow::Result<ChildWorker> {
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .env(ROLE_ENV, id)
-        .env("TENURE_ETCD_ENDPOINTS", cfg.etcd_endpoints.join(","))
-        .env("TENURE_NATS_URL", &cfg.nats_url)
-        .env("TENURE_DATABASE_URL", &cfg.database_url)
-        .env("TENURE_NAMESPACE", &cfg.namespace)
-        .env("TENURE_SCHEMA", &cfg.schema)
-        .env("TENURE_WORKER_ID", id)
-        .env("TENURE_LEASE_TTL_MS", cfg.lease_ttl.as_millis().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("spawning worker A")?;
-    let out = child.stdout.take().context("worker stdout")?;
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Ok(mut l) = sink.lock() {
-                l.push(line);
-            }
-        }
-    });
-    Ok(ChildWorker { child, lines })
-}
-
-impl ChildWorker {
-    fn signal(&self, sig: &str) -> anyhow::Result<()> {
-        let status = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()?;
-        if !status.success() {
-            bail!("kill {sig} failed");
-        }
-        Ok(())
-    }
-
-    fn stop(mut self) {
-        let _ = self.signal("-CONT");
-        drop(self.child.stdin.take()); // the worker exits when its stdin closes
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::time::Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for ChildWorker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 /// Worker mode: run one worker until stdin closes, printing commits and stale

@@ -25,11 +25,10 @@
 
 mod infra;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tenure_examples::{read_metrics, wait_for, wait_until};
+use tenure_examples::{read_metrics, spawn_worker, wait_for, wait_until};
 
 use anyhow::{Context, bail};
 use infra::{CreateReq, InfraClient, InfraService, Provision, ProvisionReq, Reply, Seen};
@@ -178,7 +177,12 @@ async fn demo() -> anyhow::Result<bool> {
     tl.say("demo", "resource service is listening");
 
     // Worker A, its own OS process, so that it can really be killed.
-    let mut a = spawn_worker("A", &cfg, &subject)?;
+    let mut a = spawn_worker(
+        ROLE_ENV,
+        "A",
+        &cfg,
+        &[(SUBJECT_ENV, &subject), (CRASH_ENV, "1")],
+    )?;
     wait_for(&a.lines, "READY", Duration::from_secs(30)).await?;
     tl.say("worker A", "ready (a separate process)");
     let narrate = {
@@ -379,58 +383,6 @@ fn token_of(lines: &Arc<Mutex<Vec<String>>>, prefix: &str) -> Option<i64> {
             .find(|l| l.starts_with(prefix))
             .and_then(|l| l.split_whitespace().nth(3).and_then(|t| t.parse().ok()))
     })
-}
-
-/// A worker child process (this same binary, in worker mode).
-struct ChildWorker {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-fn spawn_worker(id: &str, cfg: &Config, subject: &str) -> anyhow::Result<ChildWorker> {
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .env(ROLE_ENV, id)
-        .env(SUBJECT_ENV, subject)
-        .env(CRASH_ENV, "1")
-        .env("TENURE_ETCD_ENDPOINTS", cfg.etcd_endpoints.join(","))
-        .env("TENURE_NATS_URL", &cfg.nats_url)
-        .env("TENURE_DATABASE_URL", &cfg.database_url)
-        .env("TENURE_NAMESPACE", &cfg.namespace)
-        .env("TENURE_SCHEMA", &cfg.schema)
-        .env("TENURE_WORKER_ID", id)
-        .env("TENURE_LEASE_TTL_MS", cfg.lease_ttl.as_millis().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("spawning worker A")?;
-    let out = child.stdout.take().context("worker stdout")?;
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Ok(mut l) = sink.lock() {
-                l.push(line);
-            }
-        }
-    });
-    Ok(ChildWorker { child, lines })
-}
-
-impl ChildWorker {
-    /// SIGKILL: no release, no ack, no revoke; the lease expires on its own.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for ChildWorker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            self.kill();
-        }
-    }
 }
 
 /// Worker mode: run one worker until stdin closes (or SIGKILL), printing commits.

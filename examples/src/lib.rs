@@ -50,3 +50,99 @@ pub async fn wait_for(
 }
 
 pub use tenure::devstack::wait_until;
+
+/// A worker child process (the example's own binary, in worker mode) and the
+/// lines it printed to stdout.
+#[derive(Debug)]
+pub struct ChildWorker {
+    child: std::process::Child,
+    /// Its stdout, line by line, as printed so far.
+    pub lines: Arc<Mutex<Vec<String>>>,
+}
+
+/// Starts this same binary as worker `id` on `cfg`'s servers: `role_env` (set to
+/// `id`) tells `main` to run as a worker, `extra_env` is passed on as well.
+///
+/// # Errors
+/// If the process cannot be spawned.
+pub fn spawn_worker(
+    role_env: &str,
+    id: &str,
+    cfg: &tenure::Config,
+    extra_env: &[(&str, &str)],
+) -> anyhow::Result<ChildWorker> {
+    use anyhow::Context as _;
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .env(role_env, id)
+        .envs(extra_env.iter().copied())
+        .env("TENURE_ETCD_ENDPOINTS", cfg.etcd_endpoints.join(","))
+        .env("TENURE_NATS_URL", &cfg.nats_url)
+        .env("TENURE_DATABASE_URL", &cfg.database_url)
+        .env("TENURE_NAMESPACE", &cfg.namespace)
+        .env("TENURE_SCHEMA", &cfg.schema)
+        .env("TENURE_WORKER_ID", id)
+        .env("TENURE_LEASE_TTL_MS", cfg.lease_ttl.as_millis().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawning worker {id}"))?;
+    let out = child.stdout.take().context("worker stdout")?;
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Ok(mut l) = sink.lock() {
+                l.push(line);
+            }
+        }
+    });
+    Ok(ChildWorker { child, lines })
+}
+
+impl ChildWorker {
+    /// Sends `sig` (as `kill` takes it, e.g. `-STOP`) to the worker.
+    ///
+    /// # Errors
+    /// If `kill` fails.
+    pub fn signal(&self, sig: &str) -> anyhow::Result<()> {
+        let status = std::process::Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill {sig} failed");
+        }
+        Ok(())
+    }
+
+    /// Ends the worker gracefully: wakes it if stopped and closes its stdin
+    /// (the worker exits then); kills it after 10 s.
+    pub fn stop(mut self) {
+        let _ = self.signal("-CONT");
+        drop(self.child.stdin.take());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+    }
+
+    /// SIGKILL: no release, no ack, no revoke; the lease expires on its own.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ChildWorker {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill();
+        }
+    }
+}
