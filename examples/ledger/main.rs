@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tenure_examples::{read_metrics, spawn_worker, wait_for, wait_until};
+use tenure_examples::{read_metrics, serve_until_stdin_closes, spawn_worker, wait_for, wait_until};
 
 use anyhow::{Context, bail};
 use bank::{Bank, Transfer, TransferReq};
@@ -382,12 +382,5 @@ async fn worker_process(id: String) -> anyhow::Result<()> {
         .observer(Arc::new(Print))
         .start()
         .await?;
-    println!("READY {id}");
-    std::io::stdout().flush()?;
-    let mut stdin = tokio::io::stdin();
-    let mut buf = [0u8; 16];
-    use tokio::io::AsyncReadExt as _;
-    while !matches!(stdin.read(&mut buf).await, Ok(0) | Err(_)) {}
-    worker.shutdown().await?;
-    Ok(())
+    serve_until_stdin_closes(worker, &id).await
 }

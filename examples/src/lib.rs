@@ -146,3 +146,23 @@ impl Drop for ChildWorker {
         }
     }
 }
+
+/// Worker-mode main loop: prints `READY <id>` for the parent, runs until the
+/// parent closes stdin, then shuts the worker down gracefully.
+///
+/// # Errors
+/// Writing stdout, or the worker's shutdown.
+pub async fn serve_until_stdin_closes(
+    worker: tenure::runtime::Worker,
+    id: &str,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use tokio::io::AsyncReadExt as _;
+    println!("READY {id}");
+    std::io::stdout().flush()?;
+    let mut stdin = tokio::io::stdin();
+    let mut buf = [0u8; 16];
+    while !matches!(stdin.read(&mut buf).await, Ok(0) | Err(_)) {}
+    worker.shutdown().await?;
+    Ok(())
+}
