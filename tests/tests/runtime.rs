@@ -38,6 +38,18 @@ async fn fresh(prefix: &str, ttl: Duration) -> (String, tenure::Config, Client) 
     (ns, cfg, client)
 }
 
+/// Asserts that each of `jobs` has a DLQ entry whose reason mentions `reason`.
+async fn assert_dead_lettered(client: &Client, jobs: &[JobId], reason: &str) {
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    for id in jobs {
+        let entry = dlq
+            .iter()
+            .find(|d| d.job_id == Some(*id))
+            .expect("in the DLQ");
+        assert!(entry.reason.contains(reason), "reason: {}", entry.reason);
+    }
+}
+
 /// A worker `id` (its log name too) running [`ThreeStep`] on `cfg`'s schema `ns`.
 async fn three_step_worker(cfg: &tenure::Config, ns: &str, id: &str) -> Worker {
     Worker::builder(cfg.clone().with_worker_id(id))
@@ -347,16 +359,7 @@ async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
     assert!(dead, "a fifth owner is one takeover too many");
     let row = client.job(job_id).await.unwrap().unwrap();
     assert_eq!(row.takeovers, 4);
-    let dlq = client.queue().dead_letters(100).await.unwrap();
-    let entry = dlq
-        .iter()
-        .find(|d| d.job_id == Some(job_id))
-        .expect("in the DLQ");
-    assert!(
-        entry.reason.contains("max_takeovers"),
-        "reason: {}",
-        entry.reason
-    );
+    assert_dead_lettered(&client, &[job_id], "max_takeovers").await;
     w.shutdown().await.unwrap();
 }
 
@@ -433,14 +436,7 @@ async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_work
         f.takeovers, 0,
         "a retry is a voluntary release, not a takeover"
     );
-    let dlq = client.queue().dead_letters(100).await.unwrap();
-    for id in [always, panics] {
-        let e = dlq
-            .iter()
-            .find(|d| d.job_id == Some(id))
-            .expect("in the DLQ");
-        assert!(e.reason.contains("max_retries"), "reason: {}", e.reason);
-    }
+    assert_dead_lettered(&client, &[always, panics], "max_retries").await;
     // The worker survived the panics and still runs jobs.
     let after = client
         .enqueue::<ThreeStep>("after-panics", &Work::default())
@@ -566,16 +562,7 @@ async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
         "{:?}",
         row.last_error
     );
-    let dlq = client.queue().dead_letters(100).await.unwrap();
-    let entry = dlq
-        .iter()
-        .find(|d| d.job_id == Some(job_id))
-        .expect("in the DLQ");
-    assert!(
-        entry.reason.contains("max_deliveries"),
-        "reason: {}",
-        entry.reason
-    );
+    assert_dead_lettered(&client, &[job_id], "max_deliveries").await;
     // Redrive after the holder is gone: the job completes.
     holder.close().await.unwrap();
     assert_eq!(client.redrive(job_id).await.unwrap(), 1);
