@@ -19,11 +19,13 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tenure_examples::{read_metrics, serve_until_stdin_closes, spawn_worker, wait_for, wait_until};
+use tenure_examples::{
+    in_memory_metrics, read_metrics, serve_until_stdin_closes, spawn_worker, token_of, wait_for,
+    wait_until,
+};
 
 use anyhow::{Context, bail};
 use bank::{Bank, Transfer, TransferReq};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tenure::devstack::DevStack;
 use tenure::runtime::{Worker, WorkerObserver};
 use tenure::{Client, Config, FencingToken, JobId, StepIndex};
@@ -180,7 +182,9 @@ async fn demo() -> anyhow::Result<bool> {
     };
     let reserved = format!("COMMIT {} 0 ", e1.job_id);
     wait_for(&a_lines, &reserved, Duration::from_secs(30)).await?;
-    let t1_token_a = token_of(&a_lines, &reserved);
+    let t1_token_a = token_of(&a_lines, &reserved)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
     tokio::time::sleep(Duration::from_millis(300)).await;
     a.signal("-STOP")?;
     tl.say(
@@ -189,10 +193,7 @@ async fn demo() -> anyhow::Result<bool> {
     );
 
     // Worker B in this process, with metrics in memory.
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
+    let (exporter, provider) = in_memory_metrics();
     use opentelemetry::metrics::MeterProvider as _;
     let b_observer = Arc::new(Narrator {
         tl: tl.clone(),
@@ -346,18 +347,6 @@ fn narrate_child(tl: &Timeline, line: &str) {
         ["READY", ..] => tl.say("worker A", "ready"),
         _ => {}
     }
-}
-
-fn token_of(lines: &Arc<Mutex<Vec<String>>>, prefix: &str) -> String {
-    lines
-        .lock()
-        .ok()
-        .and_then(|l| {
-            l.iter()
-                .find(|l| l.starts_with(prefix))
-                .and_then(|l| l.split_whitespace().nth(3).map(str::to_string))
-        })
-        .unwrap_or_default()
 }
 
 /// Worker mode: run one worker until stdin closes, printing commits and stale

@@ -28,11 +28,13 @@ mod infra;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tenure_examples::{read_metrics, serve_until_stdin_closes, spawn_worker, wait_for, wait_until};
+use tenure_examples::{
+    in_memory_metrics, read_metrics, serve_until_stdin_closes, spawn_worker, token_of, wait_for,
+    wait_until,
+};
 
 use anyhow::{Context, bail};
 use infra::{CreateReq, InfraClient, InfraService, Provision, ProvisionReq, Reply, Seen};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tenure::devstack::DevStack;
 use tenure::fence::JobStatus;
 use tenure::runtime::{Worker, WorkerObserver};
@@ -227,9 +229,7 @@ async fn demo() -> anyhow::Result<bool> {
     // A boots the VM; kill it before the checkpoint commits.
     let booted = format!("BOOTED {job} ");
     wait_for(&a.lines, &booted, Duration::from_secs(30)).await?;
-    let token_a = token_of(&a.lines, &booted)
-        .and_then(FencingToken::from_wire)
-        .context("worker A's token")?;
+    let token_a = token_of(&a.lines, &booted).context("worker A's token")?;
     a.kill();
     tl.say(
         "demo",
@@ -237,10 +237,7 @@ async fn demo() -> anyhow::Result<bool> {
     );
 
     // Worker B, in this process, with metrics in memory.
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
+    let (exporter, provider) = in_memory_metrics();
     use opentelemetry::metrics::MeterProvider as _;
     let infra = InfraClient {
         nats: nats.clone(),
@@ -375,14 +372,6 @@ async fn demo() -> anyhow::Result<bool> {
     drop(service);
     drop(stack);
     Ok(ok && vms == 1)
-}
-
-fn token_of(lines: &Arc<Mutex<Vec<String>>>, prefix: &str) -> Option<i64> {
-    lines.lock().ok().and_then(|l| {
-        l.iter()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.split_whitespace().nth(3).and_then(|t| t.parse().ok()))
-    })
 }
 
 /// Worker mode: run one worker until stdin closes (or SIGKILL), printing commits.

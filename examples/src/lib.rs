@@ -166,3 +166,28 @@ pub async fn serve_until_stdin_closes(
     worker.shutdown().await?;
     Ok(())
 }
+
+/// The token in the first line of `lines` that starts with `prefix`: the fourth
+/// word, as the workers print it (`COMMIT <job> <step> <token>`,
+/// `BOOTED <job> <step> <token>`).
+pub fn token_of(lines: &Arc<Mutex<Vec<String>>>, prefix: &str) -> Option<tenure::FencingToken> {
+    lines.lock().ok().and_then(|l| {
+        l.iter()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.split_whitespace().nth(3).and_then(|t| t.parse().ok()))
+            .and_then(tenure::FencingToken::from_wire)
+    })
+}
+
+/// A meter provider whose readings land in an in-memory exporter (for
+/// [`read_metrics`]).
+pub fn in_memory_metrics() -> (
+    InMemoryMetricExporter,
+    opentelemetry_sdk::metrics::SdkMeterProvider,
+) {
+    let exporter = InMemoryMetricExporter::default();
+    let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+        .with_reader(opentelemetry_sdk::metrics::PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    (exporter, provider)
+}
