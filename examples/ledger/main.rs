@@ -20,8 +20,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tenure_examples::{
-    in_memory_metrics, read_metrics, serve_until_stdin_closes, spawn_worker, token_of, wait_for,
-    wait_until,
+    in_memory_metrics, print_worker_b_metrics, serve_until_stdin_closes, spawn_worker, token_of,
+    wait_for, wait_until,
 };
 
 use anyhow::{Context, bail};
@@ -291,17 +291,7 @@ async fn demo() -> anyhow::Result<bool> {
     );
     let double = bank.double_applied().await?;
 
-    let _ = provider.force_flush();
-    let metrics = read_metrics(&exporter);
-    println!("metrics recorded by worker B:");
-    for name in [
-        "tenure.fence.claims",
-        "tenure.fence.takeovers",
-        "tenure.lock.contention",
-        "tenure.jobs.completed",
-    ] {
-        println!("  {name:<28} {}", metrics.get(name).copied().unwrap_or(0));
-    }
+    print_worker_b_metrics(&provider, &exporter, 28);
     let a_stale = a_lines
         .lock()
         .map(|l| l.iter().filter(|l| l.starts_with("STALE")).count())

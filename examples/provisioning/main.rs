@@ -29,8 +29,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tenure_examples::{
-    in_memory_metrics, read_metrics, serve_until_stdin_closes, spawn_worker, token_of, wait_for,
-    wait_until,
+    in_memory_metrics, print_worker_b_metrics, serve_until_stdin_closes, spawn_worker, token_of,
+    wait_for, wait_until,
 };
 
 use anyhow::{Context, bail};
@@ -326,17 +326,7 @@ async fn demo() -> anyhow::Result<bool> {
         println!("  {kind:<8} resources created: {}", service.created(kind));
     }
 
-    let _ = provider.force_flush();
-    let metrics = read_metrics(&exporter);
-    println!("metrics recorded by worker B:");
-    for name in [
-        "tenure.fence.claims",
-        "tenure.fence.takeovers",
-        "tenure.lock.contention",
-        "tenure.jobs.completed",
-    ] {
-        println!("  {name:<24} {}", metrics.get(name).copied().unwrap_or(0));
-    }
+    print_worker_b_metrics(&provider, &exporter, 24);
     println!();
     let checks = [
         ("the job finished", row.status == JobStatus::Done),

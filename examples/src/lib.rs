@@ -191,3 +191,26 @@ pub fn in_memory_metrics() -> (
         .build();
     (exporter, provider)
 }
+
+/// Flushes `provider` and prints worker B's job counters (claims, takeovers,
+/// contention, completions) from `exporter`, names padded to `width`.
+pub fn print_worker_b_metrics(
+    provider: &opentelemetry_sdk::metrics::SdkMeterProvider,
+    exporter: &InMemoryMetricExporter,
+    width: usize,
+) {
+    let _ = provider.force_flush();
+    let metrics = read_metrics(exporter);
+    println!("metrics recorded by worker B:");
+    for name in [
+        "tenure.fence.claims",
+        "tenure.fence.takeovers",
+        "tenure.lock.contention",
+        "tenure.jobs.completed",
+    ] {
+        println!(
+            "  {name:<width$} {}",
+            metrics.get(name).copied().unwrap_or(0)
+        );
+    }
+}
