@@ -20,13 +20,12 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tenure_examples::{
-    in_memory_metrics, print_worker_b_metrics, serve_until_stdin_closes, spawn_worker, token_of,
-    wait_for, wait_until,
+    demo_servers, in_memory_metrics, print_worker_b_metrics, serve_until_stdin_closes,
+    spawn_worker, token_of, wait_for, wait_until,
 };
 
 use anyhow::{Context, bail};
 use bank::{Bank, Transfer, TransferReq};
-use tenure::devstack::DevStack;
 use tenure::runtime::{Worker, WorkerObserver};
 use tenure::{Client, Config, FencingToken, JobId, StepIndex};
 
@@ -102,29 +101,9 @@ impl WorkerObserver for Narrator {
 
 async fn demo() -> anyhow::Result<bool> {
     println!("Tenure ledger demo: fencing a paused worker\n");
-    let (stack, base) = if Config::env_has_servers() {
-        println!("using the servers named by TENURE_*");
-        (None, Config::from_env()?)
-    } else {
-        println!(
-            "starting the embedded dev stack (3 etcd members, NATS JetStream, PostgreSQL 15)..."
-        );
-        let stack = DevStack::start().await.context("starting the dev stack")?;
-        let cfg = Config::new("ledger")
-            .with_etcd_endpoints(stack.etcd_endpoints())
-            .with_nats_url(stack.nats_url())
-            .with_database_url(stack.database_url());
-        (Some(stack), cfg)
-    };
     // A namespace (etcd prefix, streams, schema) of this run's own.
-    let ns = DevStack::unique_namespace("ledger");
-    let cfg = base
-        .with_namespace(ns.clone())
-        .with_schema(ns.clone())
-        .with_lease_ttl(TTL);
-    println!("  etcd       {}", cfg.etcd_endpoints.join(","));
-    println!("  nats       {}", cfg.nats_url);
-    println!("  postgresql {}", cfg.database_url);
+    let (stack, cfg, ns) = demo_servers("ledger").await?;
+    let cfg = cfg.with_lease_ttl(TTL);
     println!("  namespace  {ns}, lease TTL {TTL:?}\n");
 
     let client = Client::connect(&cfg).await.context("connecting")?;

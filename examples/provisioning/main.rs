@@ -29,13 +29,12 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tenure_examples::{
-    in_memory_metrics, print_worker_b_metrics, serve_until_stdin_closes, spawn_worker, token_of,
-    wait_for, wait_until,
+    demo_servers, in_memory_metrics, print_worker_b_metrics, serve_until_stdin_closes,
+    spawn_worker, token_of, wait_for, wait_until,
 };
 
 use anyhow::{Context, bail};
 use infra::{CreateReq, InfraClient, InfraService, Provision, ProvisionReq, Reply, Seen};
-use tenure::devstack::DevStack;
 use tenure::fence::JobStatus;
 use tenure::runtime::{Worker, WorkerObserver};
 use tenure::{Client, Config, FencingToken, JobId, StepIndex};
@@ -128,30 +127,12 @@ impl WorkerObserver for Narrator {
 
 async fn demo() -> anyhow::Result<bool> {
     println!("Tenure provisioning demo: idempotency keys and a fence that crosses a hop\n");
-    let (stack, base) = if Config::env_has_servers() {
-        println!("using the servers named by TENURE_*");
-        (None, Config::from_env()?)
-    } else {
-        println!("starting the embedded dev stack (3 etcd members, NATS JetStream, PostgreSQL)...");
-        let stack = DevStack::start().await.context("starting the dev stack")?;
-        let cfg = Config::new("provisioning")
-            .with_etcd_endpoints(stack.etcd_endpoints())
-            .with_nats_url(stack.nats_url())
-            .with_database_url(stack.database_url());
-        (Some(stack), cfg)
-    };
     // A namespace (etcd prefix, streams, schema, service subject) of this run's own.
-    let ns = DevStack::unique_namespace("provisioning");
-    let mut cfg = base
-        .with_namespace(ns.clone())
-        .with_schema(ns.clone())
-        .with_lease_ttl(TTL);
+    let (stack, cfg, ns) = demo_servers("provisioning").await?;
+    let mut cfg = cfg.with_lease_ttl(TTL);
     cfg.contention_backoff.base = Duration::from_millis(100);
     cfg.contention_backoff.cap = Duration::from_millis(500);
     let subject = format!("{ns}.infra.create");
-    println!("  etcd       {}", cfg.etcd_endpoints.join(","));
-    println!("  nats       {}", cfg.nats_url);
-    println!("  postgresql {}", cfg.database_url);
     println!("  namespace  {ns}, lease TTL {TTL:?}, service subject {subject}\n");
 
     let client = Client::connect(&cfg).await.context("connecting")?;

@@ -214,3 +214,39 @@ pub fn print_worker_b_metrics(
         );
     }
 }
+
+/// The servers a demo runs on: those named by `TENURE_ETCD_ENDPOINTS`,
+/// `TENURE_NATS_URL` and `TENURE_DATABASE_URL` when all three are set, else an
+/// embedded dev stack (returned, so it lives as long as the demo). The config
+/// gets a namespace and schema of this run's own (`<name>_<pid>_<n>`), returned
+/// too; the server addresses are printed.
+///
+/// # Errors
+/// A bad `TENURE_*` value, or a dev stack that does not start.
+pub async fn demo_servers(
+    name: &str,
+) -> anyhow::Result<(Option<tenure::devstack::DevStack>, tenure::Config, String)> {
+    use anyhow::Context as _;
+    use tenure::Config;
+    use tenure::devstack::DevStack;
+    let (stack, base) = if Config::env_has_servers() {
+        println!("using the servers named by TENURE_*");
+        (None, Config::from_env()?)
+    } else {
+        println!(
+            "starting the embedded dev stack (3 etcd members, NATS JetStream, PostgreSQL 15)..."
+        );
+        let stack = DevStack::start().await.context("starting the dev stack")?;
+        let cfg = Config::new(name)
+            .with_etcd_endpoints(stack.etcd_endpoints())
+            .with_nats_url(stack.nats_url())
+            .with_database_url(stack.database_url());
+        (Some(stack), cfg)
+    };
+    let ns = DevStack::unique_namespace(name);
+    let cfg = base.with_namespace(ns.clone()).with_schema(ns.clone());
+    println!("  etcd       {}", cfg.etcd_endpoints.join(","));
+    println!("  nats       {}", cfg.nats_url);
+    println!("  postgresql {}", cfg.database_url);
+    Ok((stack, cfg, ns))
+}
