@@ -84,6 +84,13 @@ pub struct Config {
     pub etcd_request_timeout: Duration,
     /// Jobs a worker runs at once.
     pub max_in_flight: usize,
+    /// Deliveries a worker may fetch and lock ahead of its running jobs, so that
+    /// it fetches and locks in groups (one etcd Txn for several jobs) instead of
+    /// one job at a time as slots free (default 16; 0 turns it off). Bounded by
+    /// time too: the room ahead is sized so that a delivery waits about 50 ms
+    /// for a run slot, from the mean job time, so a worker whose jobs take long
+    /// holds none ahead (see `ARCHITECTURE.md`, fetching in groups).
+    pub prefetch: usize,
     /// Default number of lost owners before a job goes to the DLQ.
     pub max_takeovers: u32,
     /// Default number of failed attempts before a job goes to the DLQ.
@@ -112,6 +119,9 @@ pub struct Config {
     pub unsafe_no_fencing: bool,
 }
 
+/// The largest [`Config::prefetch`].
+pub const MAX_PREFETCH: usize = 1024;
+
 impl Config {
     /// Defaults for namespace `namespace`, with local server addresses.
     pub fn new(namespace: impl Into<String>) -> Self {
@@ -138,6 +148,7 @@ impl Config {
             },
             etcd_request_timeout: Duration::from_secs(1),
             max_in_flight: 64,
+            prefetch: 16,
             max_takeovers: 5,
             max_retries: 3,
             max_deliver: 1000,
@@ -153,7 +164,7 @@ impl Config {
     /// Reads `TENURE_ETCD_ENDPOINTS` (comma-separated), `TENURE_NATS_URL`,
     /// `TENURE_DATABASE_URL` (all required), and optionally `TENURE_NAMESPACE`
     /// (default `tenure`), `TENURE_SCHEMA`, `TENURE_WORKER_ID`, `TENURE_LEASE_TTL_MS`,
-    /// `TENURE_STREAM_REPLICAS`.
+    /// `TENURE_STREAM_REPLICAS`, `TENURE_PREFETCH`.
     ///
     /// # Errors
     /// A missing required variable or an invalid value.
@@ -178,6 +189,12 @@ impl Config {
         if let Some(n) = var("TENURE_STREAM_REPLICAS") {
             cfg.stream_replicas = n.parse().map_err(|e| ConfigError::Invalid {
                 name: "TENURE_STREAM_REPLICAS",
+                reason: format!("{e}"),
+            })?;
+        }
+        if let Some(n) = var("TENURE_PREFETCH") {
+            cfg.prefetch = n.parse().map_err(|e| ConfigError::Invalid {
+                name: "TENURE_PREFETCH",
                 reason: format!("{e}"),
             })?;
         }
@@ -255,6 +272,15 @@ impl Config {
                 reason: "must be at least 1".into(),
             });
         }
+        if self.prefetch > MAX_PREFETCH {
+            return Err(ConfigError::Invalid {
+                name: "prefetch",
+                reason: format!(
+                    "{} is more than {MAX_PREFETCH} deliveries ahead of the running jobs",
+                    self.prefetch
+                ),
+            });
+        }
         if !(1..=5).contains(&self.stream_replicas) {
             return Err(ConfigError::Invalid {
                 name: "stream_replicas",
@@ -314,6 +340,11 @@ impl Config {
     /// Builder: replicas of Tenure's JetStream streams (1 to 5).
     pub fn with_stream_replicas(mut self, replicas: usize) -> Self {
         self.stream_replicas = replicas;
+        self
+    }
+    /// Builder: deliveries fetched and locked ahead of the running jobs (0: off).
+    pub fn with_prefetch(mut self, prefetch: usize) -> Self {
+        self.prefetch = prefetch;
         self
     }
     /// Builder: watchdog policy.
@@ -409,5 +440,13 @@ mod tests {
             ));
         }
         assert!(Config::new("ok").with_stream_replicas(3).validate().is_ok());
+        assert!(matches!(
+            Config::new("ok").with_prefetch(MAX_PREFETCH + 1).validate(),
+            Err(ConfigError::Invalid {
+                name: "prefetch",
+                ..
+            })
+        ));
+        assert!(Config::new("ok").with_prefetch(0).validate().is_ok());
     }
 }

@@ -129,6 +129,8 @@ struct Point {
     attrs: BTreeMap<String, String>,
     value: f64,
     count: u64,
+    /// Histograms: the largest sample.
+    max: f64,
 }
 
 /// Collects the provider's cumulative state now.
@@ -147,33 +149,41 @@ fn snapshot(provider: &SdkMeterProvider, exporter: &InMemoryMetricExporter) -> V
                 it.map(|kv| (kv.key.to_string(), kv.value.to_string()))
                     .collect::<BTreeMap<_, _>>()
             };
-            let mut push = |a: BTreeMap<String, String>, value: f64, count: u64| {
+            let mut push = |a: BTreeMap<String, String>, value: f64, count: u64, max: f64| {
                 out.push(Point {
                     name: name.clone(),
                     attrs: a,
                     value,
                     count,
+                    max,
                 });
             };
             match metric.data() {
                 AggregatedMetrics::U64(MetricData::Sum(s)) => {
                     for p in s.data_points() {
-                        push(attrs(&mut p.attributes()), p.value() as f64, 0);
+                        push(attrs(&mut p.attributes()), p.value() as f64, 0, 0.0);
                     }
                 }
                 AggregatedMetrics::I64(MetricData::Sum(s)) => {
                     for p in s.data_points() {
-                        push(attrs(&mut p.attributes()), p.value() as f64, 0);
+                        push(attrs(&mut p.attributes()), p.value() as f64, 0, 0.0);
                     }
                 }
                 AggregatedMetrics::I64(MetricData::Gauge(g)) => {
                     for p in g.data_points() {
-                        push(attrs(&mut p.attributes()), p.value() as f64, 0);
+                        push(attrs(&mut p.attributes()), p.value() as f64, 0, 0.0);
                     }
                 }
                 AggregatedMetrics::F64(MetricData::Histogram(h)) => {
                     for p in h.data_points() {
-                        push(attrs(&mut p.attributes()), p.sum(), p.count());
+                        let max = p.max().unwrap_or(0.0);
+                        push(attrs(&mut p.attributes()), p.sum(), p.count(), max);
+                    }
+                }
+                AggregatedMetrics::U64(MetricData::Histogram(h)) => {
+                    for p in h.data_points() {
+                        let max = p.max().unwrap_or(0) as f64;
+                        push(attrs(&mut p.attributes()), p.sum() as f64, p.count(), max);
                     }
                 }
                 other => panic!("unexpected aggregation for {name}: {other:?}"),
@@ -685,4 +695,106 @@ async fn a_step_commit_opens_the_next_steps_transaction() {
     let fell_back = log_lines(&job, "the next step was not admitted with the commit");
     assert!(fell_back.is_empty(), "{fell_back:#?}");
     worker.shutdown().await.unwrap();
+}
+
+/// Jobs running at once across a worker (each step counts itself).
+static RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The most that ever ran at once.
+static MOST_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Two short steps that count how many jobs run at once.
+#[derive(Debug, Clone)]
+struct Counted;
+
+impl Counted {
+    async fn run(n: u64) -> u64 {
+        use std::sync::atomic::Ordering;
+        let now = RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+        MOST_RUNNING.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        RUNNING.fetch_sub(1, Ordering::SeqCst);
+        n + 1
+    }
+}
+
+#[tenure::job(name = "obs.counted", retries = 0)]
+impl Counted {
+    #[step]
+    async fn first(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        Ok(Self::run(n).await)
+    }
+
+    #[step]
+    async fn second(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        Ok(Self::run(n).await)
+    }
+}
+
+/// Runs `n` `Counted` jobs on one worker with two run slots and `prefetch`;
+/// returns the largest lock batch (acquisitions in one etcd Txn) and the most
+/// jobs that ran at once.
+async fn counted_run(prefetch: usize, n: u64) -> (f64, usize) {
+    let ns = DevStack::unique_namespace("obs_ahead");
+    let mut cfg = config_for(stack(), &ns, Duration::from_secs(5))
+        .with_worker_id(format!("ahead-{prefetch}"))
+        .with_prefetch(prefetch);
+    cfg.max_in_flight = 2;
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let mut ids = Vec::new();
+    for k in 0..n {
+        let id = client
+            .enqueue::<Counted>(&format!("c{k}"), &k)
+            .await
+            .unwrap()
+            .job_id;
+        ids.push(id);
+    }
+    let (exporter, provider) = in_memory_metrics();
+    MOST_RUNNING.store(0, std::sync::atomic::Ordering::SeqCst);
+    let worker = Worker::builder(cfg)
+        .register(Counted)
+        .meter(provider.meter("tenure"))
+        .start()
+        .await
+        .unwrap();
+    let last = *ids.last().unwrap();
+    let all_done = wait_until(Duration::from_secs(120), || async {
+        status(&client, last).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(all_done, "the last job done");
+    worker.shutdown().await.unwrap();
+    for id in &ids {
+        let row = client.job(*id).await.unwrap().unwrap();
+        assert_eq!(row.status, JobStatus::Done, "{row:?}");
+        assert_eq!((row.takeovers, row.attempts), (0, 0), "{row:?}");
+    }
+    let all = snapshot(&provider, &exporter);
+    let batches = points(&all, "tenure.lock.batch.acquisitions");
+    assert_eq!(batches.len(), 1, "one worker: {batches:#?}");
+    assert_eq!(batches[0].value as u64, n, "every job locked once: {batches:#?}");
+    (
+        batches[0].max,
+        MOST_RUNNING.load(std::sync::atomic::Ordering::SeqCst),
+    )
+}
+
+/// With `prefetch`, a worker fetches and locks deliveries ahead of its running
+/// jobs, in groups: lock batches carry more acquisitions than it has run slots,
+/// while no more jobs than its run slots ever run. Without it (the control), a
+/// worker holds at most `max_in_flight` deliveries, so no batch can carry more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deliveries_fetched_ahead_share_lock_batches_beyond_the_run_slots() {
+    logs();
+    let (largest, most_running) = counted_run(8, 150).await;
+    assert!(
+        largest > 2.0,
+        "with prefetch 8 and 2 run slots, some lock batch should carry more than 2 \
+         acquisitions; the largest carried {largest}"
+    );
+    assert!(most_running <= 2, "{most_running} jobs ran at once with 2 run slots");
+    let (largest, most_running) = counted_run(0, 40).await;
+    assert!(largest <= 2.0, "without prefetch: {largest}");
+    assert!(most_running <= 2, "{most_running} jobs ran at once with 2 run slots");
 }

@@ -1,20 +1,22 @@
 //! `Fetcher`: pulls deliveries from JetStream only while the session is
-//! `Healthy`, with at most `Config::max_in_flight` jobs running, and spawns one
-//! `JobActor` per delivery under the supervisor.
+//! `Healthy`, as many as the worker's [`Slots`] allow (at most
+//! `Config::max_in_flight` running, up to `Config::prefetch` more locked and
+//! waiting, fetched in groups), and spawns one `JobActor` per delivery under the
+//! supervisor.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
-use tokio::sync::Semaphore;
 
 use super::Shared;
 use super::job_actor::{JobActor, JobArgs};
+use super::slots::Slots;
 use crate::lease::Health;
 
 pub(crate) struct FetcherArgs {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) slots: Arc<Slots>,
     pub(crate) supervisor: ActorCell,
 }
 
@@ -62,25 +64,18 @@ impl Actor for Fetcher {
             myself.send_message(FetcherMsg::Tick)?;
             return Ok(());
         }
-        let first = tokio::select! {
+        let mut holds = tokio::select! {
             () = sh.draining.cancelled() => return Ok(()),
-            p = st.permits.clone().acquire_owned() => p?,
+            h = st.slots.to_fetch() => h,
         };
-        let mut permits = vec![first];
-        while permits.len() < sh.cfg.max_in_flight {
-            match st.permits.clone().try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
-        }
         let fetched = tokio::select! {
             () = sh.draining.cancelled() => return Ok(()),
-            r = sh.queue.fetch(permits.len(), FETCH_WAIT) => r,
+            r = sh.queue.fetch(holds.len(), FETCH_WAIT) => r,
         };
         match fetched {
             Ok(deliveries) => {
                 for delivery in deliveries {
-                    let Some(permit) = permits.pop() else {
+                    let Some(hold) = holds.pop() else {
                         tracing::error!(
                             "queue returned more deliveries than asked for; the extra is redelivered"
                         );
@@ -89,7 +84,8 @@ impl Actor for Fetcher {
                     let args = JobArgs {
                         shared: st.shared.clone(),
                         delivery,
-                        permit,
+                        hold,
+                        slots: st.slots.clone(),
                     };
                     if let Err(e) =
                         Actor::spawn_linked(None, JobActor, args, st.supervisor.clone()).await

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, field};
 
 use super::Shared;
 use super::locks::ReleaseMode;
 use super::registry::DynJob;
+use super::slots::{HoldSlot, Slots};
 use super::stage::{StageOutcome, run_stage};
 use crate::fence::{FenceError, JobRow, JobStatus};
 use crate::job::{StepCtx, StepErrorKind, TxSlot, new_slot, take_tx};
@@ -26,7 +26,9 @@ const CONTENTION_RETRY_DIVISOR: u32 = 20;
 pub(crate) struct JobArgs {
     pub(crate) shared: Arc<Shared>,
     pub(crate) delivery: Delivery,
-    pub(crate) permit: OwnedSemaphorePermit,
+    /// This delivery's place in the worker, until the actor ends.
+    pub(crate) hold: HoldSlot,
+    pub(crate) slots: Arc<Slots>,
 }
 
 pub(crate) struct JobActor;
@@ -64,15 +66,17 @@ impl Actor for JobActor {
             let JobArgs {
                 shared,
                 delivery,
-                permit,
+                hold,
+                slots,
             } = args;
             let run = JobRun {
                 shared: shared.clone(),
                 me: myself.get_cell(),
+                slots,
             };
             run.run(delivery).await;
             shared.metrics.in_flight(-1);
-            drop(permit);
+            drop(hold);
         }
         myself.stop(None);
         Ok(())
@@ -111,6 +115,7 @@ struct Owned {
 struct JobRun {
     shared: Arc<Shared>,
     me: ractor::ActorCell,
+    slots: Arc<Slots>,
 }
 
 impl JobRun {
@@ -274,6 +279,23 @@ impl JobRun {
         };
         let token = lock.token();
         tracing::Span::current().record("token", token.get());
+
+        // A run slot (held until this job actor ends): at once unless this
+        // delivery was fetched ahead of the running jobs (see `Slots`).
+        let _running = match self.slots.run_slot(&sh.draining).await {
+            Ok(slot) => slot,
+            Err(why) => {
+                tracing::debug!(
+                    ?why,
+                    "no run slot for a delivery fetched ahead; giving it back"
+                );
+                // Not claimed: nothing on the row to undo. Redelivered at once
+                // (to a worker with a free slot, or to this one).
+                sh.locks.release(session, lock, ReleaseMode::Prompt).await;
+                self.retry_later(delivery, Duration::ZERO).await;
+                return Err(Stop::Quiet);
+            }
+        };
 
         // 3. Claim the fence at the resource, before any useful work. The claim
         // opens the first step's fenced transaction (its UPDATE holds the row

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::JobId;
+use crate::telemetry::Metrics;
 use crate::lease::{Acquire, Batch, Health, JobLock, LeaseError, Session, Unverified};
 
 const MAX_BATCH: usize = 128;
@@ -104,10 +105,14 @@ impl std::fmt::Debug for LockBatcher {
 
 impl LockBatcher {
     /// Starts the batching task; it is owned by `tasks` (aborted with it).
-    pub(crate) fn start(stop: CancellationToken, tasks: &mut tokio::task::JoinSet<()>) -> Self {
+    pub(crate) fn start(
+        stop: CancellationToken,
+        metrics: Metrics,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(4096);
         let coming = Arc::new(AtomicUsize::new(0));
-        tasks.spawn(run(rx, stop, coming.clone()));
+        tasks.spawn(run(rx, stop, coming.clone(), metrics));
         LockBatcher { tx, coming }
     }
 
@@ -164,7 +169,12 @@ impl LockBatcher {
 /// A batch whose locks are written but not verified yet, with its callers.
 type Pending = (Arc<Session>, Unverified, Vec<(JobId, AcquireReply)>);
 
-async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: Arc<AtomicUsize>) {
+async fn run(
+    mut rx: mpsc::Receiver<Request>,
+    stop: CancellationToken,
+    coming: Arc<AtomicUsize>,
+    metrics: Metrics,
+) {
     // Deferred releases waiting for an acquisition, and until when they wait.
     let mut deferred: Vec<Request> = Vec::new();
     let mut flush_at = tokio::time::Instant::now();
@@ -173,8 +183,19 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: A
     let mut pending: Option<Pending> = None;
     loop {
         let first = if pending.is_some() {
+            // Deferred releases alone do not make a write Txn worth it: they
+            // wait for the next acquisition, and the re-read goes out alone.
             let linger_until = tokio::time::Instant::now() + ACQUIRE_LINGER;
-            match next_ready(&mut rx, &coming, linger_until).await {
+            let mut ready = None;
+            while let Some(r) = next_ready(&mut rx, &coming, linger_until).await {
+                if r.is_deferred_release() {
+                    defer(&mut deferred, &mut flush_at, r);
+                } else {
+                    ready = Some(r);
+                    break;
+                }
+            }
+            match ready {
                 Some(r) => Some(r),
                 None => {
                     if let Some((session, unverified, replies)) = pending.take() {
@@ -191,11 +212,8 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: A
             }
         };
         if let Some(r) = first {
-            if r.is_deferred_release() && pending.is_none() {
-                if deferred.is_empty() {
-                    flush_at = tokio::time::Instant::now() + RELEASE_LINGER;
-                }
-                deferred.push(r);
+            if r.is_deferred_release() {
+                defer(&mut deferred, &mut flush_at, r);
                 if deferred.len() < DEFERRED_FLUSH {
                     continue;
                 }
@@ -213,11 +231,20 @@ async fn run(mut rx: mpsc::Receiver<Request>, stop: CancellationToken, coming: A
                 None => break,
             }
         }
-        pending = execute(batch, pending.take()).await;
+        pending = execute(batch, pending.take(), &metrics).await;
         if stop.is_cancelled() {
             break;
         }
     }
+}
+
+/// Keeps a deferred release for the next acquisition; the first one waiting
+/// sets when they go out on their own.
+fn defer(deferred: &mut Vec<Request>, flush_at: &mut tokio::time::Instant, r: Request) {
+    if deferred.is_empty() {
+        *flush_at = tokio::time::Instant::now() + RELEASE_LINGER;
+    }
+    deferred.push(r);
 }
 
 /// A request that is ready now, or, while some are announced, one that arrives
@@ -245,7 +272,11 @@ type Group = (Arc<Session>, Vec<(JobId, AcquireReply)>, Vec<JobLock>);
 /// Runs one batch: per session, one etcd Txn of creates, guarded deletes and
 /// the verification reads of `pending` (see `Session::acquire_folding`).
 /// Returns the batch left awaiting its own check, if any.
-async fn execute(batch: Vec<Request>, mut pending: Option<Pending>) -> Option<Pending> {
+async fn execute(
+    batch: Vec<Request>,
+    mut pending: Option<Pending>,
+    metrics: &Metrics,
+) -> Option<Pending> {
     // Group by session (normally there is one current session).
     let mut groups: Vec<Group> = Vec::new();
     for req in batch {
@@ -285,6 +316,9 @@ async fn execute(batch: Vec<Request>, mut pending: Option<Pending>) -> Option<Pe
             None => (None, Vec::new()),
         };
         let ids: Vec<JobId> = acquires.iter().map(|(id, _)| *id).collect();
+        if !ids.is_empty() {
+            metrics.lock_batch(ids.len());
+        }
         let (before, now) = session.acquire_folding(&ids, &releases, previous).await;
         if let Some(results) = before {
             answer(previous_replies, results);

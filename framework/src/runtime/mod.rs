@@ -25,13 +25,14 @@ mod job_actor;
 mod keeper;
 mod locks;
 mod registry;
+mod slots;
 mod stage;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ConfigError;
@@ -46,6 +47,7 @@ use fetcher::{Fetcher, FetcherArgs, FetcherMsg};
 use keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
 use locks::LockBatcher;
 use registry::Registry;
+use slots::Slots;
 
 /// Errors starting or stopping a worker.
 #[derive(Debug, thiserror::Error)]
@@ -221,7 +223,7 @@ impl WorkerBuilder {
         let stop_jobs = CancellationToken::new();
         let stop_all = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
-        let locks = LockBatcher::start(stop_all.clone(), &mut tasks);
+        let locks = LockBatcher::start(stop_all.clone(), metrics.clone(), &mut tasks);
         let (current_tx, current_rx) = watch::channel(None);
         let shared = Arc::new(Shared {
             cfg: cfg.clone(),
@@ -235,10 +237,10 @@ impl WorkerBuilder {
             stop_jobs: stop_jobs.clone(),
             hooks: self.observer,
         });
-        let permits = Arc::new(Semaphore::new(cfg.max_in_flight));
+        let slots = Slots::new(cfg.max_in_flight, cfg.prefetch, cfg.lease_ttl);
         let sup_args = SupervisorArgs {
             shared: shared.clone(),
-            permits: permits.clone(),
+            slots: slots.clone(),
             keeper: Some(KeeperArgs {
                 cfg: cfg.clone(),
                 metrics,
@@ -279,7 +281,7 @@ impl WorkerBuilder {
             shared,
             supervisor,
             join: Some(join),
-            permits,
+            slots,
             stop_all,
             tasks,
             _advisories: advisories,
@@ -307,7 +309,7 @@ pub struct Worker {
     shared: Arc<Shared>,
     supervisor: ActorRef<SupervisorMsg>,
     join: Option<tokio::task::JoinHandle<()>>,
-    permits: Arc<Semaphore>,
+    slots: Arc<Slots>,
     stop_all: CancellationToken,
     tasks: tokio::task::JoinSet<()>,
     _advisories: crate::queue::AdvisoryListener,
@@ -347,12 +349,10 @@ impl Worker {
             .map_or(Health::Lost, |s| s.health())
     }
 
-    /// Jobs running right now.
+    /// Jobs running right now (past their lock; deliveries fetched ahead and
+    /// waiting for a run slot are not counted).
     pub fn in_flight(&self) -> usize {
-        self.shared
-            .cfg
-            .max_in_flight
-            .saturating_sub(self.permits.available_permits())
+        self.slots.running()
     }
 
     /// Graceful shutdown: stop fetching; let running steps finish (a job stops
@@ -365,15 +365,13 @@ impl Worker {
     pub async fn shutdown(mut self) -> Result<(), WorkerError> {
         let sh = self.shared.clone();
         sh.draining.cancel();
-        let all = u32::try_from(sh.cfg.max_in_flight).unwrap_or(u32::MAX);
-        let drained = tokio::time::timeout(sh.cfg.shutdown_grace, self.permits.acquire_many(all))
+        let drained = tokio::time::timeout(sh.cfg.shutdown_grace, self.slots.all_back())
             .await
             .is_ok();
         if !drained {
             tracing::warn!("shutdown grace over: cancelling running steps");
             sh.stop_jobs.cancel();
-            let _ =
-                tokio::time::timeout(Duration::from_secs(5), self.permits.acquire_many(all)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), self.slots.all_back()).await;
         }
         let _ = ractor::call!(self.supervisor, SupervisorMsg::CloseSession);
         self.stop_all.cancel();
@@ -399,7 +397,7 @@ impl Drop for Worker {
 
 struct SupervisorArgs {
     shared: Arc<Shared>,
-    permits: Arc<Semaphore>,
+    slots: Arc<Slots>,
     keeper: Option<KeeperArgs>,
 }
 
@@ -423,7 +421,7 @@ impl WorkerSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         let args = FetcherArgs {
             shared: st.args.shared.clone(),
-            permits: st.args.permits.clone(),
+            slots: st.args.slots.clone(),
             supervisor: myself.get_cell(),
         };
         let (fetcher, _) = Actor::spawn_linked(None, Fetcher, args, myself.get_cell()).await?;

@@ -13,6 +13,7 @@
 //! | `tenure.lease.transitions` | counter | worker, from, to |
 //! | `tenure.lease.losses` | counter | worker, cause (`deadline`, `revoked`, `stream_ended`, `stream_error`, `keeper_stopped`) |
 //! | `tenure.lock.contention` | counter | job_type |
+//! | `tenure.lock.batch.acquisitions` | histogram (job locks per etcd Txn) | worker |
 //! | `tenure.fence.claims` | counter | job_type |
 //! | `tenure.fence.takeovers` | counter | job_type |
 //! | `tenure.fence.stale_rejections` | counter | job_type, where (`claim`, `admission`, `step_commit`, `guard`) |
@@ -150,6 +151,7 @@ pub struct Metrics {
     lease_transitions: Counter<u64>,
     lease_losses: Counter<u64>,
     contention: Counter<u64>,
+    lock_batch: Histogram<u64>,
     claims: Counter<u64>,
     takeovers: Counter<u64>,
     stale: Counter<u64>,
@@ -189,6 +191,12 @@ impl Metrics {
             contention: meter
                 .u64_counter("tenure.lock.contention")
                 .with_description("job locks found held by another session")
+                .build(),
+            lock_batch: meter
+                .u64_histogram("tenure.lock.batch.acquisitions")
+                .with_unit("{lock}")
+                .with_description("job-lock acquisitions per etcd transaction")
+                .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])
                 .build(),
             claims: meter
                 .u64_counter("tenure.fence.claims")
@@ -311,6 +319,13 @@ impl Metrics {
                 KeyValue::new("job_type", job_type.to_string()),
                 KeyValue::new("reason", reason),
             ],
+        );
+    }
+    /// One etcd transaction carried `acquisitions` job-lock creates.
+    pub fn lock_batch(&self, acquisitions: usize) {
+        self.lock_batch.record(
+            u64::try_from(acquisitions).unwrap_or(u64::MAX),
+            std::slice::from_ref(&self.worker),
         );
     }
     /// A delivery started (`+1`) or ended (`-1`).

@@ -1,0 +1,307 @@
+//! How many deliveries a worker holds, and how many of them run.
+//!
+//! A delivery takes a *hold* slot when it is fetched and keeps it until its job
+//! actor ends; it takes a *run* slot (one of `Config::max_in_flight`) after its
+//! job lock is acquired and before its claim, and keeps it until the job actor
+//! ends. Up to `Config::prefetch` deliveries may hold their lock while waiting
+//! for a run slot.
+//!
+//! Why: a worker's etcd cost is per lock batch (one Txn, one Raft entry), not
+//! per job. Without deliveries in hand, the fetcher refills one slot at a time
+//! as jobs finish, so at low concurrency a lock batch holds two or three jobs.
+//! With a few deliveries locked ahead, the fetcher waits until half of the
+//! ahead room is free and fetches (and locks) that many at once, while the run
+//! slots stay busy.
+//!
+//! Holding a job it does not run yet keeps it from other workers, so the room
+//! ahead is bounded by time as well: it is sized so that a delivery waits about
+//! [`AHEAD_WAIT_BUDGET`] for a run slot, from the mean time a job holds one
+//! (no room ahead until a job has finished, and none for jobs that run long).
+//! A delivery that waits longer than `min(lease_ttl / 4, 1 s)` anyway (jobs
+//! turned slow) gives its lock back and is redelivered at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// How long a delivery held ahead is meant to wait for a run slot.
+pub(crate) const AHEAD_WAIT_BUDGET: Duration = Duration::from_millis(50);
+/// The longest a delivery held ahead waits for a run slot.
+const AHEAD_MAX_WAIT: Duration = Duration::from_secs(1);
+/// Weight of a new sample in the mean run time (1/8).
+const MEAN_SHIFT: u32 = 3;
+
+#[derive(Debug)]
+pub(crate) struct Slots {
+    max_in_flight: usize,
+    prefetch: usize,
+    hold: Arc<Semaphore>,
+    run: Arc<Semaphore>,
+    /// Deliveries locked and waiting for a run slot.
+    waiting: AtomicUsize,
+    /// A slot was given back, or a delivery started waiting or running.
+    changed: Notify,
+    /// Mean time a job holds a run slot, in microseconds (0: none finished yet).
+    mean_run_us: AtomicU64,
+    max_wait: Duration,
+}
+
+/// A fetched delivery's place in the worker (until its job actor ends).
+#[derive(Debug)]
+pub(crate) struct HoldSlot {
+    _permit: OwnedSemaphorePermit,
+    slots: Arc<Slots>,
+}
+
+impl Drop for HoldSlot {
+    fn drop(&mut self) {
+        // The permit returns after this body; `notify_one` keeps the wakeup
+        // until the fetcher next waits.
+        self.slots.changed.notify_one();
+    }
+}
+
+/// One of `max_in_flight` run slots.
+#[derive(Debug)]
+pub(crate) struct RunSlot {
+    _permit: OwnedSemaphorePermit,
+    slots: Arc<Slots>,
+    since: Instant,
+}
+
+impl Drop for RunSlot {
+    fn drop(&mut self) {
+        self.slots.record_run(self.since.elapsed());
+        self.slots.changed.notify_one();
+    }
+}
+
+/// Why a delivery held ahead got no run slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoRunSlot {
+    /// It waited longer than the bound: jobs run slower than when it was fetched.
+    TooLong,
+    /// The worker is shutting down.
+    Draining,
+}
+
+impl Slots {
+    pub(crate) fn new(max_in_flight: usize, prefetch: usize, lease_ttl: Duration) -> Arc<Self> {
+        Arc::new(Slots {
+            max_in_flight,
+            prefetch,
+            hold: Arc::new(Semaphore::new(max_in_flight + prefetch)),
+            run: Arc::new(Semaphore::new(max_in_flight)),
+            waiting: AtomicUsize::new(0),
+            changed: Notify::new(),
+            mean_run_us: AtomicU64::new(0),
+            max_wait: (lease_ttl / 4).min(AHEAD_MAX_WAIT),
+        })
+    }
+
+    /// Every slot a worker can hand out (what shutdown waits to get back).
+    pub(crate) fn capacity(&self) -> usize {
+        self.max_in_flight + self.prefetch
+    }
+
+    /// Jobs past their lock, running.
+    pub(crate) fn running(&self) -> usize {
+        self.max_in_flight
+            .saturating_sub(self.run.available_permits())
+    }
+
+    /// Waits until every hold slot is back (every job actor ended).
+    pub(crate) async fn all_back(&self) {
+        let all = u32::try_from(self.capacity()).unwrap_or(u32::MAX);
+        let _ = self.hold.acquire_many(all).await;
+    }
+
+    /// How many deliveries may wait for a run slot now: sized so that the last
+    /// of them waits about [`AHEAD_WAIT_BUDGET`], at most `prefetch`.
+    pub(crate) fn room_ahead(&self) -> usize {
+        let mean = self.mean_run_us.load(Ordering::Relaxed);
+        if mean == 0 || self.prefetch == 0 {
+            return 0;
+        }
+        let budget = u64::try_from(AHEAD_WAIT_BUDGET.as_micros()).unwrap_or(u64::MAX);
+        let fits = budget.saturating_mul(self.max_in_flight as u64) / mean;
+        usize::try_from(fits).unwrap_or(usize::MAX).min(self.prefetch)
+    }
+
+    /// Waits until the fetcher should fetch, and returns the hold slots to fetch
+    /// for (at least one). It fetches at once while a run slot is free and no
+    /// delivery waits for it; otherwise once half of the room ahead is free, so
+    /// that deliveries (and their lock requests) come in groups.
+    pub(crate) async fn to_fetch(self: &Arc<Self>) -> Vec<HoldSlot> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let want = self.wanted();
+            if want > 0 {
+                let mut got = Vec::with_capacity(want);
+                while got.len() < want {
+                    match self.hold.clone().try_acquire_owned() {
+                        Ok(permit) => got.push(HoldSlot {
+                            _permit: permit,
+                            slots: self.clone(),
+                        }),
+                        Err(_) => break,
+                    }
+                }
+                if !got.is_empty() {
+                    return got;
+                }
+            }
+            // Every change of the inputs of `wanted` notifies; the timeout only
+            // bounds how stale `room_ahead` can get.
+            let _ = tokio::time::timeout(Duration::from_millis(50), changed).await;
+        }
+    }
+
+    /// Deliveries to fetch now (0: wait).
+    fn wanted(&self) -> usize {
+        let in_hand = self.capacity() - self.hold.available_permits();
+        let ahead = self.room_ahead();
+        let room = (self.max_in_flight + ahead).saturating_sub(in_hand);
+        if room == 0 {
+            return 0;
+        }
+        let waiting = self.waiting.load(Ordering::Acquire);
+        let idle_run = self.run.available_permits() > waiting;
+        let in_groups = (ahead / 2).max(1);
+        if idle_run || room >= in_groups {
+            room
+        } else {
+            0
+        }
+    }
+
+    /// A run slot for a delivery whose lock is held: at once if one is free,
+    /// else after the deliveries ahead of it, bounded (see the module docs).
+    pub(crate) async fn run_slot(
+        self: &Arc<Self>,
+        draining: &tokio_util::sync::CancellationToken,
+    ) -> Result<RunSlot, NoRunSlot> {
+        let slot = |permit| RunSlot {
+            _permit: permit,
+            slots: self.clone(),
+            since: Instant::now(),
+        };
+        if let Ok(permit) = self.run.clone().try_acquire_owned() {
+            return Ok(slot(permit));
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_one();
+        let got = tokio::select! {
+            () = draining.cancelled() => Err(NoRunSlot::Draining),
+            r = tokio::time::timeout(self.max_wait, self.run.clone().acquire_owned()) => match r {
+                Ok(Ok(permit)) => Ok(slot(permit)),
+                // The semaphore is never closed; treat it like a timeout.
+                Ok(Err(_)) | Err(_) => Err(NoRunSlot::TooLong),
+            },
+        };
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        self.changed.notify_one();
+        got
+    }
+
+    fn record_run(&self, took: Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
+        let mean = self.mean_run_us.load(Ordering::Relaxed);
+        let next = if mean == 0 {
+            sample
+        } else {
+            // mean + (sample - mean) / 8, in integers.
+            let scaled = (mean << MEAN_SHIFT) - mean + sample;
+            (scaled >> MEAN_SHIFT).max(1)
+        };
+        self.mean_run_us.store(next, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_room_ahead_before_a_job_finished_nor_for_long_jobs() {
+        let slots = Slots::new(8, 16, Duration::from_secs(5));
+        assert_eq!(slots.room_ahead(), 0);
+        slots.record_run(Duration::from_millis(10));
+        // 8 slots x 50 ms / 10 ms = 40, capped at 16.
+        assert_eq!(slots.room_ahead(), 16);
+        let slow = Slots::new(8, 16, Duration::from_secs(5));
+        slow.record_run(Duration::from_secs(1));
+        assert_eq!(slow.room_ahead(), 0);
+        let off = Slots::new(8, 0, Duration::from_secs(5));
+        off.record_run(Duration::from_millis(1));
+        assert_eq!(off.room_ahead(), 0);
+    }
+
+    #[test]
+    fn the_mean_moves_an_eighth_towards_each_sample() {
+        let slots = Slots::new(1, 1, Duration::from_secs(5));
+        slots.record_run(Duration::from_micros(800));
+        slots.record_run(Duration::from_micros(1600));
+        assert_eq!(slots.mean_run_us.load(Ordering::Relaxed), 900);
+    }
+
+    #[tokio::test]
+    async fn with_deliveries_waiting_the_fetcher_waits_for_half_the_room() {
+        let slots = Slots::new(2, 8, Duration::from_secs(5));
+        // Jobs of 10 ms: room ahead 2 x 50 / 10 = 10, capped at 8; groups of 4.
+        slots.record_run(Duration::from_millis(10));
+        let draining = tokio_util::sync::CancellationToken::new();
+        let first = slots.to_fetch().await;
+        assert_eq!(first.len(), 10, "both run slots and the whole room ahead");
+        let run_a = slots.run_slot(&draining).await.unwrap();
+        let run_b = slots.run_slot(&draining).await.unwrap();
+        // Two deliveries are waiting for a run slot.
+        let waiter = {
+            let (s, d) = (slots.clone(), draining.clone());
+            tokio::spawn(async move { s.run_slot(&d).await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        let mut first = first;
+        // Three deliveries end: less than half of the room is free, no fetch.
+        first.truncate(7);
+        assert_eq!(slots.wanted(), 0);
+        // A fourth: four free, fetch four.
+        first.truncate(6);
+        assert_eq!(slots.wanted(), 4);
+        drop((run_a, run_b));
+        assert!(waiter.await.unwrap().is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_delivery_gives_up_when_draining() {
+        let slots = Slots::new(1, 4, Duration::from_secs(5));
+        let draining = tokio_util::sync::CancellationToken::new();
+        let _running = slots.run_slot(&draining).await.unwrap();
+        let waiter = {
+            let (s, d) = (slots.clone(), draining.clone());
+            tokio::spawn(async move { s.run_slot(&d).await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        draining.cancel();
+        assert_eq!(waiter.await.unwrap(), Err(NoRunSlot::Draining));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_delivery_gives_up_after_the_bound() {
+        let slots = Slots::new(1, 4, Duration::from_secs(2));
+        let draining = tokio_util::sync::CancellationToken::new();
+        let _running = slots.run_slot(&draining).await.unwrap();
+        let started = Instant::now();
+        assert_eq!(
+            slots.run_slot(&draining).await.map(drop),
+            Err(NoRunSlot::TooLong)
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+    }
+}
