@@ -158,8 +158,8 @@ async fn migrations_are_idempotent_concurrent_and_per_schema() {
         .unwrap();
         assert_eq!(
             applied,
-            2,
-            "both migrations recorded once in {}",
+            3,
+            "each of the three migrations recorded once in {}",
             s.schema()
         );
     }
@@ -667,6 +667,68 @@ async fn resume_returns_the_last_committed_checkpoint_and_counts_takeovers() {
         s.claim(JobId::from_key("x", "y"), tok(1)).await,
         Err(FenceError::NotFound(_))
     ));
+}
+
+/// `commit_step_and_begin` sends the step CAS, `COMMIT`, `BEGIN` and the next
+/// admission as one string with the output as a literal: the output comes back
+/// byte for byte (quotes, backslashes, non-ASCII), the step's writes commit once,
+/// and when the CAS matches no row nothing of the step commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chained_commit_keeps_the_output_exact_and_commits_nothing_when_the_cas_misses() {
+    let s = store("chained").await;
+    let table = ledger(&s);
+    let id = new_job(&s, "chained").await;
+    let (_, mut tx) = s.claim_and_begin(id, tok(10)).await.unwrap();
+    write_ledger(tx.conn(), &table, id, 0, tok(10))
+        .await
+        .unwrap();
+    let nasty = json!({
+        "quote": "O'Brien said \"no\"; COMMIT; --",
+        "backslashes": "C:\\temp\\ \\' \\\\",
+        "dollar": "$$ $tenure$ E'x'",
+        "unicode": "é ß 漢 \u{1F600}",
+        "control": "tab\tnewline\n",
+        "n": [1, 2.5, -3e10, null, true]
+    });
+    let mut tx1 = tx
+        .commit_step_and_begin(&nasty, step(1))
+        .await
+        .unwrap()
+        .expect("step 1 admitted in the same round trip");
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!((row.step, row.fence), (step(1), 10));
+    assert_eq!(
+        row.checkpoint.as_ref(),
+        Some(&nasty),
+        "the output round-trips exactly"
+    );
+    assert_eq!(ledger_rows(&s, id).await, vec![(0, 10)]);
+
+    // Step 1 writes, then its own SQL moves the job row: the CAS misses, and
+    // neither that write nor the row change commits.
+    write_ledger(tx1.conn(), &table, id, 1, tok(10))
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "UPDATE {}.jobs SET step = step + 5 WHERE id = $1",
+        s.schema()
+    ))
+    .bind(id.as_uuid())
+    .execute(tx1.conn())
+    .await
+    .unwrap();
+    let refused = tx1.commit_step_and_begin(&json!("b"), step(2)).await;
+    assert!(
+        matches!(refused, Err(FenceError::Corrupt { ref reason, .. }) if reason.contains("own SQL")),
+        "{refused:?}"
+    );
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!(row.step, step(1), "{row:?}");
+    assert_eq!(ledger_rows(&s, id).await, vec![(0, 10)]);
+    // The generation still holds the job: step 1 can run again.
+    let tx1 = s.begin_step(id, tok(10), step(1)).await.unwrap();
+    tx1.commit_step(&json!("b"), true).await.unwrap();
+    assert_eq!(s.job(id).await.unwrap().unwrap().status, JobStatus::Done);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -756,3 +756,78 @@ async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes() {
     );
     worker.shutdown().await.expect("shutdown");
 }
+
+/// Admission, for deliveries fetched together (their rows are read in one
+/// query): a redelivered message of a finished job is acked without running a
+/// step again; a message with no job row and one whose row names an unknown job
+/// type go to the DLQ, the latter's row marked dead; a normal job in the same
+/// group runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types() {
+    let (ns, cfg, client) = fresh("rt_admit", Duration::from_secs(5)).await;
+    let work = |n| Work {
+        n,
+        ..Work::default()
+    };
+    let done = client
+        .enqueue::<ThreeStep>("admit-done", &work(1))
+        .await
+        .unwrap()
+        .job_id;
+    let worker = three_step_worker(&cfg, &ns, "admit").await;
+    assert!(done_within(&client, done, Duration::from_secs(60)).await);
+    worker.shutdown().await.unwrap();
+
+    // With no worker running, queue a group: the finished job's message again,
+    // a message without a row, one whose row names an unknown type, and a new job.
+    let queue = client.queue();
+    queue
+        .publish_redrive(done, "test.three_step", "{}".into())
+        .await
+        .unwrap();
+    let rowless = JobId::from_key("test.three_step", "admit-rowless");
+    queue
+        .publish_job(rowless, "test.three_step", "{}".into())
+        .await
+        .unwrap();
+    let unknown = JobId::from_key("test.nobody", "admit-unknown");
+    client
+        .store()
+        .insert_job(unknown, "test.nobody", &serde_json::json!({}))
+        .await
+        .unwrap();
+    queue
+        .publish_job(unknown, "test.nobody", "{}".into())
+        .await
+        .unwrap();
+    let fresh_job = client
+        .enqueue::<ThreeStep>("admit-new", &work(2))
+        .await
+        .unwrap()
+        .job_id;
+
+    let worker = three_step_worker(&cfg, &ns, "admit").await;
+    assert!(done_within(&client, fresh_job, Duration::from_secs(60)).await);
+    let settled = wait_until(Duration::from_secs(30), || async {
+        let s = queue.stats().await.unwrap();
+        s.work_messages == 0 && s.dlq_messages == 2
+    })
+    .await;
+    assert!(settled, "{:?}", queue.stats().await.unwrap());
+    worker.shutdown().await.unwrap();
+
+    assert_dead_lettered(&client, &[rowless], "no job row").await;
+    assert_dead_lettered(&client, &[unknown], "unknown job type").await;
+    let row = client.job(unknown).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Dead, "{row:?}");
+    let row = client.job(done).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.fence > 0, row.takeovers),
+        (JobStatus::Done, true, 0),
+        "{row:?}"
+    );
+    let dlq = queue.dead_letters(100).await.unwrap();
+    assert!(dlq.iter().all(|d| d.job_id != Some(done)), "{dlq:#?}");
+    // The finished job ran each step once: the redelivery ran none again.
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+}

@@ -773,7 +773,10 @@ async fn counted_run(prefetch: usize, n: u64) -> (f64, usize) {
     let all = snapshot(&provider, &exporter);
     let batches = points(&all, "tenure.lock.batch.acquisitions");
     assert_eq!(batches.len(), 1, "one worker: {batches:#?}");
-    assert_eq!(batches[0].value as u64, n, "every job locked once: {batches:#?}");
+    assert_eq!(
+        batches[0].value as u64, n,
+        "every job locked once: {batches:#?}"
+    );
     (
         batches[0].max,
         MOST_RUNNING.load(std::sync::atomic::Ordering::SeqCst),
@@ -793,8 +796,14 @@ async fn deliveries_fetched_ahead_share_lock_batches_beyond_the_run_slots() {
         "with prefetch 8 and 2 run slots, some lock batch should carry more than 2 \
          acquisitions; the largest carried {largest}"
     );
-    assert!(most_running <= 2, "{most_running} jobs ran at once with 2 run slots");
+    assert!(
+        most_running <= 2,
+        "{most_running} jobs ran at once with 2 run slots"
+    );
     let (largest, most_running) = counted_run(0, 40).await;
     assert!(largest <= 2.0, "without prefetch: {largest}");
-    assert!(most_running <= 2, "{most_running} jobs ran at once with 2 run slots");
+    assert!(
+        most_running <= 2,
+        "{most_running} jobs ran at once with 2 run slots"
+    );
 }

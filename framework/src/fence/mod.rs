@@ -291,6 +291,20 @@ impl FenceStore {
         row.as_ref().map(job_row).transpose()
     }
 
+    /// Reads the job rows of `ids` in one query (ids without a row are simply
+    /// missing from the answer; the order is unspecified).
+    ///
+    /// # Errors
+    /// [`FenceError::Db`], [`FenceError::Corrupt`].
+    pub async fn jobs(&self, ids: &[JobId]) -> Result<Vec<JobRow>, FenceError> {
+        let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
+        let rows = sqlx::query(&self.sql.jobs)
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_row).collect()
+    }
+
     /// Lists up to `limit` job rows, oldest first, optionally of one status.
     ///
     /// # Errors

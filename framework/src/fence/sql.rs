@@ -9,6 +9,26 @@ const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status,
 const CLAIM_RETURNING: &str =
     "job_type, input, step, checkpoint, status, takeovers, attempts, prev_fence, took_over";
 
+/// SQLSTATE raised by `tenure_step_cas` when the step CAS matches no row.
+pub(crate) const CAS_REFUSED_SQLSTATE: &str = "TF002";
+
+/// `text` as a PostgreSQL string literal that means the same whatever
+/// `standard_conforming_strings` says: `E'...'` with backslashes and quotes
+/// doubled. (JSON text never holds a NUL byte: serde escapes control characters.)
+pub(crate) fn quote_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 3);
+    out.push_str("E'");
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("''"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
 /// `SET LOCAL tenure.job_id / tenure.fence` (what the guard checks) as select
 /// items, from parameters `$1` (job id) and `$2` (token).
 const SET_GUCS: &str = "set_config('tenure.job_id', $1::text, true) AS tenure_job_id, \
@@ -33,6 +53,7 @@ pub(crate) struct Sql {
     pub insert: String,
     pub same_payload: String,
     pub job: String,
+    pub jobs: String,
     pub list: String,
     pub diag: String,
     pub claim: String,
@@ -46,6 +67,9 @@ pub(crate) struct Sql {
     pub dead_unfenced: String,
     pub redrive: String,
     pub guard_function: String,
+    /// `<schema>.tenure_step_cas`, or `None` when the CAS must not be folded
+    /// into a simple-query string (the test-only unfenced variant).
+    pub step_cas_function: Option<String>,
 }
 
 impl Sql {
@@ -63,6 +87,7 @@ impl Sql {
                 "SELECT (job_type = $2 AND input = $3) AS same FROM {t} WHERE id = $1"
             ),
             job: format!("SELECT {ROW_COLUMNS} FROM {t} WHERE id = $1"),
+            jobs: format!("SELECT {ROW_COLUMNS} FROM {t} WHERE id = ANY($1)"),
             list: format!(
                 "SELECT {ROW_COLUMNS} FROM {t} WHERE ($1::text IS NULL OR status = $1) \
                  ORDER BY created_at, id LIMIT $2"
@@ -116,7 +141,27 @@ impl Sql {
                  WHERE id = $1 AND status = 'dead' AND fence = $2"
             ),
             guard_function: format!("\"{schema}\".tenure_guard()"),
+            step_cas_function: Some(format!("\"{schema}\".tenure_step_cas")),
         }
+    }
+
+    /// The step CAS (migration `0003_step_cas.sql`: it raises SQLSTATE
+    /// [`CAS_REFUSED_SQLSTATE`] when it matches no row) as a statement with its
+    /// values written as literals, for a simple-query string that goes on with
+    /// `COMMIT`. `None` when folding is off.
+    pub(crate) fn step_cas_literal(
+        &self,
+        id: uuid::Uuid,
+        token: i64,
+        step: i32,
+        output: &serde_json::Value,
+        last: bool,
+    ) -> Option<String> {
+        let function = self.step_cas_function.as_ref()?;
+        let json = quote_literal(&output.to_string());
+        Some(format!(
+            "SELECT {function}('{id}'::uuid, {token}::bigint, {step}::int, {json}::jsonb, {last})"
+        ))
     }
 
     /// The admission statement with its three parameters written as literals,
@@ -145,6 +190,7 @@ impl Sql {
                  SELECT id FROM {t} WHERE id = $1 AND $3::int >= 0 FOR UPDATE) \
              SELECT {set_gucs} FROM admitted"
         );
+        self.step_cas_function = None;
         self.commit_step = format!(
             "UPDATE {t} SET step = $3 + 1, checkpoint = $4, \
                             status = CASE WHEN $5 THEN 'done' ELSE status END, \
@@ -156,6 +202,7 @@ impl Sql {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::Sql;
 
@@ -178,5 +225,22 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("FOR UPDATE"), "{text}");
+    }
+
+    #[test]
+    fn literals_double_quotes_and_backslashes_inside_e_quotes() {
+        assert_eq!(
+            super::quote_literal(r#"{"a":"it's \"q\" \\ é"}"#),
+            r#"E'{"a":"it''s \\"q\\" \\\\ é"}'"#
+        );
+        let sql = Sql::new("tenure");
+        let id = uuid::Uuid::from_u128(1);
+        let out = serde_json::json!({"note": "O'Brien \\ done"});
+        let text = sql.step_cas_literal(id, 42, 1, &out, true).unwrap();
+        assert_eq!(
+            text,
+            "SELECT \"tenure\".tenure_step_cas('00000000-0000-0000-0000-000000000001'::uuid, \
+             42::bigint, 1::int, E'{\"note\":\"O''Brien \\\\\\\\ done\"}'::jsonb, true)"
+        );
     }
 }

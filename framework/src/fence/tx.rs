@@ -10,6 +10,14 @@ use crate::types::{FencingToken, JobId, StepIndex};
 use super::FenceStore;
 use super::error::FenceError;
 use super::row::step_to_sql;
+use super::sql::CAS_REFUSED_SQLSTATE;
+
+/// Whether `e` is `tenure_step_cas` refusing (its CAS matched no row).
+fn cas_refused(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == CAS_REFUSED_SQLSTATE)
+}
 
 /// A step's fenced transaction.
 ///
@@ -149,21 +157,31 @@ impl FencedTx {
         .await
     }
 
-    /// [`commit_step`](Self::commit_step), and in the same round trip (`COMMIT;
-    /// BEGIN; <admission of next>` as one simple-query string, on the same
-    /// connection) opens the fenced transaction of step `next` under the same
-    /// token. Saves the next step a pool checkout, its `BEGIN` and its admission
-    /// round trip.
+    /// [`commit_step`](Self::commit_step), and in the same round trip opens the
+    /// fenced transaction of step `next` under the same token: the step CAS,
+    /// `COMMIT`, `BEGIN` and the next step's admission go as one simple-query
+    /// string on this connection. Saves a round trip for the CAS, and the next
+    /// step a pool checkout, its `BEGIN` and its admission round trip.
+    ///
+    /// The CAS in that string is the function `tenure_step_cas` (migration
+    /// `0003_step_cas.sql`), which raises when it matches no row: PostgreSQL then
+    /// skips the rest of the string, so nothing commits. Its values are written
+    /// as literals (a UUID, integers, and the output's JSON text in an
+    /// `E'..'` literal).
     ///
     /// Returns `Ok(None)` when this step committed but the next one is not
     /// admitted here (zero rows, or an error after the `COMMIT`): the next step
     /// then opens its transaction the usual way, which reports why. When the
-    /// combined statement fails, the job row tells whether the `COMMIT` went
-    /// through.
+    /// combined statement fails otherwise, the job row tells whether the
+    /// `COMMIT` went through.
     ///
     /// # Errors
     /// As [`commit_step`](Self::commit_step).
-    pub(crate) async fn commit_step_and_begin(
+    ///
+    /// # Fencing
+    /// As [`commit_step`](Self::commit_step): the CAS runs under the row lock
+    /// taken at admission, and the `COMMIT` runs only if it matched.
+    pub async fn commit_step_and_begin(
         mut self,
         output: &serde_json::Value,
         next: StepIndex,
@@ -177,15 +195,23 @@ impl FencedTx {
         );
         async move {
             let next_sql = step_to_sql(self.job_id, next)?;
-            if let Some(err) = self.step_cas(output, false).await? {
-                let _ = self.tx.rollback().await;
-                return Err(err);
-            }
-            let admit = self
-                .store
-                .sql
-                .admit_literal(self.job_id.as_uuid(), self.token.get(), next_sql);
-            let chained = format!("COMMIT; BEGIN; {admit}");
+            let step_sql = step_to_sql(self.job_id, self.step)?;
+            let (id, token) = (self.job_id.as_uuid(), self.token.get());
+            let sql = &self.store.sql;
+            let admit = sql.admit_literal(id, token, next_sql);
+            // Rows the string answers when all went well: the CAS's one (a
+            // `void`), if folded, and the admission's one.
+            let (chained, expected) =
+                match sql.step_cas_literal(id, token, step_sql, output, false) {
+                    Some(cas) => (format!("{cas}; COMMIT; BEGIN; {admit}"), 2),
+                    None => {
+                        if let Some(err) = self.step_cas(output, false).await? {
+                            let _ = self.tx.rollback().await;
+                            return Err(err);
+                        }
+                        (format!("COMMIT; BEGIN; {admit}"), 1)
+                    }
+                };
             // sqlx's transaction depth stays 1 throughout: the connection is in a
             // transaction again afterwards (or, on an error, dropping `tx` sends
             // the ROLLBACK that cleans up whatever state it is in).
@@ -194,7 +220,7 @@ impl FencedTx {
             let conn: &mut sqlx::PgConnection = &mut self.tx;
             let answered = sqlx::Executor::fetch_all(conn, chained.as_str()).await;
             match answered {
-                Ok(rows) if rows.len() == 1 => {
+                Ok(rows) if rows.len() == expected => {
                     tracing::debug!(next = %next, "the next step's transaction opened with this commit");
                     Ok(Some(FencedTx {
                         step: next,
@@ -207,6 +233,26 @@ impl FencedTx {
                     tracing::debug!(next = %next, "committed; the next step was not admitted with the commit");
                     let _ = self.tx.rollback().await;
                     Ok(None)
+                }
+                Err(e) if cas_refused(&e) => {
+                    // Nothing committed: the error aborted the string before COMMIT.
+                    let (store, job_id, token, step) =
+                        (self.store.clone(), self.job_id, self.token, self.step);
+                    let _ = self.tx.rollback().await;
+                    let err = match store.refusal(store.pool(), job_id, token, Some(step)).await {
+                        // The row is as admitted again after the rollback: only
+                        // the step's own SQL can have changed it in between.
+                        FenceError::Corrupt { job_id, .. } => FenceError::Corrupt {
+                            job_id,
+                            reason: format!(
+                                "step {step}'s own SQL changed its job row, so the step \
+                                 commit under {token} matched no row; nothing was committed"
+                            ),
+                        },
+                        other => other,
+                    };
+                    tracing::warn!(error = %err, "step commit refused");
+                    Err(err)
                 }
                 Err(e) => {
                     let (store, job_id, token) = (self.store.clone(), self.job_id, self.token);

@@ -4,6 +4,7 @@
 //! waiting, fetched in groups), and spawns one `JobActor` per delivery under the
 //! supervisor.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,10 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use super::Shared;
 use super::job_actor::{JobActor, JobArgs};
 use super::slots::Slots;
+use crate::JobId;
+use crate::fence::JobRow;
 use crate::lease::Health;
+use crate::queue::Delivery;
 
 pub(crate) struct FetcherArgs {
     pub(crate) shared: Arc<Shared>,
@@ -74,6 +78,7 @@ impl Actor for Fetcher {
         };
         match fetched {
             Ok(deliveries) => {
+                let mut rows = admission_rows(sh, &deliveries).await;
                 for delivery in deliveries {
                     let Some(hold) = holds.pop() else {
                         tracing::error!(
@@ -81,8 +86,13 @@ impl Actor for Fetcher {
                         );
                         break;
                     };
+                    let admitted = match (&mut rows, delivery.job_id()) {
+                        (Some(rows), Ok(id)) => Some(rows.remove(&id)),
+                        _ => None,
+                    };
                     let args = JobArgs {
                         shared: st.shared.clone(),
+                        admitted,
                         delivery,
                         hold,
                         slots: st.slots.clone(),
@@ -101,6 +111,23 @@ impl Actor for Fetcher {
         }
         myself.send_message(FetcherMsg::Tick)?;
         Ok(())
+    }
+}
+
+/// The job rows of a group of deliveries, read in one query (the admission
+/// reads of the whole group). `None` if the read failed: each job actor then
+/// reads its own row (and retries the delivery if that fails too).
+async fn admission_rows(sh: &Shared, deliveries: &[Delivery]) -> Option<HashMap<JobId, JobRow>> {
+    let ids: Vec<JobId> = deliveries.iter().filter_map(|d| d.job_id().ok()).collect();
+    if ids.is_empty() {
+        return None;
+    }
+    match sh.store.jobs(&ids).await {
+        Ok(rows) => Some(rows.into_iter().map(|r| (r.id, r)).collect()),
+        Err(e) => {
+            tracing::warn!(error = %e, jobs = ids.len(), "reading a group's job rows failed; each job reads its own");
+            None
+        }
     }
 }
 

@@ -25,6 +25,9 @@ const CONTENTION_RETRY_DIVISOR: u32 = 20;
 
 pub(crate) struct JobArgs {
     pub(crate) shared: Arc<Shared>,
+    /// The job row as read with the delivery's fetch group: `Some(None)` if
+    /// it has none, `None` if not read yet.
+    pub(crate) admitted: Option<Option<JobRow>>,
     pub(crate) delivery: Delivery,
     /// This delivery's place in the worker, until the actor ends.
     pub(crate) hold: HoldSlot,
@@ -65,6 +68,7 @@ impl Actor for JobActor {
         if let Some(args) = state.args.take() {
             let JobArgs {
                 shared,
+                admitted,
                 delivery,
                 hold,
                 slots,
@@ -74,7 +78,7 @@ impl Actor for JobActor {
                 me: myself.get_cell(),
                 slots,
             };
-            run.run(delivery).await;
+            run.run(delivery, admitted).await;
             shared.metrics.in_flight(-1);
             drop(hold);
         }
@@ -119,7 +123,7 @@ struct JobRun {
 }
 
 impl JobRun {
-    async fn run(&self, delivery: Delivery) {
+    async fn run(&self, delivery: Delivery, admitted: Option<Option<JobRow>>) {
         let job_id = match delivery.job_id() {
             Ok(id) => id,
             Err(bad) => {
@@ -143,7 +147,7 @@ impl JobRun {
             delivery = delivery.delivery_count(),
         );
         let _ = self
-            .run_job(job_id, header_type, delivery)
+            .run_job(job_id, header_type, delivery, admitted)
             .instrument(span)
             .await;
     }
@@ -153,6 +157,7 @@ impl JobRun {
         job_id: JobId,
         header_type: Option<String>,
         delivery: Delivery,
+        admitted: Option<Option<JobRow>>,
     ) -> Result<(), Stop> {
         let sh = &self.shared;
         if delivery.delivery_count() > 1 {
@@ -165,8 +170,12 @@ impl JobRun {
         // This delivery will ask for its lock once admitted: a lock batch about
         // to leave may wait a moment for it.
         let coming = sh.locks.expect_acquire();
-        // 1. Admit.
-        let row = match sh.store.job(job_id).await {
+        // 1. Admit (the row usually came with the delivery's fetch group).
+        let read = match admitted {
+            Some(row) => Ok(row),
+            None => sh.store.job(job_id).await,
+        };
+        let row = match read {
             Ok(Some(row)) => row,
             Ok(None) => {
                 let reason = "no job row: the message was not enqueued through Tenure".to_string();

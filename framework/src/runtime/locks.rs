@@ -31,8 +31,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::JobId;
-use crate::telemetry::Metrics;
 use crate::lease::{Acquire, Batch, Health, JobLock, LeaseError, Session, Unverified};
+use crate::telemetry::Metrics;
 
 const MAX_BATCH: usize = 128;
 /// How long a deferred release waits for an acquisition to ride along with.

@@ -128,7 +128,9 @@ impl Slots {
         }
         let budget = u64::try_from(AHEAD_WAIT_BUDGET.as_micros()).unwrap_or(u64::MAX);
         let fits = budget.saturating_mul(self.max_in_flight as u64) / mean;
-        usize::try_from(fits).unwrap_or(usize::MAX).min(self.prefetch)
+        usize::try_from(fits)
+            .unwrap_or(usize::MAX)
+            .min(self.prefetch)
     }
 
     /// Waits until the fetcher should fetch, and returns the hold slots to fetch
