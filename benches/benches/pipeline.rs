@@ -12,6 +12,8 @@
 //! * `TENURE_BENCH_TRIALS=N`: takeover trials (default 24, at least 20 in a full run).
 //! * `TENURE_BENCH_ONLY=throughput,acquire,takeover,rss`: run only these parts
 //!   (the last line then reports NaN for what did not run).
+//! * `TENURE_BENCH_PREFETCH=N`: the fenced worker's `Config::prefetch` (default:
+//!   the `Config` default).
 //! * `RUST_LOG=...`: logs of the in-process workers (and the worker children) to stderr.
 //!
 //! Writes `target/tenure-bench/pipeline.json`; prints one line per figure, the last
@@ -117,11 +119,18 @@ fn load() -> String {
 }
 
 fn config(stack: &DevStack, ns: &str) -> Config {
-    Config::new(ns)
+    let cfg = Config::new(ns)
         .with_schema(ns)
         .with_etcd_endpoints(stack.etcd_endpoints())
         .with_nats_url(stack.nats_url())
-        .with_database_url(stack.database_url())
+        .with_database_url(stack.database_url());
+    match std::env::var("TENURE_BENCH_PREFETCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(prefetch) => cfg.with_prefetch(prefetch),
+        None => cfg,
+    }
 }
 
 /// A fresh namespace with its schema, the bench table and the streams.
@@ -210,8 +219,9 @@ struct Cpu {
 
 impl Cpu {
     /// Reads utime+stime of every process in each server's process group (each
-    /// server is its own group; PostgreSQL backends are the postmaster's children) and
-    /// of this process (where the benchmarked worker runs).
+    /// server is its own group; PostgreSQL backends are the postmaster's children,
+    /// and those that ended are in its cutime+cstime) and of this process (where
+    /// the benchmarked worker runs).
     fn now(stack: &DevStack) -> Cpu {
         let tick_ms = 10.0; // CLK_TCK = 100
         let etcd: Vec<u32> = (0..stack.etcd_members())
@@ -248,7 +258,14 @@ impl Cpu {
             ) else {
                 continue;
             };
-            let ms = (ut + st) * tick_ms;
+            let mut ms = (ut + st) * tick_ms;
+            if Some(pid) == pg {
+                // Backends that ended (and autovacuum workers) count too: their
+                // time lands in the postmaster's cutime/cstime when reaped.
+                let reaped = f.get(13).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+                    + f.get(14).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+                ms += reaped * tick_ms;
+            }
             if etcd.contains(&pgrp) {
                 cpu.etcd += ms;
             } else if Some(pgrp) == nats {

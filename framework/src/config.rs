@@ -86,7 +86,7 @@ pub struct Config {
     pub max_in_flight: usize,
     /// Deliveries a worker may fetch and lock ahead of its running jobs, so that
     /// it fetches and locks in groups (one etcd Txn for several jobs) instead of
-    /// one job at a time as slots free (default 16; 0 turns it off). Bounded by
+    /// one job at a time as slots free (default 32; 0 turns it off). Bounded by
     /// time too: the room ahead is sized so that a delivery waits about 50 ms
     /// for a run slot, from the mean job time, so a worker whose jobs take long
     /// holds none ahead (see `ARCHITECTURE.md`, fetching in groups).
@@ -148,7 +148,7 @@ impl Config {
             },
             etcd_request_timeout: Duration::from_secs(1),
             max_in_flight: 64,
-            prefetch: 16,
+            prefetch: 32,
             max_takeovers: 5,
             max_retries: 3,
             max_deliver: 1000,

@@ -725,10 +725,52 @@ async fn a_chained_commit_keeps_the_output_exact_and_commits_nothing_when_the_ca
     let row = s.job(id).await.unwrap().unwrap();
     assert_eq!(row.step, step(1), "{row:?}");
     assert_eq!(ledger_rows(&s, id).await, vec![(0, 10)]);
-    // The generation still holds the job: step 1 can run again.
-    let tx1 = s.begin_step(id, tok(10), step(1)).await.unwrap();
+    // The generation still holds the job: step 1 can run again. The same
+    // refusal through `commit_step` (the last step's commit, also one string).
+    let mut tx1 = s.begin_step(id, tok(10), step(1)).await.unwrap();
+    write_ledger(tx1.conn(), &table, id, 1, tok(10))
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "UPDATE {}.jobs SET checkpoint = 'null', step = 0 WHERE id = $1",
+        s.schema()
+    ))
+    .bind(id.as_uuid())
+    .execute(tx1.conn())
+    .await
+    .unwrap();
+    let refused = tx1.commit_step(&json!("b"), true).await;
+    assert!(
+        matches!(refused, Err(FenceError::Corrupt { ref reason, .. }) if reason.contains("own SQL")),
+        "{refused:?}"
+    );
+    assert_eq!(ledger_rows(&s, id).await, vec![(0, 10)]);
+    let mut tx1 = s.begin_step(id, tok(10), step(1)).await.unwrap();
+    write_ledger(tx1.conn(), &table, id, 1, tok(10))
+        .await
+        .unwrap();
     tx1.commit_step(&json!("b"), true).await.unwrap();
-    assert_eq!(s.job(id).await.unwrap().unwrap().status, JobStatus::Done);
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.step),
+        (JobStatus::Done, step(2)),
+        "{row:?}"
+    );
+    assert_eq!(row.checkpoint, Some(json!("b")));
+    assert_eq!(ledger_rows(&s, id).await, vec![(0, 10), (1, 10)]);
+    // Every connection the commits used went back to the pool usable, outside
+    // any transaction.
+    let mut held = Vec::new();
+    for _ in 0..s.pool().size() {
+        let mut conn = s.pool().acquire().await.unwrap();
+        // SAVEPOINT works only inside a transaction block.
+        let probe = conn.execute("SAVEPOINT probe").await;
+        assert!(
+            probe.is_err(),
+            "a connection came back inside a transaction"
+        );
+        held.push(conn);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

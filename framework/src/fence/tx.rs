@@ -124,11 +124,17 @@ impl FencedTx {
     /// The step CAS, then commit: `UPDATE jobs SET step = k + 1, checkpoint = output
     /// [, status = 'done' when last] WHERE id AND fence = token AND step = k`.
     ///
+    /// One round trip: `SELECT tenure_step_cas(..); COMMIT; BEGIN` as one simple
+    /// query (see [`commit_step_and_begin`](Self::commit_step_and_begin)); the
+    /// empty transaction that `BEGIN` opens is rolled back when the connection
+    /// goes back to the pool, in the round trip of the pool's own check.
+    ///
     /// # Errors
     /// Zero rows (only possible if the step's own SQL touched the job row, since the
     /// row lock is held): [`FenceError::FencedOut`] or another state error, after a
-    /// rollback. [`FenceError::Db`] on I/O; if the `COMMIT` itself fails the outcome
-    /// is unknown: read the row (or claim again) to find out.
+    /// rollback; nothing of the step commits. [`FenceError::Db`] on I/O; if the
+    /// `COMMIT` itself fails the outcome is unknown: read the row (or claim again)
+    /// to find out.
     ///
     /// # Fencing
     /// The user's writes and the step's checkpoint commit atomically, under the row
@@ -146,12 +152,30 @@ impl FencedTx {
             last
         );
         async move {
-            if let Some(err) = self.step_cas(output, last).await? {
-                let _ = self.tx.rollback().await;
-                return Err(err);
+            let step_sql = step_to_sql(self.job_id, self.step)?;
+            let (id, token) = (self.job_id.as_uuid(), self.token.get());
+            let Some(cas) = self
+                .store
+                .sql
+                .step_cas_literal(id, token, step_sql, output, last)
+            else {
+                if let Some(err) = self.step_cas(output, last).await? {
+                    let _ = self.tx.rollback().await;
+                    return Err(err);
+                }
+                self.tx.commit().await?;
+                return Ok(());
+            };
+            // The trailing BEGIN keeps sqlx's view (one open transaction) true:
+            // dropping `tx` queues its ROLLBACK, which the pool's check on
+            // release sends.
+            let chained = format!("{cas}; COMMIT; BEGIN");
+            let conn: &mut sqlx::PgConnection = &mut self.tx;
+            match sqlx::Executor::execute(conn, chained.as_str()).await {
+                Ok(_) => Ok(()),
+                Err(e) if cas_refused(&e) => Err(self.refused().await),
+                Err(e) => Err(FenceError::Db(e)),
             }
-            self.tx.commit().await?;
-            Ok(())
         }
         .instrument(span)
         .await
@@ -234,26 +258,7 @@ impl FencedTx {
                     let _ = self.tx.rollback().await;
                     Ok(None)
                 }
-                Err(e) if cas_refused(&e) => {
-                    // Nothing committed: the error aborted the string before COMMIT.
-                    let (store, job_id, token, step) =
-                        (self.store.clone(), self.job_id, self.token, self.step);
-                    let _ = self.tx.rollback().await;
-                    let err = match store.refusal(store.pool(), job_id, token, Some(step)).await {
-                        // The row is as admitted again after the rollback: only
-                        // the step's own SQL can have changed it in between.
-                        FenceError::Corrupt { job_id, .. } => FenceError::Corrupt {
-                            job_id,
-                            reason: format!(
-                                "step {step}'s own SQL changed its job row, so the step \
-                                 commit under {token} matched no row; nothing was committed"
-                            ),
-                        },
-                        other => other,
-                    };
-                    tracing::warn!(error = %err, "step commit refused");
-                    Err(err)
-                }
+                Err(e) if cas_refused(&e) => Err(self.refused().await),
                 Err(e) => {
                     let (store, job_id, token) = (self.store.clone(), self.job_id, self.token);
                     drop(self.tx);
@@ -269,6 +274,27 @@ impl FencedTx {
         }
         .instrument(span)
         .await
+    }
+
+    /// After `tenure_step_cas` refused (the error aborted the string before its
+    /// `COMMIT`, so nothing committed): rolls back and tells why.
+    async fn refused(self) -> FenceError {
+        let (store, job_id, token, step) = (self.store.clone(), self.job_id, self.token, self.step);
+        let _ = self.tx.rollback().await;
+        let err = match store.refusal(store.pool(), job_id, token, Some(step)).await {
+            // The row is as admitted again after the rollback: only the step's
+            // own SQL can have changed it in between.
+            FenceError::Corrupt { job_id, .. } => FenceError::Corrupt {
+                job_id,
+                reason: format!(
+                    "step {step}'s own SQL changed its job row, so the step commit under \
+                     {token} matched no row; nothing was committed"
+                ),
+            },
+            other => other,
+        };
+        tracing::warn!(error = %err, "step commit refused");
+        err
     }
 
     /// The step CAS inside this transaction. `Ok(Some(verdict))` when it matched
