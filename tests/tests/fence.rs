@@ -12,7 +12,7 @@ use serde_json::json;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::fence::{FenceError, FenceStore, Inserted, JobStatus};
+use tenure::fence::{FenceError, FenceStore, FencedTx, Inserted, JobStatus};
 use tenure::{FencingToken, JobId, StepIndex};
 
 /// One PostgreSQL-only dev stack per test binary (this file needs no etcd/NATS);
@@ -669,6 +669,22 @@ async fn resume_returns_the_last_committed_checkpoint_and_counts_takeovers() {
     ));
 }
 
+/// Step 1's ledger write, then SQL of the step's own that changes its job row
+/// (`UPDATE jobs SET <set>`): what makes the step CAS miss under a held row lock.
+async fn write_then_touch_the_job_row(tx: &mut FencedTx, s: &FenceStore, id: JobId, set: &str) {
+    write_ledger(tx.conn(), &ledger(s), id, 1, tok(10))
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "UPDATE {}.jobs SET {set} WHERE id = $1",
+        s.schema()
+    ))
+    .bind(id.as_uuid())
+    .execute(tx.conn())
+    .await
+    .unwrap();
+}
+
 /// `commit_step_and_begin` sends the step CAS, `COMMIT`, `BEGIN` and the next
 /// admission as one string with the output as a literal: the output comes back
 /// byte for byte (quotes, backslashes, non-ASCII), the step's writes commit once,
@@ -706,17 +722,7 @@ async fn a_chained_commit_keeps_the_output_exact_and_commits_nothing_when_the_ca
 
     // Step 1 writes, then its own SQL moves the job row: the CAS misses, and
     // neither that write nor the row change commits.
-    write_ledger(tx1.conn(), &table, id, 1, tok(10))
-        .await
-        .unwrap();
-    sqlx::query(&format!(
-        "UPDATE {}.jobs SET step = step + 5 WHERE id = $1",
-        s.schema()
-    ))
-    .bind(id.as_uuid())
-    .execute(tx1.conn())
-    .await
-    .unwrap();
+    write_then_touch_the_job_row(&mut tx1, &s, id, "step = step + 5").await;
     let refused = tx1.commit_step_and_begin(&json!("b"), step(2)).await;
     assert!(
         matches!(refused, Err(FenceError::Corrupt { ref reason, .. }) if reason.contains("own SQL")),
@@ -728,17 +734,7 @@ async fn a_chained_commit_keeps_the_output_exact_and_commits_nothing_when_the_ca
     // The generation still holds the job: step 1 can run again. The same
     // refusal through `commit_step` (the last step's commit, also one string).
     let mut tx1 = s.begin_step(id, tok(10), step(1)).await.unwrap();
-    write_ledger(tx1.conn(), &table, id, 1, tok(10))
-        .await
-        .unwrap();
-    sqlx::query(&format!(
-        "UPDATE {}.jobs SET checkpoint = 'null', step = 0 WHERE id = $1",
-        s.schema()
-    ))
-    .bind(id.as_uuid())
-    .execute(tx1.conn())
-    .await
-    .unwrap();
+    write_then_touch_the_job_row(&mut tx1, &s, id, "checkpoint = 'null', step = 0").await;
     let refused = tx1.commit_step(&json!("b"), true).await;
     assert!(
         matches!(refused, Err(FenceError::Corrupt { ref reason, .. }) if reason.contains("own SQL")),
