@@ -305,6 +305,16 @@ impl JobRun {
                 return Err(Stop::Quiet);
             }
         };
+        // The session may have been lost while the delivery waited: its lock is
+        // gone (or going) with the lease, and a newer owner may hold the job.
+        // Do not claim with a token that no longer guards anything.
+        if session.health() == Health::Lost {
+            tracing::info!(
+                "the session was lost while the delivery waited for a run slot; giving it back"
+            );
+            self.retry_later(delivery, Duration::ZERO).await;
+            return Err(Stop::Quiet);
+        }
 
         // 3. Claim the fence at the resource, before any useful work. The claim
         // opens the first step's fenced transaction (its UPDATE holds the row

@@ -18,7 +18,8 @@
 //! [`AHEAD_WAIT_BUDGET`] for a run slot, from the mean time a job holds one
 //! (no room ahead until a job has finished, and none for jobs that run long).
 //! A delivery that waits longer than `min(lease_ttl / 4, 1 s)` anyway (jobs
-//! turned slow) gives its lock back and is redelivered at once.
+//! turned slow) gives its lock back and is redelivered at once, and the room
+//! ahead closes until jobs finish fast again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -207,8 +208,24 @@ impl Slots {
             },
         };
         self.waiting.fetch_sub(1, Ordering::AcqRel);
+        if got.as_ref().err() == Some(&NoRunSlot::TooLong) {
+            self.slow_down();
+        }
         self.changed.notify_one();
         got
+    }
+
+    /// A delivery waited past the bound: the running jobs are slower than the
+    /// mean says (it only learns from jobs that finished). Raise the mean so that
+    /// no room is left ahead until fast jobs bring it down again (each finished
+    /// job moves it an eighth of the way), instead of fetching, locking and
+    /// giving back deliveries once per bound.
+    fn slow_down(&self) {
+        let floor = self
+            .max_wait
+            .saturating_mul(u32::try_from(self.max_in_flight).unwrap_or(u32::MAX));
+        let floor = u64::try_from(floor.as_micros()).unwrap_or(u64::MAX);
+        self.mean_run_us.fetch_max(floor, Ordering::Relaxed);
     }
 
     fn record_run(&self, took: Duration) {
@@ -305,5 +322,31 @@ mod tests {
             Err(NoRunSlot::TooLong)
         );
         assert_eq!(started.elapsed(), Duration::from_millis(500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_delivery_gave_up_no_room_is_left_ahead_until_jobs_run_fast_again() {
+        let slots = Slots::new(2, 8, Duration::from_secs(4));
+        slots.record_run(Duration::from_millis(10));
+        assert_eq!(slots.room_ahead(), 8);
+        let draining = tokio_util::sync::CancellationToken::new();
+        let _a = slots.run_slot(&draining).await.unwrap();
+        let _b = slots.run_slot(&draining).await.unwrap();
+        assert_eq!(
+            slots.run_slot(&draining).await.map(drop),
+            Err(NoRunSlot::TooLong)
+        );
+        assert_eq!(
+            slots.room_ahead(),
+            0,
+            "jobs hold their slots past the bound"
+        );
+        let mut finished = 0;
+        while slots.room_ahead() == 0 {
+            slots.record_run(Duration::from_millis(10));
+            finished += 1;
+            assert!(finished < 100, "fast jobs bring the room back");
+        }
+        assert!(finished > 10, "not after one fast job: {finished}");
     }
 }
