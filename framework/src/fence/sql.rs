@@ -29,6 +29,45 @@ pub(crate) fn quote_literal(text: &str) -> String {
     out
 }
 
+/// The job id, token and step as typed literals (`$1`..`$3` of the admission
+/// and of the step CAS).
+fn key_literals(id: uuid::Uuid, token: i64, step: i32) -> [String; 3] {
+    [
+        format!("'{id}'::uuid"),
+        format!("{token}::bigint"),
+        format!("{step}::int"),
+    ]
+}
+
+/// `template` with each `$n` replaced by `args[n - 1]`, in one pass: the text
+/// of a value is never scanned for placeholders itself. A `$` not followed by
+/// the number of an argument stays as it is.
+fn with_literals(template: &str, args: &[&str]) -> String {
+    let mut out =
+        String::with_capacity(template.len() + args.iter().map(|a| a.len()).sum::<usize>());
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        let arg = after[..digits]
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|i| args.get(i));
+        match arg {
+            Some(arg) => out.push_str(arg),
+            None => {
+                out.push('$');
+                out.push_str(&after[..digits]);
+            }
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `SET LOCAL tenure.job_id / tenure.fence` (what the guard checks) as select
 /// items, from parameters `$1` (job id) and `$2` (token).
 const SET_GUCS: &str = "set_config('tenure.job_id', $1::text, true) AS tenure_job_id, \
@@ -60,16 +99,16 @@ pub(crate) struct Sql {
     pub claim_and_begin: String,
     pub claim_current: String,
     pub admit: String,
-    pub commit_step: String,
+    /// The step CAS as a statement that, sent before `COMMIT` in one simple
+    /// query, makes the `COMMIT` happen only if it matched (parameters `$1` id,
+    /// `$2` token, `$3` step, `$4` output, `$5` last; see [`Sql::step_cas_literal`]).
+    pub step_cas: String,
     pub fail: String,
     pub release: String,
     pub dead: String,
     pub dead_unfenced: String,
     pub redrive: String,
     pub guard_function: String,
-    /// `<schema>.tenure_step_cas`, or `None` when the CAS must not be folded
-    /// into a simple-query string (the test-only unfenced variant).
-    pub step_cas_function: Option<String>,
 }
 
 impl Sql {
@@ -110,13 +149,9 @@ impl Sql {
                      FOR UPDATE) \
                  SELECT {set_gucs} FROM admitted"
             ),
-            commit_step: format!(
-                "UPDATE {t} SET step = step + 1, checkpoint = $4, \
-                                status = CASE WHEN $5 THEN 'done' ELSE status END, \
-                                updated_at = now() \
-                 WHERE id = $1 AND fence = $2 AND step = $3 \
-                   AND status = 'running' AND NOT released"
-            ),
+            // `tenure_step_cas` (migration 0003) raises SQLSTATE TF002 when the
+            // CAS matches no row.
+            step_cas: format!("SELECT \"{schema}\".tenure_step_cas($1, $2, $3, $4, $5)"),
             fail: format!(
                 "UPDATE {t} SET attempts = attempts + 1, last_error = $3, released = true, \
                                 status = 'pending', updated_at = now() \
@@ -141,14 +176,13 @@ impl Sql {
                  WHERE id = $1 AND status = 'dead' AND fence = $2"
             ),
             guard_function: format!("\"{schema}\".tenure_guard()"),
-            step_cas_function: Some(format!("\"{schema}\".tenure_step_cas")),
         }
     }
 
-    /// The step CAS (migration `0003_step_cas.sql`: it raises SQLSTATE
-    /// [`CAS_REFUSED_SQLSTATE`] when it matches no row) as a statement with its
-    /// values written as literals, for a simple-query string that goes on with
-    /// `COMMIT`. `None` when folding is off.
+    /// The step CAS with its values written as literals, for a simple-query
+    /// string that goes on with `COMMIT` (see `FencedTx::commit_step`): the id,
+    /// the token, the step, the output's JSON text in an `E'..'` literal, and
+    /// `last`.
     pub(crate) fn step_cas_literal(
         &self,
         id: uuid::Uuid,
@@ -156,12 +190,11 @@ impl Sql {
         step: i32,
         output: &serde_json::Value,
         last: bool,
-    ) -> Option<String> {
-        let function = self.step_cas_function.as_ref()?;
-        let json = quote_literal(&output.to_string());
-        Some(format!(
-            "SELECT {function}('{id}'::uuid, {token}::bigint, {step}::int, {json}::jsonb, {last})"
-        ))
+    ) -> String {
+        let [id, token, step] = key_literals(id, token, step);
+        let output = format!("{}::jsonb", quote_literal(&output.to_string()));
+        let last = if last { "true" } else { "false" };
+        with_literals(&self.step_cas, &[&id, &token, &step, &output, last])
     }
 
     /// The admission statement with its three parameters written as literals,
@@ -169,10 +202,8 @@ impl Sql {
     /// (see `FencedTx::commit_step_and_begin`). Only typed values go in: a
     /// UUID's canonical text, and two integers.
     pub(crate) fn admit_literal(&self, id: uuid::Uuid, token: i64, step: i32) -> String {
-        self.admit
-            .replace("$1", &format!("'{id}'::uuid"))
-            .replace("$2", &format!("{token}::bigint"))
-            .replace("$3", &format!("{step}::int"))
+        let [id, token, step] = key_literals(id, token, step);
+        with_literals(&self.admit, &[&id, &token, &step])
     }
 
     /// TEST ONLY: the torture test's negative control (`Config::unsafe_no_fencing`).
@@ -190,19 +221,20 @@ impl Sql {
                  SELECT id FROM {t} WHERE id = $1 AND $3::int >= 0 FOR UPDATE) \
              SELECT {set_gucs} FROM admitted"
         );
-        self.step_cas_function = None;
-        self.commit_step = format!(
-            "UPDATE {t} SET step = $3 + 1, checkpoint = $4, \
-                            status = CASE WHEN $5 THEN 'done' ELSE status END, \
-                            updated_at = now() \
-             WHERE id = $1 AND $2::bigint IS NOT NULL"
+        // Never raises: the string's COMMIT always runs.
+        self.step_cas = format!(
+            "WITH cas AS ( \
+                 UPDATE {t} SET step = $3 + 1, checkpoint = $4, \
+                                status = CASE WHEN $5 THEN 'done' ELSE status END, \
+                                updated_at = now() \
+                 WHERE id = $1 AND $2 IS NOT NULL RETURNING 1) \
+             SELECT count(*) FROM cas"
         );
         self
     }
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::Sql;
 
@@ -228,6 +260,14 @@ mod tests {
     }
 
     #[test]
+    fn placeholders_are_filled_once_and_a_values_own_dollars_stay() {
+        assert_eq!(
+            super::with_literals("a $1 b $2 $1 $3 $x $", &["'$2'", "2"]),
+            "a '$2' b 2 '$2' $3 $x $"
+        );
+    }
+
+    #[test]
     fn literals_double_quotes_and_backslashes_inside_e_quotes() {
         assert_eq!(
             super::quote_literal(r#"{"a":"it's \"q\" \\ é"}"#),
@@ -236,7 +276,7 @@ mod tests {
         let sql = Sql::new("tenure");
         let id = uuid::Uuid::from_u128(1);
         let out = serde_json::json!({"note": "O'Brien \\ done"});
-        let text = sql.step_cas_literal(id, 42, 1, &out, true).unwrap();
+        let text = sql.step_cas_literal(id, 42, 1, &out, true);
         assert_eq!(
             text,
             "SELECT \"tenure\".tenure_step_cas('00000000-0000-0000-0000-000000000001'::uuid, \

@@ -152,20 +152,7 @@ impl FencedTx {
             last
         );
         async move {
-            let step_sql = step_to_sql(self.job_id, self.step)?;
-            let (id, token) = (self.job_id.as_uuid(), self.token.get());
-            let Some(cas) = self
-                .store
-                .sql
-                .step_cas_literal(id, token, step_sql, output, last)
-            else {
-                if let Some(err) = self.step_cas(output, last).await? {
-                    let _ = self.tx.rollback().await;
-                    return Err(err);
-                }
-                self.tx.commit().await?;
-                return Ok(());
-            };
+            let cas = self.cas_literal(output, last)?;
             // The trailing BEGIN keeps sqlx's view (one open transaction) true:
             // dropping `tx` queues its ROLLBACK, which the pool's check on
             // release sends.
@@ -219,23 +206,12 @@ impl FencedTx {
         );
         async move {
             let next_sql = step_to_sql(self.job_id, next)?;
-            let step_sql = step_to_sql(self.job_id, self.step)?;
-            let (id, token) = (self.job_id.as_uuid(), self.token.get());
-            let sql = &self.store.sql;
-            let admit = sql.admit_literal(id, token, next_sql);
-            // Rows the string answers when all went well: the CAS's one (a
-            // `void`), if folded, and the admission's one.
-            let (chained, expected) =
-                match sql.step_cas_literal(id, token, step_sql, output, false) {
-                    Some(cas) => (format!("{cas}; COMMIT; BEGIN; {admit}"), 2),
-                    None => {
-                        if let Some(err) = self.step_cas(output, false).await? {
-                            let _ = self.tx.rollback().await;
-                            return Err(err);
-                        }
-                        (format!("COMMIT; BEGIN; {admit}"), 1)
-                    }
-                };
+            let cas = self.cas_literal(output, false)?;
+            let admit =
+                self.store
+                    .sql
+                    .admit_literal(self.job_id.as_uuid(), self.token.get(), next_sql);
+            let chained = format!("{cas}; COMMIT; BEGIN; {admit}");
             // sqlx's transaction depth stays 1 throughout: the connection is in a
             // transaction again afterwards (or, on an error, dropping `tx` sends
             // the ROLLBACK that cleans up whatever state it is in).
@@ -244,7 +220,8 @@ impl FencedTx {
             let conn: &mut sqlx::PgConnection = &mut self.tx;
             let answered = sqlx::Executor::fetch_all(conn, chained.as_str()).await;
             match answered {
-                Ok(rows) if rows.len() == expected => {
+                // One row from the CAS, one from the admission when it admitted.
+                Ok(rows) if rows.len() == 2 => {
                     tracing::debug!(next = %next, "the next step's transaction opened with this commit");
                     Ok(Some(FencedTx {
                         step: next,
@@ -297,32 +274,16 @@ impl FencedTx {
         err
     }
 
-    /// The step CAS inside this transaction. `Ok(Some(verdict))` when it matched
-    /// no row (a newer owner, or the step's own SQL changed the job row): the
-    /// caller rolls back and returns the verdict.
-    async fn step_cas(
-        &mut self,
-        output: &serde_json::Value,
-        last: bool,
-    ) -> Result<Option<FenceError>, FenceError> {
+    /// This step's CAS, values as literals, to head a simple-query string.
+    fn cas_literal(&self, output: &serde_json::Value, last: bool) -> Result<String, FenceError> {
         let step = step_to_sql(self.job_id, self.step)?;
-        let done = sqlx::query(&self.store.sql.commit_step)
-            .bind(self.job_id.as_uuid())
-            .bind(self.token.get())
-            .bind(step)
-            .bind(output)
-            .bind(last)
-            .execute(&mut *self.tx)
-            .await?;
-        if done.rows_affected() == 1 {
-            return Ok(None);
-        }
-        let err = self
-            .store
-            .refusal(&mut *self.tx, self.job_id, self.token, Some(self.step))
-            .await;
-        tracing::warn!(error = %err, "step commit refused");
-        Ok(Some(err))
+        Ok(self.store.sql.step_cas_literal(
+            self.job_id.as_uuid(),
+            self.token.get(),
+            step,
+            output,
+            last,
+        ))
     }
 
     /// Commits a transaction that carries its claim and no step work: the claim
