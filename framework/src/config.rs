@@ -186,23 +186,30 @@ impl Config {
         if let Some(w) = var("TENURE_WORKER_ID") {
             cfg.worker_id = w;
         }
-        if let Some(n) = var("TENURE_STREAM_REPLICAS") {
-            cfg.stream_replicas = n.parse().map_err(|e| ConfigError::Invalid {
-                name: "TENURE_STREAM_REPLICAS",
-                reason: format!("{e}"),
-            })?;
+        // An optional number: absent (or blank) keeps the default.
+        fn number<T: std::str::FromStr>(
+            var: impl Fn(&str) -> Option<String>,
+            name: &'static str,
+        ) -> Result<Option<T>, ConfigError>
+        where
+            T::Err: std::fmt::Display,
+        {
+            var(name)
+                .map(|v| {
+                    v.parse().map_err(|e| ConfigError::Invalid {
+                        name,
+                        reason: format!("{e}"),
+                    })
+                })
+                .transpose()
         }
-        if let Some(n) = var("TENURE_PREFETCH") {
-            cfg.prefetch = n.parse().map_err(|e| ConfigError::Invalid {
-                name: "TENURE_PREFETCH",
-                reason: format!("{e}"),
-            })?;
+        if let Some(n) = number(var, "TENURE_STREAM_REPLICAS")? {
+            cfg.stream_replicas = n;
         }
-        if let Some(ms) = var("TENURE_LEASE_TTL_MS") {
-            let ms: u64 = ms.parse().map_err(|e| ConfigError::Invalid {
-                name: "TENURE_LEASE_TTL_MS",
-                reason: format!("{e}"),
-            })?;
+        if let Some(n) = number(var, "TENURE_PREFETCH")? {
+            cfg.prefetch = n;
+        }
+        if let Some(ms) = number(var, "TENURE_LEASE_TTL_MS")? {
             cfg.lease_ttl = Duration::from_millis(ms);
         }
         cfg.validate()?;
