@@ -95,7 +95,6 @@ impl Actor for Fetcher {
                         admitted,
                         delivery,
                         hold,
-                        slots: st.slots.clone(),
                     };
                     if let Err(e) =
                         Actor::spawn_linked(None, JobActor, args, st.supervisor.clone()).await

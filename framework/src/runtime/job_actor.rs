@@ -31,7 +31,6 @@ pub(crate) struct JobArgs {
     pub(crate) delivery: Delivery,
     /// This delivery's place in the worker, until the actor ends.
     pub(crate) hold: HoldSlot,
-    pub(crate) slots: Arc<Slots>,
 }
 
 pub(crate) struct JobActor;
@@ -71,12 +70,11 @@ impl Actor for JobActor {
                 admitted,
                 delivery,
                 hold,
-                slots,
             } = args;
             let run = JobRun {
                 shared: shared.clone(),
                 me: myself.get_cell(),
-                slots,
+                slots: hold.slots().clone(),
             };
             run.run(delivery, admitted).await;
             shared.metrics.in_flight(-1);
@@ -298,10 +296,9 @@ impl JobRun {
                     ?why,
                     "no run slot for a delivery fetched ahead; giving it back"
                 );
-                // Not claimed: nothing on the row to undo. Redelivered at once
-                // (to a worker with a free slot, or to this one).
-                sh.locks.release(session, lock, ReleaseMode::Prompt).await;
-                self.retry_later(delivery, Duration::ZERO).await;
+                // Redelivered at once (to a worker with a free slot, or to this one).
+                self.give_back(session, lock, delivery, Duration::ZERO)
+                    .await;
                 return Err(Stop::Quiet);
             }
         };
@@ -343,11 +340,8 @@ impl JobRun {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "claim failed; retrying later");
-                sh.locks
-                    .release(session.clone(), lock, ReleaseMode::Prompt)
-                    .await;
-                self.retry_later(delivery, retry::jittered(&sh.cfg.retry_backoff, 0))
-                    .await;
+                let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+                self.give_back(session, lock, delivery, delay).await;
                 return Err(Stop::Quiet);
             }
         };
@@ -702,6 +696,22 @@ impl JobRun {
     /// next attempt needs it), then naks the message with `delay`.
     async fn hand_back(&self, owned: &mut Owned, delivery: Delivery, delay: Duration) {
         self.release_lock(owned, ReleaseMode::Prompt).await;
+        self.retry_later(delivery, delay).await;
+    }
+
+    /// [`hand_back`](Self::hand_back) for a job not claimed yet (nothing on its
+    /// row to undo).
+    async fn give_back(
+        &self,
+        session: Arc<Session>,
+        lock: JobLock,
+        delivery: Delivery,
+        delay: Duration,
+    ) {
+        self.shared
+            .locks
+            .release(session, lock, ReleaseMode::Prompt)
+            .await;
         self.retry_later(delivery, delay).await;
     }
 

@@ -57,6 +57,13 @@ pub(crate) struct HoldSlot {
     slots: Arc<Slots>,
 }
 
+impl HoldSlot {
+    /// The worker's slots this one belongs to.
+    pub(crate) fn slots(&self) -> &Arc<Slots> {
+        &self.slots
+    }
+}
+
 impl Drop for HoldSlot {
     fn drop(&mut self) {
         // The permit returns after this body; `notify_one` keeps the wakeup
