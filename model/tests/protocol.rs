@@ -1,0 +1,135 @@
+//! The model checks of issue 24: the faithful protocol holds every property to
+//! the bound; each weakened protocol yields a counterexample trace.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use tenure_model::model::{Bound, EqualToken, Switches, Tenure};
+use tenure_model::variants::{self, ADMISSION_ONLY, Variant};
+use tenure_model::{Outcome, check, props, render};
+
+/// The BFS depth bound; the faithful model's state space ends well before it
+/// (max depth 63 at `Bound::SMALL`), so its checks are exhaustive.
+const DEPTH: usize = 200;
+
+const SAFETY: [&str; 5] = [
+    props::NO_DOUBLE_COMMIT,
+    props::NO_STALE_COMMIT,
+    props::TOKENS_NEVER_DECREASE,
+    props::ONE_OWNER_PER_TOKEN,
+    props::CLAIMS_FROM_REAL_LOCKS,
+];
+
+fn report(name: &str, out: &Outcome) {
+    eprintln!(
+        "{name}: {} unique states ({} generated), max depth {}, exhaustive: {}, {:.2?}",
+        out.unique_states,
+        out.states,
+        out.max_depth,
+        out.exhaustive(),
+        out.elapsed
+    );
+}
+
+fn assert_holds(name: &str, model: Tenure) -> Outcome {
+    let out = check(model.clone(), DEPTH, None);
+    report(name, &out);
+    assert!(out.exhaustive(), "{name}: the state space did not end within the depth bound");
+    for p in SAFETY.iter().chain([&props::EVENTUALLY_TERMINAL]) {
+        if let Some(path) = out.discovery(p) {
+            panic!("{name}: counterexample for {p:?}:\n{}", render(&model, path));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_faithful_protocol_holds_every_property_to_the_bound() {
+    let out = assert_holds("faithful", Tenure::faithful(Bound::SMALL));
+    // The model does reach the interesting places (examples, not counterexamples).
+    for p in [
+        props::SOMETIMES_ALL_DONE,
+        props::SOMETIMES_TAKEOVER_DONE,
+        props::SOMETIMES_DEAD,
+    ] {
+        assert!(out.discovery(p).is_some(), "no example for {p:?}");
+    }
+    assert!(out.unique_states > 1_000_000, "the bound shrank: {}", out.unique_states);
+}
+
+#[test]
+fn todays_claim_is_safe_while_etcd_revisions_never_go_back() {
+    let model = Tenure {
+        bound: Bound {
+            snapshot_restores: 0,
+            ..Bound::SMALL
+        },
+        switches: Switches {
+            equal_token: EqualToken::AcceptAsOurs,
+            ..Switches::FAITHFUL
+        },
+    };
+    assert_holds("today's claim, no snapshot restore", model);
+}
+
+#[test]
+fn dropping_the_fence_from_the_admission_alone_is_caught_by_the_step_cas() {
+    let model = Tenure {
+        bound: Bound::SMALL,
+        switches: ADMISSION_ONLY,
+    };
+    assert_holds("admission without fence, CAS with it", model);
+}
+
+fn counterexample(v: Variant) -> String {
+    let model = Tenure {
+        bound: Bound::SMALL,
+        switches: v.switches,
+    };
+    let out = check(model.clone(), DEPTH, Some(v.breaks));
+    report(v.name, &out);
+    let path = out
+        .discovery(v.breaks)
+        .unwrap_or_else(|| panic!("{}: no counterexample for {:?}", v.name, v.breaks));
+    let trace = render(&model, path);
+    eprintln!("{} breaks {:?}:\n{trace}", v.name, v.breaks);
+    assert!(trace.starts_with("  1. "), "{trace}");
+    assert_eq!(trace.lines().count(), path.len());
+    trace
+}
+
+#[test]
+fn a_claim_without_fence_below_token_lets_an_older_token_in() {
+    let trace = counterexample(variants::NO_CLAIM_FENCE);
+    assert!(trace.contains("fence 2 -> 1"), "{trace}");
+}
+
+#[test]
+fn an_admission_without_fence_equals_token_commits_a_stale_step() {
+    let trace = counterexample(variants::NO_ADMISSION_FENCE);
+    assert!(trace.contains("COMMIT A step"), "{trace}");
+}
+
+#[test]
+fn without_the_verification_read_a_phantom_grant_claims() {
+    let trace = counterexample(variants::NO_VERIFY_READ);
+    assert!(trace.contains("etcd issue 11456"), "{trace}");
+}
+
+#[test]
+fn accepting_an_equal_token_after_a_revision_regression_makes_two_owners() {
+    let trace = counterexample(variants::EQUAL_TOKEN_ACCEPTED);
+    assert!(trace.contains("snapshot restore"), "{trace}");
+}
+
+#[test]
+fn a_strict_claim_alone_still_admits_after_a_failed_claim_commit() {
+    let trace = counterexample(variants::EQUAL_TOKEN_AFTER_FAILED_CLAIM_COMMIT);
+    assert!(trace.contains("idle_in_transaction"), "{trace}");
+}
+
+/// `cargo test --release -p tenure-model -- --ignored`: three workers, three
+/// steps, two lease expiries (see README.md for its size and time).
+#[test]
+#[ignore = "larger bound: minutes, see model/README.md"]
+fn the_faithful_protocol_holds_at_the_larger_bound() {
+    assert_holds("faithful, larger bound", Tenure::faithful(Bound::LARGER));
+}
