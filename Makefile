@@ -1,12 +1,19 @@
-.PHONY: setup demo test lint bench torture
+.PHONY: setup check-fresh demo test lint bench torture
 
+# Installs the missing Debian packages, then verifies the files and behaviour the
+# build and the tests rely on (fails with the name of the package to install).
 setup:
 	bash scripts/setup.sh
+
+# Fails if a file the build or the tests use comes from a package setup.sh does
+# not install (what a machine that happens to have it would hide).
+check-fresh: setup
+	bash scripts/check-fresh.sh
 
 demo: setup
 	cargo run --example ledger
 
-test: setup
+test: setup check-fresh
 	cargo test --workspace --no-fail-fast
 
 lint:
