@@ -4,14 +4,19 @@
 //! sleep = min(cap, base * 2^attempt) * rand(0.5, 1.5)
 //! ```
 //!
-//! with `attempt` counting from 0 and `rand(0.5, 1.5)` uniform in `[0.5, 1.5)`.
+//! with `attempt` counting from 0 and `rand(0.5, 1.5)` uniform over `[0.5, 1.5]`.
 //! It spaces new sessions after a lost one ([`Config::session_backoff`]),
-//! re-acquire attempts of a contended job lock ([`Config::contention_backoff`]) and
-//! retries of a failed step ([`Config::retry_backoff`]).
+//! re-acquire attempts of a contended job lock ([`Config::contention_backoff`]),
+//! retries of a failed step ([`Config::retry_backoff`]) and the queue's own retries
+//! (the max-deliveries listener).
 //!
-//! The formula is implemented directly (it is two lines) rather than through the
-//! `backoff` crate, whose `ExponentialBackoff` also has an elapsed-time limit and a
-//! multiplier we would have to pin; here the policy is the formula and nothing else.
+//! The sequence is the `backoff` crate's [`ExponentialBackoff`], pinned to exactly
+//! that formula: `multiplier = 2`, `randomization_factor = 0.5`,
+//! `max_interval = cap`, no elapsed-time limit (so it never gives up on its own).
+//! This module is the only place that names the crate, so it can be swapped (for
+//! `backon`, say) without touching a caller. The crate draws its jitter as
+//! `interval * (0.5 + r)` with `r` in `[0, 1]` plus at most one nanosecond, so a
+//! delay lies in `[interval / 2, interval * 3 / 2 + 1 ns]`.
 //!
 //! ```
 //! use std::time::Duration;
@@ -20,29 +25,29 @@
 //!
 //! let cfg = BackoffConfig { base: Duration::from_millis(100), cap: Duration::from_secs(5) };
 //! let mut backoff = Backoff::new(cfg);
-//! let first = backoff.next_delay(); // attempt 0: 100 ms * [0.5, 1.5)
-//! assert!(first >= Duration::from_millis(50) && first < Duration::from_millis(150));
+//! let first = backoff.next_delay(); // attempt 0: 100 ms * [0.5, 1.5]
+//! assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(150));
 //! assert_eq!(backoff.attempt(), 1);
 //! ```
 //!
 //! [`Config::session_backoff`]: crate::Config::session_backoff
 //! [`Config::contention_backoff`]: crate::Config::contention_backoff
 //! [`Config::retry_backoff`]: crate::Config::retry_backoff
+//! [`ExponentialBackoff`]: backoff::ExponentialBackoff
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rand::Rng;
+use backoff::backoff::Backoff as _;
+use backoff::{ExponentialBackoff, SystemClock};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BackoffConfig;
 
-/// Lower bound of the jitter factor (inclusive).
-pub const JITTER_MIN: f64 = 0.5;
-/// Upper bound of the jitter factor (exclusive).
-pub const JITTER_MAX: f64 = 1.5;
+/// The jitter factor's range: a delay is `interval * f` with `f` in `[0.5, 1.5]`.
+pub const JITTER: f64 = 0.5;
 
 /// The interval before jitter: `min(cap, base * 2^attempt)`, saturating (a huge
-/// `attempt` gives `cap`, never an overflow).
+/// `attempt` gives `cap`, never an overflow). The bound every delay is centred on.
 ///
 /// ```
 /// use std::time::Duration;
@@ -58,25 +63,31 @@ pub fn interval(cfg: &BackoffConfig, attempt: u32) -> Duration {
     cfg.base.saturating_mul(factor).min(cfg.cap)
 }
 
-/// The sleep for `attempt` with an explicit jitter `factor` (clamped into
-/// `[0.5, 1.5]`): `interval(cfg, attempt) * factor`. [`delay`] draws the factor.
-pub fn delay_with_factor(cfg: &BackoffConfig, attempt: u32, factor: f64) -> Duration {
-    let factor = if factor.is_nan() {
-        1.0
-    } else {
-        factor.clamp(JITTER_MIN, JITTER_MAX)
-    };
-    interval(cfg, attempt).mul_f64(factor)
-}
-
-/// The sleep for `attempt`: `min(cap, base * 2^attempt) * rand(0.5, 1.5)`.
-pub fn delay(cfg: &BackoffConfig, attempt: u32, rng: &mut impl Rng) -> Duration {
-    delay_with_factor(cfg, attempt, rng.random_range(JITTER_MIN..JITTER_MAX))
-}
-
-/// [`delay`] with the thread-local random generator.
+/// The sleep for `attempt`: `min(cap, base * 2^attempt) * rand(0.5, 1.5)`, for a
+/// caller that keeps the attempt count itself (a job row's `attempts`).
 pub fn jittered(cfg: &BackoffConfig, attempt: u32) -> Duration {
-    delay(cfg, attempt, &mut rand::rng())
+    let mut sequence = exponential(cfg, interval(cfg, attempt));
+    next(&mut sequence, cfg)
+}
+
+/// The crate's sequence, pinned to the formula, starting at `current`.
+fn exponential(cfg: &BackoffConfig, current: Duration) -> ExponentialBackoff {
+    ExponentialBackoff {
+        current_interval: current,
+        initial_interval: cfg.base.min(cfg.cap),
+        randomization_factor: JITTER,
+        multiplier: 2.0,
+        max_interval: cfg.cap,
+        start_time: Instant::now(),
+        max_elapsed_time: None,
+        clock: SystemClock::default(),
+    }
+}
+
+/// The next delay of `sequence`. Without an elapsed-time limit the crate always
+/// answers; the cap is the answer should that ever change.
+fn next(sequence: &mut ExponentialBackoff, cfg: &BackoffConfig) -> Duration {
+    sequence.next_backoff().unwrap_or(cfg.cap)
 }
 
 /// A backoff sequence: each [`Backoff::next_delay`] uses the next attempt number.
@@ -84,12 +95,18 @@ pub fn jittered(cfg: &BackoffConfig, attempt: u32) -> Duration {
 pub struct Backoff {
     cfg: BackoffConfig,
     attempt: u32,
+    sequence: ExponentialBackoff,
 }
 
 impl Backoff {
     /// A sequence starting at attempt 0.
     pub fn new(cfg: BackoffConfig) -> Self {
-        Backoff { cfg, attempt: 0 }
+        let sequence = exponential(&cfg, interval(&cfg, 0));
+        Backoff {
+            cfg,
+            attempt: 0,
+            sequence,
+        }
     }
 
     /// The configuration.
@@ -105,13 +122,13 @@ impl Backoff {
     /// Starts over at attempt 0 (after a success).
     pub fn reset(&mut self) {
         self.attempt = 0;
+        self.sequence.reset();
     }
 
     /// The delay for the current attempt (jittered), then moves to the next one.
     pub fn next_delay(&mut self) -> Duration {
-        let d = delay(&self.cfg, self.attempt, &mut rand::rng());
         self.attempt = self.attempt.saturating_add(1);
-        d
+        next(&mut self.sequence, &self.cfg)
     }
 
     /// Sleeps for [`Backoff::next_delay`] unless `stop` is cancelled first.
@@ -129,13 +146,19 @@ impl Backoff {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
+    use proptest::prelude::*;
 
     fn cfg() -> BackoffConfig {
         BackoffConfig {
             base: Duration::from_millis(100),
             cap: Duration::from_secs(5),
         }
+    }
+
+    /// The formula's bounds for `attempt`, with the crate's one nanosecond.
+    fn bounds(c: &BackoffConfig, attempt: u32) -> (Duration, Duration) {
+        let center = interval(c, attempt);
+        (center / 2, center + center / 2 + Duration::from_nanos(1))
     }
 
     #[test]
@@ -152,39 +175,55 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// Every delay of a sequence, and every attempt-indexed delay, lies within
+        /// `[interval / 2, interval * 3 / 2]` of the seed's formula.
+        #[test]
+        fn delays_stay_inside_the_formula(
+            base_ms in 1u64..20_000,
+            cap_ms in 1u64..120_000,
+            attempts in 1u32..80,
+        ) {
+            let c = BackoffConfig {
+                base: Duration::from_millis(base_ms),
+                cap: Duration::from_millis(cap_ms),
+            };
+            let mut sequence = Backoff::new(c);
+            for attempt in 0..attempts {
+                let (lo, hi) = bounds(&c, attempt);
+                let d = sequence.next_delay();
+                prop_assert!(d >= lo && d <= hi, "sequence attempt {attempt}: {d:?} outside [{lo:?}, {hi:?}]");
+                let d = jittered(&c, attempt);
+                prop_assert!(d >= lo && d <= hi, "jittered attempt {attempt}: {d:?} outside [{lo:?}, {hi:?}]");
+            }
+        }
+    }
+
     #[test]
-    fn jitter_stays_within_half_and_one_and_a_half() {
+    fn jitter_spreads_over_the_whole_range() {
         let c = cfg();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         for attempt in 0..12 {
             let center = interval(&c, attempt);
-            let (lo, hi) = (center.mul_f64(0.5), center.mul_f64(1.5));
-            let (mut min, mut max) = (Duration::MAX, Duration::ZERO);
-            for _ in 0..2000 {
-                let d = delay(&c, attempt, &mut rng);
-                assert!(
-                    d >= lo && d < hi,
-                    "attempt {attempt}: {d:?} outside [{lo:?}, {hi:?})"
-                );
-                min = min.min(d);
-                max = max.max(d);
-            }
-            // The draws actually spread over the range (a constant factor would fail).
+            let draws: Vec<Duration> = (0..2000).map(|_| jittered(&c, attempt)).collect();
+            let min = draws.iter().min().copied().unwrap();
+            let max = draws.iter().max().copied().unwrap();
+            // A constant factor, or a narrower randomization, would fail here.
             assert!(min < center.mul_f64(0.6), "attempt {attempt}: min {min:?}");
             assert!(max > center.mul_f64(1.4), "attempt {attempt}: max {max:?}");
         }
     }
 
     #[test]
-    fn the_cap_applies_before_jitter() {
-        let c = cfg();
-        assert_eq!(delay_with_factor(&c, 40, 1.5), Duration::from_millis(7500));
-        assert_eq!(delay_with_factor(&c, 40, 0.5), Duration::from_millis(2500));
-        assert_eq!(delay_with_factor(&c, 0, 9.0), Duration::from_millis(150));
-        assert_eq!(
-            delay_with_factor(&c, 0, f64::NAN),
-            Duration::from_millis(100)
-        );
+    fn a_base_above_the_cap_starts_at_the_cap() {
+        let c = BackoffConfig {
+            base: Duration::from_secs(10),
+            cap: Duration::from_secs(1),
+        };
+        let mut b = Backoff::new(c);
+        for _ in 0..5 {
+            let d = b.next_delay();
+            assert!(d <= Duration::from_millis(1500), "{d:?}");
+        }
     }
 
     #[test]
@@ -193,11 +232,13 @@ mod tests {
         for expected in 0..5u32 {
             assert_eq!(b.attempt(), expected);
             let d = b.next_delay();
-            let center = interval(&cfg(), expected);
-            assert!(d >= center.mul_f64(0.5) && d < center.mul_f64(1.5));
+            let (lo, hi) = bounds(&cfg(), expected);
+            assert!(d >= lo && d <= hi, "attempt {expected}: {d:?}");
         }
         b.reset();
         assert_eq!(b.attempt(), 0);
+        let d = b.next_delay();
+        assert!(d <= Duration::from_millis(150), "after reset: {d:?}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -211,7 +252,7 @@ mod tests {
         assert!(b.sleep_unless(&stop).await);
         let slept = t0.elapsed();
         assert!(
-            slept >= Duration::from_secs(5) && slept < Duration::from_secs(15),
+            slept >= Duration::from_secs(5) && slept <= Duration::from_secs(15),
             "{slept:?}"
         );
 

@@ -1,8 +1,6 @@
 //! The dead-letter queue: writing entries, reading them back, redriving them, and
 //! the listener that dead-letters messages the broker gave up on.
 
-use std::time::Duration;
-
 use async_nats::HeaderMap;
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use async_nats::jetstream::{AckKind, message::StreamMessage};
@@ -11,7 +9,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::{Published, Queue, QueueError, boxed, headers};
-use crate::config::BackoffConfig;
+use crate::retry::Backoff;
 use crate::{FencingToken, JobId};
 
 /// Stable DLQ reasons written by the queue itself.
@@ -169,15 +167,6 @@ struct MaxDeliveriesAdvisory {
     consumer: String,
     stream_seq: u64,
     deliveries: u64,
-}
-
-/// `min(cap, base * 2^attempt) * rand(0.5, 1.5)`.
-fn backoff(cfg: BackoffConfig, attempt: u32) -> Duration {
-    let exp = cfg
-        .base
-        .saturating_mul(2u32.saturating_pow(attempt.min(30)))
-        .min(cfg.cap);
-    exp.mul_f64(rand::random_range(0.5..1.5))
 }
 
 /// Headers a direct get adds to the stored ones.
@@ -567,14 +556,13 @@ impl Queue {
     }
 
     async fn advisory_loop(self) {
-        let mut failures: u32 = 0;
+        let mut backoff = Backoff::new(self.inner.settings.backoff);
         loop {
             match self.advisory_round().await {
-                Ok(()) => failures = 0,
+                Ok(()) => backoff.reset(),
                 Err(e) => {
-                    let sleep = backoff(self.inner.settings.backoff, failures);
+                    let sleep = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?sleep, "max-deliveries listener");
-                    failures = failures.saturating_add(1);
                     tokio::time::sleep(sleep).await;
                 }
             }
@@ -682,26 +670,5 @@ impl Queue {
         }
         .instrument(span)
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_stays_within_jitter_of_the_capped_exponential() {
-        let cfg = BackoffConfig {
-            base: Duration::from_millis(100),
-            cap: Duration::from_secs(1),
-        };
-        for attempt in 0..40 {
-            let d = backoff(cfg, attempt);
-            let exp = (cfg.base * 2u32.saturating_pow(attempt.min(30))).min(cfg.cap);
-            assert!(
-                d >= exp.mul_f64(0.5) && d <= exp.mul_f64(1.5),
-                "{attempt}: {d:?}"
-            );
-        }
     }
 }
