@@ -162,6 +162,15 @@ pub struct Metrics {
     completed: Counter<u64>,
 }
 
+/// Bucket boundaries (seconds) of every duration histogram: 1 ms to 30 s, about
+/// 2.5 times apart, so a keepalive round trip (milliseconds) and a step (up to
+/// seconds) each land in a bucket of their own and a p99 against `TTL / 3` can be
+/// read off them. The SDK's defaults (0, 5, 10, ... 10000) are meant for
+/// milliseconds and put every keepalive in the first bucket.
+pub const DURATION_BUCKETS_S: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
 impl Metrics {
     /// Instruments from `meter` for worker `worker`.
     pub fn new(meter: &Meter, worker: &str) -> Self {
@@ -175,6 +184,7 @@ impl Metrics {
                 .f64_histogram("tenure.lease.keepalive.duration")
                 .with_unit("s")
                 .with_description("keepalive round trip")
+                .with_boundaries(DURATION_BUCKETS_S.to_vec())
                 .build(),
             lease_state: meter
                 .i64_gauge("tenure.lease.state")
@@ -214,6 +224,7 @@ impl Metrics {
                 .f64_histogram("tenure.step.duration")
                 .with_unit("s")
                 .with_description("step run and commit time")
+                .with_boundaries(DURATION_BUCKETS_S.to_vec())
                 .build(),
             retries: meter
                 .u64_counter("tenure.job.retries")
@@ -337,5 +348,61 @@ impl Metrics {
     pub fn completed(&self, job_type: &str) {
         self.completed
             .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+    use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+
+    /// The `(upper bound, count)` of every non-empty bucket of histogram `name`.
+    fn filled_buckets(exporter: &InMemoryMetricExporter, name: &str) -> Vec<(f64, u64)> {
+        let exported = exporter.get_finished_metrics().expect("metrics");
+        let rm = exported.last().expect("one export");
+        let metric = rm
+            .scope_metrics()
+            .flat_map(|s| s.metrics())
+            .find(|m| m.name() == name)
+            .unwrap_or_else(|| panic!("{name} not exported"));
+        let AggregatedMetrics::F64(MetricData::Histogram(h)) = metric.data() else {
+            panic!("{name} is not an f64 histogram");
+        };
+        let point = h.data_points().next().expect("one data point");
+        let bounds: Vec<f64> = point.bounds().collect();
+        point
+            .bucket_counts()
+            .enumerate()
+            .filter(|(_, n)| *n > 0)
+            .map(|(i, n)| (bounds.get(i).copied().unwrap_or(f64::INFINITY), n))
+            .collect()
+    }
+
+    #[test]
+    fn a_keepalive_and_a_step_land_in_their_own_buckets() {
+        let exporter = InMemoryMetricExporter::default();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(PeriodicReader::builder(exporter.clone()).build())
+            .build();
+        let metrics = Metrics::new(&provider.meter("tenure"), "w");
+        metrics.keepalive_rtt(0.040);
+        metrics.keepalive_rtt(0.002);
+        metrics.step_done("t", "s", 2.0);
+        provider.force_flush().expect("flush");
+
+        // 40 ms in (25 ms, 50 ms], 2 ms in (1 ms, 2.5 ms]: the SDK's default
+        // boundaries (0, 5, 10, ...) would put both in the bucket (0, 5].
+        assert_eq!(
+            filled_buckets(&exporter, "tenure.lease.keepalive.duration"),
+            [(0.0025, 1), (0.05, 1)]
+        );
+        // 2 s in (1 s, 2.5 s].
+        assert_eq!(
+            filled_buckets(&exporter, "tenure.step.duration"),
+            [(2.5, 1)]
+        );
     }
 }
