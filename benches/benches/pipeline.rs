@@ -373,7 +373,7 @@ async fn unfenced_run(stack: &DevStack, c: usize, n: usize, mode: Baseline) -> R
     })
     .await?;
     let cfg = config(stack, &ns).with_worker_id(format!("plain-{c}"));
-    let queue = Queue::connect(&cfg).await?;
+    let queue = Queue::provision(&cfg).await?;
     // Same pool shape as the runtime's FenceStore (max_in_flight + 4).
     let pool = PgPoolOptions::new()
         .max_connections(u32::try_from(c + 4)?)

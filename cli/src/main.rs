@@ -13,6 +13,11 @@
 //! bounded by `--timeout` (seconds, default 5); an unreachable server is reported
 //! by name and address, with exit code 1. Bad arguments exit with code 2.
 //! Output is a table; `--json` prints JSON for scripts.
+//!
+//! `jobs`, `job` and `dlq` only read: they bind to the namespace's existing
+//! streams ([`tenure::queue::Queue::connect`]) and never create or reconfigure
+//! them, so the CLI's default settings cannot overwrite the workers' (replicas,
+//! AckWait, MaxDeliver). A namespace no worker has started in is an error.
 
 use std::future::Future;
 use std::process::ExitCode;

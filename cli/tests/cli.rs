@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tenure::devstack::DevStack;
 use tenure::fence::JobStatus;
+use tenure::queue::{Queue, QueueNames};
 use tenure::runtime::Worker;
 use tenure::{Client, Config, JobId, StepCtx, StepError};
 use tenure_tests::{config_for, wait_until};
@@ -293,4 +294,72 @@ async fn bad_arguments_and_unreachable_servers_are_clear_errors() {
     let missing = JobId::from_key("cli.flaky", "never-enqueued");
     let err = failed(&tenure(&cfg, &["job", &missing.to_string()]));
     assert!(err.contains(&format!("no job {missing}")), "{err}");
+}
+
+/// Every stream and consumer configuration of `cfg`'s namespace, as the server
+/// reports it (JSON, so that any changed field shows).
+async fn server_setup(cfg: &Config) -> Vec<String> {
+    let names = QueueNames::new(&cfg.namespace);
+    let js = async_nats::jetstream::new(async_nats::connect(&cfg.nats_url).await.unwrap());
+    let mut out = Vec::new();
+    for (stream, consumer) in [
+        (&names.stream, Some(&names.consumer)),
+        (&names.dlq_stream, None),
+        (&names.advisory_stream, Some(&names.advisory_consumer)),
+    ] {
+        let mut s = js.get_stream(stream).await.unwrap();
+        out.push(serde_json::to_string(&s.info().await.unwrap().config).unwrap());
+        if let Some(c) = consumer {
+            let info = s.consumer_info(c).await.unwrap();
+            out.push(serde_json::to_string(&info.config).unwrap());
+        }
+    }
+    out
+}
+
+/// Read-only commands never change servers: a `tenure dlq` with the CLI's
+/// default settings, pointed at a namespace whose workers use another TTL
+/// (AckWait), MaxDeliver and duplicate window, leaves every stream and consumer
+/// configuration byte-for-byte as it was; a namespace no worker provisioned is a
+/// clear error, and the CLI creates nothing there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_commands_leave_the_workers_stream_settings_unchanged() {
+    let ns = DevStack::unique_namespace("cli_ro");
+    let mut workers_cfg = config_for(stack(), &ns, Duration::from_secs(7));
+    workers_cfg.max_deliver = 9;
+    workers_cfg.duplicate_window = Duration::from_secs(30);
+    Queue::provision(&workers_cfg).await.expect("provision");
+    let client = Client::connect(&workers_cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let before = server_setup(&workers_cfg).await;
+    assert!(
+        before[1].contains("\"ack_wait\":7000000000"),
+        "{}",
+        before[1]
+    );
+
+    ok(&tenure(&workers_cfg, &["dlq"]));
+    ok(&tenure(&workers_cfg, &["jobs"]));
+    assert_eq!(
+        server_setup(&workers_cfg).await,
+        before,
+        "a read-only command changed the namespace's streams or consumers"
+    );
+
+    let fresh = config_for(
+        stack(),
+        &DevStack::unique_namespace("cli_none"),
+        Duration::from_secs(3),
+    );
+    let err = failed(&tenure(&fresh, &["dlq"]));
+    let names = QueueNames::new(&fresh.namespace);
+    assert!(
+        err.contains(&names.stream) && err.contains("does not exist"),
+        "{err}"
+    );
+    let js = async_nats::jetstream::new(async_nats::connect(&fresh.nats_url).await.unwrap());
+    assert!(
+        js.get_stream(&names.stream).await.is_err(),
+        "the CLI created a stream"
+    );
 }

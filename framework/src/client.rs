@@ -66,7 +66,9 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to PostgreSQL and NATS (creating the streams if needed).
+    /// Connects to PostgreSQL and NATS. Streams and consumers that do not exist
+    /// yet are created from `cfg` (a producer may start before any worker);
+    /// existing ones are left as the workers set them up.
     ///
     /// # Errors
     /// Invalid configuration or an unreachable server.
@@ -74,7 +76,7 @@ impl Client {
         cfg.validate()?;
         Ok(Client {
             store: FenceStore::connect(cfg).await?,
-            queue: Queue::connect(cfg).await?,
+            queue: Queue::connect_or_create(cfg).await?,
         })
     }
 

@@ -68,11 +68,11 @@ async fn raw(stack: &DevStack) -> async_nats::jetstream::Context {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connect_is_idempotent_and_applies_changed_settings() {
+async fn provision_is_idempotent_and_applies_changed_settings() {
     let stack = nats();
     let cfg = config(stack, "q_setup", 2);
-    let q1 = Queue::connect(&cfg).await.expect("first connect");
-    let q2 = Queue::connect(&cfg)
+    let q1 = Queue::provision(&cfg).await.expect("first connect");
+    let q2 = Queue::provision(&cfg)
         .await
         .expect("second connect, same settings");
     assert_eq!(q1.names(), q2.names());
@@ -83,7 +83,7 @@ async fn connect_is_idempotent_and_applies_changed_settings() {
     let mut changed = cfg.clone().with_lease_ttl(Duration::from_secs(7));
     changed.max_deliver = 9;
     changed.duplicate_window = Duration::from_secs(30);
-    Queue::connect(&changed)
+    Queue::provision(&changed)
         .await
         .expect("connect with changed settings");
 
@@ -114,12 +114,12 @@ async fn connect_is_idempotent_and_applies_changed_settings() {
     let mut bad = cfg.clone();
     bad.namespace = "Not Valid".into();
     assert!(matches!(
-        Queue::connect(&bad).await,
+        Queue::provision(&bad).await,
         Err(QueueError::Config(_))
     ));
     let unreachable = cfg.clone().with_nats_url("nats://127.0.0.1:1");
     assert!(matches!(
-        Queue::connect(&unreachable).await,
+        Queue::provision(&unreachable).await,
         Err(QueueError::Connect { .. })
     ));
 }
@@ -127,7 +127,7 @@ async fn connect_is_idempotent_and_applies_changed_settings() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_publish_inside_the_window_is_one_message() {
     let stack = nats();
-    let queue = Queue::connect(&config(stack, "q_dup", 5))
+    let queue = Queue::provision(&config(stack, "q_dup", 5))
         .await
         .expect("connect");
     let first = queue
@@ -181,7 +181,7 @@ async fn broker_accepts_the_same_job_again_after_the_duplicate_window() {
     let stack = nats();
     let mut cfg = config(stack, "q_window", 5);
     cfg.duplicate_window = Duration::from_secs(1);
-    let queue = Queue::connect(&cfg).await.expect("connect");
+    let queue = Queue::provision(&cfg).await.expect("connect");
     let first = queue
         .publish_job(job(1), "test.job", "a".into())
         .await
@@ -207,7 +207,7 @@ async fn broker_accepts_the_same_job_again_after_the_duplicate_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unacked_message_is_redelivered_after_ack_wait() {
     let stack = nats();
-    let queue = Queue::connect(&config(stack, "q_ackwait", 1))
+    let queue = Queue::provision(&config(stack, "q_ackwait", 1))
         .await
         .expect("connect");
     queue
@@ -250,7 +250,7 @@ async fn unacked_message_is_redelivered_after_ack_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_acks_prevent_redelivery() {
     let stack = nats();
-    let queue = Queue::connect(&config(stack, "q_progress", 1))
+    let queue = Queue::provision(&config(stack, "q_progress", 1))
         .await
         .expect("connect");
     queue
@@ -285,7 +285,7 @@ async fn progress_acks_prevent_redelivery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_redelivers_after_the_delay_with_a_higher_count() {
     let stack = nats();
-    let queue = Queue::connect(&config(stack, "q_retry", 5))
+    let queue = Queue::provision(&config(stack, "q_retry", 5))
         .await
         .expect("connect");
     queue
@@ -329,7 +329,7 @@ async fn retry_after_redelivers_after_the_delay_with_a_higher_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_keeps_every_header() {
     let stack = nats();
-    let queue = Queue::connect(&config(stack, "q_headers", 5))
+    let queue = Queue::provision(&config(stack, "q_headers", 5))
         .await
         .expect("connect");
     let id = job(7);
@@ -401,7 +401,7 @@ async fn dead_letter_keeps_every_header() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_lettering_one_message_twice_stores_one_entry() {
     let stack = nats();
-    let queue = Queue::connect(&config(stack, "q_dlq_once", 1))
+    let queue = Queue::provision(&config(stack, "q_dlq_once", 1))
         .await
         .expect("connect");
     queue
@@ -432,7 +432,7 @@ async fn dead_lettering_one_message_twice_stores_one_entry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redrive_puts_the_message_back_and_it_can_be_acked() {
     let stack = nats();
-    let queue = Queue::connect(&config(stack, "q_redrive", 5))
+    let queue = Queue::provision(&config(stack, "q_redrive", 5))
         .await
         .expect("connect");
     for (n, reason) in [(1, "r1"), (2, "r1"), (3, "r2")] {
@@ -493,7 +493,7 @@ async fn message_exceeding_max_deliver_lands_in_the_dlq_via_the_advisory() {
     let stack = nats();
     let mut cfg = config(stack, "q_maxdeliver", 5);
     cfg.max_deliver = 2;
-    let queue = Queue::connect(&cfg).await.expect("connect");
+    let queue = Queue::provision(&cfg).await.expect("connect");
     queue
         .publish_job(job(1), "test.job", "poison".into())
         .await
@@ -555,7 +555,7 @@ async fn message_exceeding_max_deliver_lands_in_the_dlq_via_the_advisory() {
 
     // With the listener running (and a second worker's listener racing it), a
     // second poison message follows the same path, and is dead-lettered once.
-    let other_worker = Queue::connect(&cfg).await.expect("second worker");
+    let other_worker = Queue::provision(&cfg).await.expect("second worker");
     let other_listener = other_worker.spawn_max_deliveries_listener();
     queue
         .publish_job(job(2), "test.job", "poison 2".into())
@@ -596,7 +596,7 @@ async fn message_exceeding_max_deliver_lands_in_the_dlq_via_the_advisory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_is_a_bad_message_and_the_consumer_keeps_serving() {
     let stack = nats();
-    let queue = Queue::connect(&config(stack, "q_garbage", 5))
+    let queue = Queue::provision(&config(stack, "q_garbage", 5))
         .await
         .expect("connect");
     let js = raw(stack).await;
@@ -720,7 +720,7 @@ async fn garbage_is_a_bad_message_and_the_consumer_keeps_serving() {
 async fn nats_restart_loses_no_published_message_and_fetch_resumes() {
     let stack = DevStack::start_with(nats_only()).await.expect("own NATS");
     let cfg = config(&stack, "q_restart", 2).with_nats_request_timeout(Duration::from_secs(2));
-    let queue = Queue::connect(&cfg).await.expect("connect");
+    let queue = Queue::provision(&cfg).await.expect("connect");
     let total = 20;
     for n in 0..total {
         queue
@@ -811,7 +811,7 @@ async fn nats_restart_loses_no_published_message_and_fetch_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_fetch_returns_within_the_wait() {
     let stack = nats();
-    let queue = Queue::connect(&config(stack, "q_empty", 5))
+    let queue = Queue::provision(&config(stack, "q_empty", 5))
         .await
         .expect("connect");
     let t = Instant::now();
@@ -857,13 +857,13 @@ async fn empty_fetch_returns_within_the_wait() {
 async fn stream_replicas_reach_jetstream_and_a_single_server_refuses_three() {
     let stack = nats();
     let cfg = config(stack, "q_replicas", 2);
-    let q = Queue::connect(&cfg).await.expect("one replica");
+    let q = Queue::provision(&cfg).await.expect("one replica");
     let js = raw(stack).await;
     let mut stream = js.get_stream(&q.names().stream).await.expect("stream");
     assert_eq!(stream.info().await.expect("info").config.num_replicas, 1);
 
     let three = config(stack, "q_replicas3", 2).with_stream_replicas(3);
-    let err = Queue::connect(&three)
+    let err = Queue::provision(&three)
         .await
         .expect_err("a single server cannot hold three replicas");
     let mut text = err.to_string();

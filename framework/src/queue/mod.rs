@@ -6,13 +6,17 @@
 //! client composes the two: enqueue = insert the job row + [`Queue::publish_job`];
 //! redrive = [`Queue::redrive`] + reset the row.
 //!
-//! # What [`Queue::connect`] sets up (idempotent, namespace-prefixed)
+//! # What [`Queue::provision`] sets up (idempotent, namespace-prefixed)
+//! Workers provision; tools bind with [`Queue::connect`], which changes nothing
+//! on the server, and producers ([`Queue::connect_or_create`]) only create what
+//! is missing (see the table in `queue/setup.rs`).
+//!
 //! - the **work stream** `TENURE_<NS>_JOBS` on `<ns>.jobs.>`: file storage,
 //!   work-queue retention (an acked or terminated message leaves the stream), a
-//!   duplicate window of [`Config::duplicate_window`] for `Nats-Msg-Id`;
+//!   duplicate window of [`Config::duplicate_window`](crate::Config::duplicate_window) for `Nats-Msg-Id`;
 //! - the durable pull **consumer** `<ns>_workers`: explicit acks, one
 //!   `filter_subject` (nats-server 2.9 ignores `filter_subjects`), `AckWait` =
-//!   [`Config::ack_wait`] (the lease TTL), `MaxDeliver` = [`Config::max_deliver`],
+//!   [`Config::ack_wait`](crate::Config::ack_wait) (the lease TTL), `MaxDeliver` = [`Config::max_deliver`](crate::Config::max_deliver),
 //!   no `MaxAckPending` limit (each worker bounds its own in-flight jobs);
 //! - the **DLQ stream** `TENURE_<NS>_DLQ` on `<ns>.dlq.>` (subject
 //!   `<ns>.dlq.<job_id>`, or `<ns>.dlq._invalid` for a message without a valid
@@ -41,7 +45,7 @@
 //! use tenure::{Config, JobId};
 //!
 //! let cfg = Config::new("payments").with_nats_url("nats://127.0.0.1:4222");
-//! let queue = Queue::connect(&cfg).await?;
+//! let queue = Queue::provision(&cfg).await?;
 //! let job = JobId::from_key("ledger.transfer", "transfer-42");
 //! let published = queue.publish_job(job, "ledger.transfer", "{}".into()).await?;
 //! assert!(!published.duplicate);
@@ -59,19 +63,20 @@
 mod delivery;
 mod dlq;
 pub mod headers;
+mod setup;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer, stream};
-use async_nats::{ConnectOptions, Event, HeaderMap};
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::JobId;
 use crate::config::{BackoffConfig, ConfigError};
-use crate::{Config, JobId};
 
 pub use delivery::{BadMessage, Delivery};
 pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, reasons};
@@ -94,6 +99,16 @@ pub enum QueueError {
         /// The client's error.
         #[source]
         source: async_nats::ConnectError,
+    },
+    /// A stream or consumer of the namespace does not exist, and the call only
+    /// binds to existing ones ([`Queue::connect`]): no worker has provisioned the
+    /// namespace yet, or the namespace or NATS URL is not the workers'.
+    #[error(
+        "{what} does not exist: start a worker in this namespace first (tools never create or change streams)"
+    )]
+    NotProvisioned {
+        /// The stream or consumer.
+        what: String,
     },
     /// Creating or updating a stream or consumer failed (for instance an existing
     /// stream with a retention policy that cannot be changed).
@@ -187,7 +202,10 @@ impl QueueError {
     pub fn is_transient(&self) -> bool {
         !matches!(
             self,
-            QueueError::Config(_) | QueueError::InvalidJobType { .. } | QueueError::Redrive { .. }
+            QueueError::Config(_)
+                | QueueError::InvalidJobType { .. }
+                | QueueError::Redrive { .. }
+                | QueueError::NotProvisioned { .. }
         )
     }
 }
@@ -240,7 +258,7 @@ pub struct QueueNames {
 const INVALID_JOB_TOKEN: &str = "_invalid";
 
 impl QueueNames {
-    /// The names for `namespace` (already validated by [`Config::validate`]).
+    /// The names for `namespace` (already validated by [`Config::validate`](crate::Config::validate)).
     pub fn new(namespace: &str) -> Self {
         let upper = namespace.to_ascii_uppercase();
         let stream = format!("TENURE_{upper}_JOBS");
@@ -392,157 +410,6 @@ fn read<E: std::error::Error + Send + Sync + 'static>(
 }
 
 impl Queue {
-    /// Connects to [`Config::nats_url`] and creates or updates the streams and
-    /// consumers (see the [module docs](self)). Idempotent: every worker calls it
-    /// at start; a changed `AckWait`, `MaxDeliver` or duplicate window is applied.
-    ///
-    /// # Errors
-    /// [`QueueError::Config`], [`QueueError::Connect`] (NATS unreachable: the first
-    /// connection is not retried), [`QueueError::Setup`] (for instance a stream of
-    /// the same name with an incompatible configuration).
-    #[tracing::instrument(name = "tenure.queue.connect", skip_all, fields(namespace = %cfg.namespace))]
-    pub async fn connect(cfg: &Config) -> Result<Queue, QueueError> {
-        cfg.validate()?;
-        let names = QueueNames::new(&cfg.namespace);
-        let (state_tx, state_rx) = watch::channel(false);
-        let state_tx = Arc::new(state_tx);
-        let events_tx = Arc::clone(&state_tx);
-        let client = ConnectOptions::new()
-            .name(format!("tenure-{}", cfg.worker_id))
-            .connection_timeout(cfg.nats_request_timeout)
-            .request_timeout(Some(cfg.nats_request_timeout))
-            .event_callback(move |event| {
-                let tx = Arc::clone(&events_tx);
-                async move {
-                    match event {
-                        Event::Connected => {
-                            tracing::info!("NATS connected");
-                            tx.send_replace(true);
-                        }
-                        Event::Disconnected | Event::Closed => {
-                            tracing::warn!(%event, "NATS connection lost");
-                            tx.send_replace(false);
-                        }
-                        other => tracing::warn!(event = %other, "NATS event"),
-                    }
-                }
-            })
-            .connect(cfg.nats_url.as_str())
-            .await
-            .map_err(|source| QueueError::Connect {
-                url: cfg.nats_url.clone(),
-                source,
-            })?;
-        state_tx
-            .send_replace(client.connection_state() == async_nats::connection::State::Connected);
-        let js = jetstream::ContextBuilder::new()
-            .timeout(cfg.nats_request_timeout)
-            .ack_timeout(cfg.nats_request_timeout)
-            .build(client.clone());
-
-        js.create_or_update_stream(stream::Config {
-            name: names.stream.clone(),
-            description: Some(format!("Tenure work queue of namespace {}", cfg.namespace)),
-            subjects: vec![format!("{}>", names.subject_prefix)],
-            storage: stream::StorageType::File,
-            num_replicas: cfg.stream_replicas,
-            retention: stream::RetentionPolicy::WorkQueue,
-            duplicate_window: cfg.duplicate_window,
-            allow_direct: true,
-            ..Default::default()
-        })
-        .await
-        .map_err(setup(&names.stream))?;
-        js.create_or_update_stream(stream::Config {
-            name: names.dlq_stream.clone(),
-            description: Some(format!(
-                "Tenure dead letters of namespace {}",
-                cfg.namespace
-            )),
-            subjects: vec![format!("{}>", names.dlq_subject_prefix)],
-            storage: stream::StorageType::File,
-            num_replicas: cfg.stream_replicas,
-            retention: stream::RetentionPolicy::Limits,
-            duplicate_window: cfg.duplicate_window,
-            allow_direct: true,
-            ..Default::default()
-        })
-        .await
-        .map_err(setup(&names.dlq_stream))?;
-        js.create_or_update_stream(stream::Config {
-            name: names.advisory_stream.clone(),
-            description: Some(format!(
-                "Tenure max-deliveries advisories of namespace {}",
-                cfg.namespace
-            )),
-            subjects: vec![names.advisory_subject.clone()],
-            storage: stream::StorageType::File,
-            num_replicas: cfg.stream_replicas,
-            retention: stream::RetentionPolicy::WorkQueue,
-            ..Default::default()
-        })
-        .await
-        .map_err(setup(&names.advisory_stream))?;
-
-        let work_stream = js
-            .get_stream_no_info(&names.stream)
-            .await
-            .map_err(setup(&names.stream))?;
-        let work: consumer::PullConsumer = work_stream
-            .create_consumer(consumer::pull::Config {
-                durable_name: Some(names.consumer.clone()),
-                description: Some("Tenure workers".into()),
-                filter_subject: format!("{}>", names.subject_prefix),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: cfg.ack_wait(),
-                max_deliver: cfg.max_deliver,
-                max_ack_pending: -1,
-                ..Default::default()
-            })
-            .await
-            .map_err(setup(&names.consumer))?;
-        let advisory_stream = js
-            .get_stream_no_info(&names.advisory_stream)
-            .await
-            .map_err(setup(&names.advisory_stream))?;
-        let advisories: consumer::PullConsumer = advisory_stream
-            .create_consumer(consumer::pull::Config {
-                durable_name: Some(names.advisory_consumer.clone()),
-                description: Some("Tenure max-deliveries listeners".into()),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: cfg.ack_wait(),
-                max_ack_pending: -1,
-                ..Default::default()
-            })
-            .await
-            .map_err(setup(&names.advisory_consumer))?;
-        let dlq_stream = js
-            .get_stream_no_info(&names.dlq_stream)
-            .await
-            .map_err(setup(&names.dlq_stream))?;
-
-        tracing::info!(stream = %names.stream, consumer = %names.consumer, "queue ready");
-        Ok(Queue {
-            gave_up: None,
-            inner: Arc::new(Inner {
-                client,
-                js,
-                names,
-                work,
-                work_stream,
-                dlq_stream,
-                advisories,
-                connected: state_rx,
-                settings: Settings {
-                    request_timeout: cfg.nats_request_timeout,
-                    ack_wait: cfg.ack_wait(),
-                    max_deliver: cfg.max_deliver,
-                    backoff: cfg.retry_backoff,
-                },
-            }),
-        })
-    }
-
     /// The names of the streams, subjects and consumers.
     pub fn names(&self) -> &QueueNames {
         &self.inner.names
@@ -566,7 +433,7 @@ impl Queue {
     ///
     /// # Errors
     /// [`QueueError::InvalidJobType`]; [`QueueError::Publish`] when the server did
-    /// not confirm within [`Config::nats_request_timeout`] (publishing again is safe).
+    /// not confirm within [`Config::nats_request_timeout`](crate::Config::nats_request_timeout) (publishing again is safe).
     pub async fn publish_job(
         &self,
         job_id: JobId,
@@ -664,7 +531,7 @@ impl Queue {
     /// [`QueueError::Disconnected`] when NATS is down for the whole `wait` (the
     /// client keeps reconnecting: call again later); [`QueueError::Fetch`] when the
     /// server answers with an error or not within `wait` +
-    /// [`Config::nats_request_timeout`].
+    /// [`Config::nats_request_timeout`](crate::Config::nats_request_timeout).
     pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
         let span = tracing::debug_span!("tenure.queue.fetch", max, got = tracing::field::Empty);
         let messages = self

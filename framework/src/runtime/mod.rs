@@ -216,7 +216,7 @@ impl WorkerBuilder {
             None => Metrics::global(&cfg.worker_id),
         };
         let store = FenceStore::connect(&cfg).await?;
-        let queue = Queue::connect(&cfg).await?;
+        let queue = Queue::provision(&cfg).await?;
         let first = Session::establish(&cfg).await?;
 
         let draining = CancellationToken::new();

@@ -1,0 +1,281 @@
+//! Connecting to a namespace's streams and consumers, and provisioning them.
+//!
+//! Three ways to open a [`Queue`], by what they may change on the server:
+//!
+//! | call | missing stream or consumer | existing one with other settings |
+//! |---|---|---|
+//! | [`Queue::connect`] (tools, the CLI) | [`QueueError::NotProvisioned`] | left as it is |
+//! | [`Queue::connect_or_create`] (the `Client`) | created with the caller's `Config` | left as it is |
+//! | [`Queue::provision`] (workers) | created | updated to the caller's `Config` |
+//!
+//! So a read-only tool with a default `Config` pointed at a namespace whose
+//! workers run 3 replicas and another TTL changes nothing on the server.
+
+use std::sync::Arc;
+
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamError, GetStreamErrorKind};
+use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::{self, consumer, stream};
+use async_nats::{ConnectOptions, Event};
+use tokio::sync::watch;
+
+use super::{Inner, Queue, QueueError, QueueNames, Settings, setup};
+use crate::Config;
+
+/// What opening a queue may do to the server's streams and consumers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Provisioning {
+    /// Bind to what exists; change nothing.
+    Bind,
+    /// Create what is missing; change nothing that exists.
+    CreateMissing,
+    /// Create or update everything to the caller's configuration.
+    Apply,
+}
+
+impl Queue {
+    /// Connects to [`Config::nats_url`] and binds to the namespace's existing
+    /// streams and consumers, changing nothing on the server: the call for tools
+    /// and operators (the `tenure` CLI), whose `Config` need not match the
+    /// workers'.
+    ///
+    /// # Errors
+    /// [`QueueError::NotProvisioned`] when a stream or consumer does not exist
+    /// (no worker has started in this namespace); [`QueueError::Config`],
+    /// [`QueueError::Connect`], [`QueueError::Setup`] (a read failed).
+    #[tracing::instrument(name = "tenure.queue.connect", skip_all, fields(namespace = %cfg.namespace))]
+    pub async fn connect(cfg: &Config) -> Result<Queue, QueueError> {
+        Self::open(cfg, Provisioning::Bind).await
+    }
+
+    /// As [`Queue::connect`], and creates the streams and consumers that do not
+    /// exist yet from `cfg`; existing ones are never changed. A producer may
+    /// start before any worker: its messages are kept.
+    ///
+    /// # Errors
+    /// As [`Queue::provision`].
+    #[tracing::instrument(name = "tenure.queue.connect", skip_all, fields(namespace = %cfg.namespace))]
+    pub async fn connect_or_create(cfg: &Config) -> Result<Queue, QueueError> {
+        Self::open(cfg, Provisioning::CreateMissing).await
+    }
+
+    /// Connects and creates or updates the streams and consumers (see the
+    /// [module docs](super)) to `cfg`. Idempotent: every worker calls it at start;
+    /// a changed `AckWait`, `MaxDeliver` or duplicate window is applied.
+    ///
+    /// # Errors
+    /// [`QueueError::Config`], [`QueueError::Connect`] (NATS unreachable: the first
+    /// connection is not retried), [`QueueError::Setup`] (for instance a stream of
+    /// the same name with an incompatible configuration).
+    #[tracing::instrument(name = "tenure.queue.provision", skip_all, fields(namespace = %cfg.namespace))]
+    pub async fn provision(cfg: &Config) -> Result<Queue, QueueError> {
+        Self::open(cfg, Provisioning::Apply).await
+    }
+
+    async fn open(cfg: &Config, mode: Provisioning) -> Result<Queue, QueueError> {
+        cfg.validate()?;
+        let names = QueueNames::new(&cfg.namespace);
+        let (client, connected) = connect_nats(cfg).await?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(cfg.nats_request_timeout)
+            .ack_timeout(cfg.nats_request_timeout)
+            .build(client.clone());
+        let [work_cfg, dlq_cfg, advisory_cfg] = stream_configs(cfg, &names);
+        let work_stream = ensure_stream(&js, work_cfg, mode).await?;
+        let dlq_stream = ensure_stream(&js, dlq_cfg, mode).await?;
+        let advisory_stream = ensure_stream(&js, advisory_cfg, mode).await?;
+        let [work_consumer, advisory_consumer] = consumer_configs(cfg, &names);
+        let work = ensure_consumer(&work_stream, work_consumer, mode).await?;
+        let advisories = ensure_consumer(&advisory_stream, advisory_consumer, mode).await?;
+        tracing::info!(stream = %names.stream, consumer = %names.consumer, ?mode, "queue ready");
+        Ok(Queue {
+            gave_up: None,
+            inner: Arc::new(Inner {
+                client,
+                js,
+                names,
+                work,
+                work_stream,
+                dlq_stream,
+                advisories,
+                connected,
+                settings: Settings {
+                    request_timeout: cfg.nats_request_timeout,
+                    ack_wait: cfg.ack_wait(),
+                    max_deliver: cfg.max_deliver,
+                    backoff: cfg.retry_backoff,
+                },
+            }),
+        })
+    }
+}
+
+/// The NATS connection, and a watch of whether it is up.
+async fn connect_nats(
+    cfg: &Config,
+) -> Result<(async_nats::Client, watch::Receiver<bool>), QueueError> {
+    let (state_tx, state_rx) = watch::channel(false);
+    let state_tx = Arc::new(state_tx);
+    let events_tx = Arc::clone(&state_tx);
+    let client = ConnectOptions::new()
+        .name(format!("tenure-{}", cfg.worker_id))
+        .connection_timeout(cfg.nats_request_timeout)
+        .request_timeout(Some(cfg.nats_request_timeout))
+        .event_callback(move |event| {
+            let tx = Arc::clone(&events_tx);
+            async move {
+                match event {
+                    Event::Connected => {
+                        tracing::info!("NATS connected");
+                        tx.send_replace(true);
+                    }
+                    Event::Disconnected | Event::Closed => {
+                        tracing::warn!(%event, "NATS connection lost");
+                        tx.send_replace(false);
+                    }
+                    other => tracing::warn!(event = %other, "NATS event"),
+                }
+            }
+        })
+        .connect(cfg.nats_url.as_str())
+        .await
+        .map_err(|source| QueueError::Connect {
+            url: cfg.nats_url.clone(),
+            source,
+        })?;
+    state_tx.send_replace(client.connection_state() == async_nats::connection::State::Connected);
+    Ok((client, state_rx))
+}
+
+/// The work, DLQ and advisory streams as `cfg` wants them.
+fn stream_configs(cfg: &Config, names: &QueueNames) -> [stream::Config; 3] {
+    let common = stream::Config {
+        storage: stream::StorageType::File,
+        num_replicas: cfg.stream_replicas,
+        allow_direct: true,
+        ..Default::default()
+    };
+    let ns = &cfg.namespace;
+    [
+        stream::Config {
+            name: names.stream.clone(),
+            description: Some(format!("Tenure work queue of namespace {ns}")),
+            subjects: vec![format!("{}>", names.subject_prefix)],
+            retention: stream::RetentionPolicy::WorkQueue,
+            duplicate_window: cfg.duplicate_window,
+            ..common.clone()
+        },
+        stream::Config {
+            name: names.dlq_stream.clone(),
+            description: Some(format!("Tenure dead letters of namespace {ns}")),
+            subjects: vec![format!("{}>", names.dlq_subject_prefix)],
+            retention: stream::RetentionPolicy::Limits,
+            duplicate_window: cfg.duplicate_window,
+            ..common.clone()
+        },
+        stream::Config {
+            name: names.advisory_stream.clone(),
+            description: Some(format!(
+                "Tenure max-deliveries advisories of namespace {ns}"
+            )),
+            subjects: vec![names.advisory_subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            allow_direct: false,
+            ..common
+        },
+    ]
+}
+
+/// The workers' and the advisory listeners' durable consumers.
+fn consumer_configs(cfg: &Config, names: &QueueNames) -> [consumer::pull::Config; 2] {
+    [
+        consumer::pull::Config {
+            durable_name: Some(names.consumer.clone()),
+            description: Some("Tenure workers".into()),
+            filter_subject: format!("{}>", names.subject_prefix),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: cfg.ack_wait(),
+            max_deliver: cfg.max_deliver,
+            max_ack_pending: -1,
+            ..Default::default()
+        },
+        consumer::pull::Config {
+            durable_name: Some(names.advisory_consumer.clone()),
+            description: Some("Tenure max-deliveries listeners".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: cfg.ack_wait(),
+            max_ack_pending: -1,
+            ..Default::default()
+        },
+    ]
+}
+
+/// The stream `spec` names, bound, created or updated as `mode` says.
+async fn ensure_stream(
+    js: &jetstream::Context,
+    spec: stream::Config,
+    mode: Provisioning,
+) -> Result<Stream<()>, QueueError> {
+    let name = spec.name.clone();
+    match mode {
+        Provisioning::Bind => {
+            js.get_stream(&name)
+                .await
+                .map_err(|e| stream_missing_or(e, &name))?;
+        }
+        Provisioning::CreateMissing => {
+            js.get_or_create_stream(spec).await.map_err(setup(&name))?;
+        }
+        Provisioning::Apply => {
+            js.create_or_update_stream(spec)
+                .await
+                .map_err(setup(&name))?;
+        }
+    }
+    js.get_stream_no_info(&name).await.map_err(setup(&name))
+}
+
+fn stream_missing_or(e: GetStreamError, name: &str) -> QueueError {
+    match e.kind() {
+        GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {
+            QueueError::NotProvisioned {
+                what: format!("stream {name}"),
+            }
+        }
+        _ => setup(name)(e),
+    }
+}
+
+/// The durable consumer `spec` names on `stream`, bound, created or updated.
+async fn ensure_consumer(
+    stream: &Stream<()>,
+    spec: consumer::pull::Config,
+    mode: Provisioning,
+) -> Result<consumer::PullConsumer, QueueError> {
+    let name = spec.durable_name.clone().unwrap_or_default();
+    match mode {
+        Provisioning::Bind => {
+            if let Err(e) = stream.consumer_info(&name).await {
+                return Err(match e.kind() {
+                    ConsumerInfoErrorKind::NotFound => QueueError::NotProvisioned {
+                        what: format!("consumer {name}"),
+                    },
+                    _ => setup(&name)(e),
+                });
+            }
+            stream
+                .get_consumer(&name)
+                .await
+                .map_err(|source| QueueError::Setup {
+                    what: name.clone(),
+                    source,
+                })
+        }
+        Provisioning::CreateMissing => stream
+            .get_or_create_consumer(&name, spec)
+            .await
+            .map_err(setup(&name)),
+        Provisioning::Apply => stream.create_consumer(spec).await.map_err(setup(&name)),
+    }
+}
