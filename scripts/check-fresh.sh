@@ -50,7 +50,7 @@ failures=0
 check() {
   local what=$1 path=$2 pkg
   if [ -z "$path" ] || [ ! -e "$path" ]; then
-    echo "check-fresh: $what is not on this machine; run scripts/setup.sh first" >&2
+    echo "check-fresh: $what ${path:-} is not on this machine; run scripts/setup.sh first" >&2
     failures=$((failures + 1))
     return
   fi
