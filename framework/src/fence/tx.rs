@@ -317,10 +317,14 @@ impl FencedTx {
             carries_claim,
             ..
         } = self;
-        tx.rollback().await?;
+        // The claim is re-applied even when the rollback fails (a dropped
+        // connection rolls back on its own): losing it would leave this owner
+        // unable to record the attempt.
+        let rolled_back = tx.rollback().await;
         if carries_claim {
             store.claim(job_id, token).await?;
         }
+        rolled_back?;
         Ok(())
     }
 }

@@ -642,6 +642,30 @@ impl Session {
         format!("{}{}", self.jobs_prefix, job_id)
     }
 
+    /// Deletes job `job_id`'s lock if it carries this session's own lease: a lock
+    /// this worker stranded itself (a create whose answer was lost, a release that
+    /// gave up), which acquisition would otherwise find held by its own lease until
+    /// that lease ends. Returns whether a key was deleted; a key of another lease
+    /// is never touched.
+    ///
+    /// # Errors
+    /// [`LeaseError::Etcd`] or [`LeaseError::Timeout`].
+    pub async fn release_stranded(&self, job_id: JobId) -> Result<bool, LeaseError> {
+        let key = self.lock_key(job_id);
+        let txn = Txn::new()
+            .when([Compare::lease(
+                key.as_str(),
+                CompareOp::Equal,
+                self.lease.get(),
+            )])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        let deleted = self.txn("release_stranded", txn).await?.succeeded();
+        if deleted {
+            tracing::warn!(%job_id, "deleted a job lock stranded under this session's own lease");
+        }
+        Ok(deleted)
+    }
+
     fn lock_value(&self, job_id: JobId, nonce: u64) -> String {
         serde_json::json!({
             "worker": self.worker_id,

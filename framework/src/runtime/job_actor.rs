@@ -263,6 +263,12 @@ impl JobRun {
             .await;
         let lock = match acquired {
             Ok(Acquire::Acquired(lock)) => lock,
+            Ok(Acquire::Contended { holder })
+                if holder == Some(session.lease_id()) && !Holding::is_held(sh, job_id) =>
+            {
+                self.release_stranded(&session, job_id, delivery).await;
+                return Err(Stop::Quiet);
+            }
             Ok(Acquire::Contended { holder }) => {
                 sh.metrics.contention(job.name());
                 let attempt =
@@ -286,6 +292,7 @@ impl JobRun {
         };
         let token = lock.token();
         tracing::Span::current().record("token", token.get());
+        let _holding = Holding::start(sh, job_id);
 
         // A run slot (held until this job actor ends): at once unless this
         // delivery was fetched ahead of the running jobs (see `Slots`).
@@ -551,6 +558,22 @@ impl JobRun {
                         let _ = tx.rollback().await;
                     }
                     if let Some(at) = stale_cause(&err) {
+                        if at == StaleAt::Guard && self.still_current(&owned, job_id).await {
+                            let reason = format!(
+                                "step {step} ({step_name}) wrote to a guarded table outside \
+                                 ctx.db() while it owned the job: {}",
+                                err.message()
+                            );
+                            self.dead_letter_owned(
+                                &mut owned,
+                                delivery,
+                                job_id,
+                                "permanent_error",
+                                reason,
+                            )
+                            .await;
+                            return Err(Stop::Quiet);
+                        }
                         self.stale(&owned, job_id, step, at, &err);
                         return Err(Stop::Quiet);
                     }
@@ -652,6 +675,55 @@ impl JobRun {
         }
     }
 
+    /// Runs one of our fenced bookkeeping writes (`record_failure`, `mark_dead`,
+    /// `record_release`). If it finds that our claim never became durable (the
+    /// transaction that carried it was lost: a commit error other than the fence's,
+    /// a panic after `ctx.db()`, a connection PostgreSQL ended), the claim is
+    /// applied again on its own and the write runs once more, so every attempt is
+    /// counted. A newer owner's fence refuses the re-claim as it would any write.
+    async fn with_claim<T, F, Fut>(
+        &self,
+        owned: &Owned,
+        job_id: JobId,
+        write: F,
+    ) -> Result<T, FenceError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, FenceError>>,
+    {
+        match write().await {
+            Err(FenceError::NotClaimed { .. }) => {
+                tracing::info!("the transaction that carried the claim was lost; claiming again");
+                self.shared.store.claim(job_id, owned.token).await?;
+                write().await
+            }
+            other => other,
+        }
+    }
+
+    /// Whether the job row still names us as its live owner (fence = our token,
+    /// running, not released).
+    async fn still_current(&self, owned: &Owned, job_id: JobId) -> bool {
+        matches!(
+            self.shared.store.job(job_id).await,
+            Ok(Some(r)) if r.fence == owned.token.get()
+                && r.status == JobStatus::Running
+                && !r.released
+        )
+    }
+
+    /// Our own lease holds the job's lock but no job actor of this worker does: a
+    /// lock this worker stranded (a create whose answer was lost, a release that
+    /// gave up). Delete it and let the message come back at once, instead of
+    /// finding it "contended" until our own lease ends.
+    async fn release_stranded(&self, session: &Session, job_id: JobId, delivery: Delivery) {
+        if let Err(e) = session.release_stranded(job_id).await {
+            tracing::warn!(error = %e, "deleting a lock stranded under our own lease failed");
+        }
+        let delay = retry::jittered(&self.shared.cfg.contention_backoff, 0);
+        self.retry_later(delivery, delay).await;
+    }
+
     /// A retryable failure: count it, then retry with backoff or dead-letter.
     async fn fail_attempt(
         &self,
@@ -661,7 +733,11 @@ impl JobRun {
         reason: String,
     ) {
         let sh = &self.shared;
-        let recorded = sh.store.record_failure(job_id, owned.token, &reason).await;
+        let recorded = self
+            .with_claim(owned, job_id, || {
+                sh.store.record_failure(job_id, owned.token, &reason)
+            })
+            .await;
         let attempts = match recorded {
             Ok(a) => a,
             Err(e) if e.is_fenced_out() => {
@@ -729,7 +805,11 @@ impl JobRun {
     /// then the lock is deleted and the message handed back at once.
     async fn release_voluntarily(&self, owned: &mut Owned, delivery: Delivery, job_id: JobId) {
         let sh = &self.shared;
-        let recorded = sh.store.record_release(job_id, owned.token).await;
+        let recorded = self
+            .with_claim(owned, job_id, || {
+                sh.store.record_release(job_id, owned.token)
+            })
+            .await;
         if let Err(e) = recorded {
             tracing::warn!(error = %e, "recording the voluntary release failed");
         }
@@ -749,7 +829,11 @@ impl JobRun {
         reason: String,
     ) {
         let sh = &self.shared;
-        let marked = sh.store.mark_dead(job_id, owned.token, &reason).await;
+        let marked = self
+            .with_claim(owned, job_id, || {
+                sh.store.mark_dead(job_id, owned.token, &reason)
+            })
+            .await;
         match marked {
             Ok(()) => {}
             Err(e) if e.is_fenced_out() => {
@@ -810,6 +894,38 @@ impl JobRun {
     async fn retry_later(&self, delivery: Delivery, delay: Duration) {
         if let Err(e) = delivery.retry_after(delay).await {
             tracing::warn!(error = %e, "nak failed; the broker redelivers after AckWait");
+        }
+    }
+}
+
+/// A job actor's entry in [`Shared::holding`](super::Shared), from its lock
+/// grant until the actor ends.
+struct Holding<'a> {
+    shared: &'a Shared,
+    job_id: JobId,
+}
+
+impl<'a> Holding<'a> {
+    fn start(shared: &'a Shared, job_id: JobId) -> Self {
+        if let Ok(mut held) = shared.holding.lock() {
+            held.insert(job_id);
+        }
+        Holding { shared, job_id }
+    }
+
+    fn is_held(shared: &Shared, job_id: JobId) -> bool {
+        // A poisoned set says "held": never delete a lock we may be using.
+        shared
+            .holding
+            .lock()
+            .map_or(true, |held| held.contains(&job_id))
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.shared.holding.lock() {
+            held.remove(&self.job_id);
         }
     }
 }

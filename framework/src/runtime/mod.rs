@@ -125,6 +125,9 @@ pub(crate) struct Shared {
     /// Shutdown grace over: cancel running steps.
     pub(crate) stop_jobs: CancellationToken,
     pub(crate) hooks: Option<Arc<dyn WorkerObserver>>,
+    /// Jobs whose lock a job actor of this worker holds right now: a lock of our
+    /// own lease for a job not in here is one this worker stranded.
+    pub(crate) holding: std::sync::Mutex<std::collections::HashSet<JobId>>,
 }
 
 impl Shared {
@@ -236,6 +239,7 @@ impl WorkerBuilder {
             draining: draining.clone(),
             stop_jobs: stop_jobs.clone(),
             hooks: self.observer,
+            holding: Default::default(),
         });
         let slots = Slots::new(cfg.max_in_flight, cfg.prefetch, cfg.lease_ttl);
         let sup_args = SupervisorArgs {

@@ -1,0 +1,258 @@
+//! Issue 15's liveness findings, each against the real servers: the transaction
+//! that carries a job's claim can be lost in many ways (a commit error other
+//! than the fence's, a panic after `ctx.db()`, an idle-in-transaction timeout)
+//! and every such attempt must still be counted; a guard refusal under our own
+//! current fence is the step's bug, not a stale owner.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use tenure::devstack::DevStack;
+use tenure::fence::{JobRow, JobStatus};
+use tenure::lease::{Acquire, Session};
+use tenure::runtime::Worker;
+use tenure::{Client, Config, JobId, StepCtx, StepError};
+use tenure_tests::{config_for, prepare_schema, wait_until};
+
+fn stack() -> &'static DevStack {
+    DevStack::shared().expect("dev stack")
+}
+
+async fn fresh(prefix: &str, ttl: Duration) -> (String, Config, Client) {
+    let ns = DevStack::unique_namespace(prefix);
+    let cfg = config_for(stack(), &ns, ttl);
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    (ns, cfg, client)
+}
+
+/// Ways a first step loses the transaction that carries the claim.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+enum Loss {
+    /// The output holds `\u0000`, which jsonb refuses in the step CAS.
+    NulInOutput,
+    /// A deferred foreign key fails at `COMMIT`, after the CAS matched.
+    DeferredConstraint,
+    /// `ctx.db()`, then longer than the TTL (PostgreSQL ends the idle transaction).
+    IdlePastTtl,
+    /// `ctx.db()`, then a panic (the context and its transaction are dropped).
+    PanicAfterDb,
+}
+
+#[derive(Debug, Clone)]
+struct LosesClaim {
+    schema: String,
+    ttl: Duration,
+}
+
+#[tenure::job(name = "hardening.loses_claim", retries = 2)]
+impl LosesClaim {
+    #[step]
+    async fn first(&self, ctx: &mut StepCtx, loss: Loss) -> Result<String, StepError> {
+        match loss {
+            Loss::NulInOutput => Ok("nul \u{0000} byte".into()),
+            Loss::DeferredConstraint => {
+                let sql = format!("INSERT INTO {}.child (parent) VALUES (42)", self.schema);
+                sqlx::query(&sql).execute(ctx.db().await?).await?;
+                Ok("orphan written".into())
+            }
+            Loss::IdlePastTtl => {
+                ctx.db().await?;
+                tokio::time::sleep(self.ttl + self.ttl / 2).await;
+                Ok("slept".into())
+            }
+            Loss::PanicAfterDb => {
+                ctx.db().await?;
+                panic!("the step panics with the claim's transaction open");
+            }
+        }
+    }
+
+    #[step]
+    async fn second(&self, _ctx: &mut StepCtx, s: String) -> Result<String, StepError> {
+        Ok(s)
+    }
+}
+
+async fn row(client: &Client, id: JobId) -> JobRow {
+    client.job(id).await.unwrap().expect("row")
+}
+
+async fn dead_within(client: &Client, id: JobId, within: Duration) -> bool {
+    wait_until(within, || async {
+        row(client, id).await.status == JobStatus::Dead
+    })
+    .await
+}
+
+/// Item 4: every way of losing the claim's transaction in the first step is a
+/// counted attempt; after `retries = 2` the job is dead-lettered with
+/// `max_retries` and `attempts = 3`. Before the fix `record_failure` found the
+/// claim missing (`NotClaimed`), handed the job back uncounted, and the next
+/// attempt did the same until the broker's MaxDeliver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn losing_the_claims_transaction_still_counts_the_attempt() {
+    let ttl = Duration::from_secs(2);
+    let (ns, cfg, client) = fresh("hd_claim_lost", ttl).await;
+    let pool = client.store().pool();
+    for ddl in [
+        format!("CREATE TABLE {ns}.parent (id int PRIMARY KEY)"),
+        format!(
+            "CREATE TABLE {ns}.child (parent int REFERENCES {ns}.parent (id) \
+             DEFERRABLE INITIALLY DEFERRED)"
+        ),
+    ] {
+        sqlx::query(&ddl).execute(pool).await.unwrap();
+    }
+    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(LosesClaim {
+            schema: ns.clone(),
+            ttl,
+        })
+        .start()
+        .await
+        .unwrap();
+    let losses = [
+        Loss::NulInOutput,
+        Loss::DeferredConstraint,
+        Loss::IdlePastTtl,
+        Loss::PanicAfterDb,
+    ];
+    let mut ids = Vec::new();
+    for loss in losses {
+        let key = format!("{loss:?}");
+        ids.push(
+            client
+                .enqueue::<LosesClaim>(&key, &loss)
+                .await
+                .unwrap()
+                .job_id,
+        );
+    }
+    for (loss, id) in losses.iter().zip(&ids) {
+        let dead = dead_within(&client, *id, Duration::from_secs(60)).await;
+        let r = row(&client, *id).await;
+        assert!(dead, "{loss:?}: not dead-lettered: {r:?}");
+        assert_eq!(r.attempts, 3, "{loss:?}: every attempt counted: {r:?}");
+        assert_eq!(r.step.get(), 0, "{loss:?}: nothing committed");
+    }
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    for (loss, id) in losses.iter().zip(&ids) {
+        let entry = dlq.iter().find(|d| d.job_id == Some(*id));
+        let reason = entry.map(|e| e.reason.clone()).unwrap_or_default();
+        assert!(reason.contains("max_retries"), "{loss:?}: {reason:?}");
+    }
+    let orphans: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {ns}.child"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(orphans, 0, "the failed commits wrote nothing");
+    worker.shutdown().await.unwrap();
+}
+
+/// A step that writes a guarded table through its own connection (not
+/// `ctx.db()`) while it is the job's current owner.
+#[derive(Debug, Clone)]
+struct WritesAroundTheFence {
+    schema: String,
+    pool: sqlx::PgPool,
+}
+
+#[tenure::job(name = "hardening.around_the_fence", retries = 1)]
+impl WritesAroundTheFence {
+    #[step]
+    async fn first(&self, ctx: &mut StepCtx, n: i64) -> Result<i64, StepError> {
+        let sql = format!(
+            "INSERT INTO {}.step_log (job_id, step, token, worker) VALUES ($1, 0, $2, 'own-pool')",
+            self.schema
+        );
+        sqlx::query(&sql)
+            .bind(ctx.job_id().as_uuid())
+            .bind(ctx.token().get())
+            .execute(&self.pool)
+            .await?;
+        Ok(n)
+    }
+}
+
+/// Item 5: a guard refusal raised by the current owner is the step's own bug: a
+/// permanent failure whose reason names the table, dead-lettered at once, the
+/// lock released. Before the fix it was taken for a stale owner: nothing was
+/// released or nak'ed, and the job's own healthy lease kept its lock while the
+/// message came back every AckWait until MaxDeliver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_guard_refusal_under_our_own_fence_is_a_permanent_step_failure() {
+    let (ns, cfg, client) = fresh("hd_guard_own", Duration::from_secs(2)).await;
+    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(WritesAroundTheFence {
+            schema: ns.clone(),
+            pool: client.store().pool().clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    let id = client
+        .enqueue::<WritesAroundTheFence>("own-pool", &7)
+        .await
+        .unwrap()
+        .job_id;
+    let dead = dead_within(&client, id, Duration::from_secs(20)).await;
+    let r = row(&client, id).await;
+    assert!(dead, "not dead-lettered: {r:?}");
+    let reason = r.last_error.clone().unwrap_or_default();
+    assert!(
+        reason.contains("step_log"),
+        "the reason names the table: {reason}"
+    );
+    let dlq = client.queue().dead_letters(10).await.unwrap();
+    let entry = dlq
+        .iter()
+        .find(|d| d.job_id == Some(id))
+        .expect("in the DLQ");
+    assert!(entry.reason.contains("permanent_error"), "{}", entry.reason);
+    worker.shutdown().await.unwrap();
+}
+
+/// Item 5, the lock side: a lock held by the acquiring session's own lease (one
+/// this worker stranded) reads as contended by ourselves; `release_stranded`
+/// deletes it, so the job can be acquired again at once (with a larger token),
+/// and never deletes a lock of another lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_stranded_under_our_own_lease_is_deleted_and_no_other_lease_is_touched() {
+    let ns = DevStack::unique_namespace("hd_stranded");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(5));
+    let ours = Session::establish(&cfg).await.unwrap();
+    let theirs = Session::establish(&cfg).await.unwrap();
+    let (job, other) = (JobId::from_key("t", "ours"), JobId::from_key("t", "theirs"));
+    let first = ours
+        .acquire(job)
+        .await
+        .unwrap()
+        .into_lock()
+        .expect("acquired");
+    assert!(theirs.acquire(other).await.unwrap().is_acquired());
+
+    // Our own lease holds it: acquisition is not re-entrant.
+    assert!(matches!(
+        ours.acquire(job).await.unwrap(),
+        Acquire::Contended { holder: Some(h) } if h == ours.lease_id()
+    ));
+    assert!(
+        !ours.release_stranded(other).await.unwrap(),
+        "another lease's lock is never deleted"
+    );
+    assert!(matches!(
+        ours.acquire(other).await.unwrap(),
+        Acquire::Contended { holder: Some(h) } if h == theirs.lease_id()
+    ));
+    assert!(ours.release_stranded(job).await.unwrap());
+    let again = ours
+        .acquire(job)
+        .await
+        .unwrap()
+        .into_lock()
+        .expect("free again");
+    assert!(again.token() > first.token(), "a new grant, a larger token");
+    ours.close().await.unwrap();
+    theirs.close().await.unwrap();
+}
