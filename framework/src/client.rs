@@ -155,33 +155,47 @@ impl Client {
     /// then moves its DLQ entries back to the work stream (or publishes it afresh
     /// if the DLQ holds none). Returns the number of messages put back.
     ///
+    /// A `pending` or `running` job (one that may have lost its message, say
+    /// to a crash of an older version between the DLQ publish and the row
+    /// update) is published again as it is, row untouched: a second message for a
+    /// live job is absorbed by admission and the job lock, so this is always safe.
+    ///
     /// # Errors
-    /// [`ClientError::NotDead`], [`FenceError::NotFound`], server errors.
+    /// [`ClientError::NotDead`] for a `done` job, [`FenceError::NotFound`], server
+    /// errors.
     pub async fn redrive(&self, job_id: JobId) -> Result<usize, ClientError> {
         let row = self
             .store
             .job(job_id)
             .await?
             .ok_or(FenceError::NotFound(job_id))?;
-        if row.status != JobStatus::Dead {
-            return Err(ClientError::NotDead {
-                job_id,
-                status: row.status,
-            });
+        match row.status {
+            JobStatus::Dead => {}
+            JobStatus::Pending | JobStatus::Running => {
+                self.publish_row(&row).await?;
+                return Ok(1);
+            }
+            status => return Err(ClientError::NotDead { job_id, status }),
         }
         self.store.reset_for_redrive(job_id).await?;
         let moved = self.queue.redrive(job_id).await?;
         if moved == 0 {
-            let payload = serde_json::to_vec(&row.input).map_err(|source| ClientError::Input {
-                job_type: "json",
-                source,
-            })?;
-            self.queue
-                .publish_redrive(job_id, &row.job_type, payload.into())
-                .await?;
+            self.publish_row(&row).await?;
             return Ok(1);
         }
         Ok(moved)
+    }
+
+    /// Publishes a redrive message for `row`'s job (its input, its type).
+    async fn publish_row(&self, row: &JobRow) -> Result<(), ClientError> {
+        let payload = serde_json::to_vec(&row.input).map_err(|source| ClientError::Input {
+            job_type: "json",
+            source,
+        })?;
+        self.queue
+            .publish_redrive(row.id, &row.job_type, payload.into())
+            .await?;
+        Ok(())
     }
 
     /// The job-row store (PostgreSQL).

@@ -256,3 +256,120 @@ async fn a_lock_stranded_under_our_own_lease_is_deleted_and_no_other_lease_is_to
     ours.close().await.unwrap();
     theirs.close().await.unwrap();
 }
+
+#[derive(Debug, Clone)]
+struct Noop;
+
+#[tenure::job(name = "hardening.noop")]
+impl Noop {
+    #[step]
+    async fn only(&self, _ctx: &mut StepCtx, n: i64) -> Result<i64, StepError> {
+        Ok(n)
+    }
+}
+
+/// Item 6: a message the broker gives up on (MaxDeliver) leaves the work stream
+/// only after its job row is dead. While the test holds the row locked (so
+/// marking it dead cannot finish) the message stays and the DLQ holds nothing
+/// for the job; once the lock goes, the row is dead and the DLQ has the entry.
+/// Before the fix the listener dead-lettered and deleted the message first and
+/// marked the row in another task that only logged a failure: a crash or a
+/// database error there left a `pending` row with no message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_given_up_message_leaves_the_stream_only_after_its_row_is_dead() {
+    let ttl = Duration::from_secs(2);
+    let ns = DevStack::unique_namespace("hd_gave_up");
+    let mut cfg = config_for(stack(), &ns, ttl);
+    cfg.max_deliver = 3;
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let id = client.enqueue::<Noop>("held", &1).await.unwrap().job_id;
+    // Every delivery is contended until the broker gives up.
+    let holder = Session::establish(&cfg).await.unwrap();
+    assert!(holder.acquire(id).await.unwrap().is_acquired());
+    // The row is locked on a plain connection (no idle-in-transaction timeout).
+    let mut blocker = <sqlx::PgConnection as sqlx::Connection>::connect(&stack().database_url())
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query(&format!("SELECT 1 FROM {ns}.jobs WHERE id = $1 FOR UPDATE"))
+        .bind(id.as_uuid())
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(Noop)
+        .start()
+        .await
+        .unwrap();
+    // Well past three contended deliveries and the advisory.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    assert!(
+        dlq.iter().all(|d| d.job_id != Some(id)),
+        "dead-lettered while its row could not be marked dead: {dlq:?}"
+    );
+    let stats = client.queue().stats().await.unwrap();
+    assert_eq!(stats.work_messages, 1, "the message is kept: {stats:?}");
+    assert_ne!(row(&client, id).await.status, JobStatus::Dead);
+
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    assert!(
+        dead_within(&client, id, Duration::from_secs(30)).await,
+        "the row is marked dead once it can be"
+    );
+    let listed = wait_until(Duration::from_secs(30), || async {
+        let dlq = client.queue().dead_letters(100).await.unwrap();
+        dlq.iter()
+            .any(|d| d.job_id == Some(id) && d.reason.contains("max_deliveries"))
+    })
+    .await;
+    assert!(listed, "then the message is dead-lettered");
+    let stats = client.queue().stats().await.unwrap();
+    assert_eq!(
+        stats.work_messages, 0,
+        "and leaves the work stream: {stats:?}"
+    );
+    holder.close().await.unwrap();
+    worker.shutdown().await.unwrap();
+}
+
+/// Item 6, redrive: a `pending` job whose message is gone (what the old order
+/// could leave behind) is published again by `redrive` and runs to done; a
+/// `done` job is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redrive_republishes_a_live_job_whose_message_is_gone() {
+    let (ns, cfg, client) = fresh("hd_redrive_live", Duration::from_secs(2)).await;
+    let id = client
+        .enqueue::<Noop>("lost-message", &5)
+        .await
+        .unwrap()
+        .job_id;
+    // The message vanishes (as a crash between DLQ publish and row update did).
+    let js = async_nats::jetstream::new(async_nats::connect(&cfg.nats_url).await.unwrap());
+    let work = js.get_stream(&client.queue().names().stream).await.unwrap();
+    work.purge().await.unwrap();
+    assert_eq!(client.queue().stats().await.unwrap().work_messages, 0);
+    assert_eq!(row(&client, id).await.status, JobStatus::Pending);
+    assert_eq!(client.redrive(id).await.unwrap(), 1);
+    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(Noop)
+        .start()
+        .await
+        .unwrap();
+    let done = wait_until(Duration::from_secs(30), || async {
+        row(&client, id).await.status == JobStatus::Done
+    })
+    .await;
+    assert!(
+        done,
+        "the republished job runs: {:?}",
+        row(&client, id).await
+    );
+    assert!(matches!(
+        client.redrive(id).await,
+        Err(tenure::ClientError::NotDead { .. })
+    ));
+    drop(ns);
+    worker.shutdown().await.unwrap();
+}

@@ -160,6 +160,25 @@ pub struct GaveUp {
     pub deliveries: u64,
 }
 
+/// A [`GaveUp`] handed to the listener's owner, who settles the job's row
+/// (marks it dead) and then answers with [`GaveUpNotice::settled`]. The
+/// listener dead-letters and deletes the message only after a `true`; on
+/// `false`, a dropped notice or no answer, the advisory is retried later, so a
+/// message never leaves the stream while its row is still `pending`/`running`.
+#[derive(Debug)]
+pub struct GaveUpNotice {
+    /// What the broker gave up on.
+    pub gave_up: GaveUp,
+    reply: tokio::sync::oneshot::Sender<bool>,
+}
+
+impl GaveUpNotice {
+    /// Answers the listener: `true` once the job's row is terminal.
+    pub fn settled(self, row_is_terminal: bool) {
+        let _ = self.reply.send(row_is_terminal);
+    }
+}
+
 /// The server's `io.nats.jetstream.advisory.v1.max_deliver` event.
 #[derive(Debug, serde::Deserialize)]
 struct MaxDeliveriesAdvisory {
@@ -542,7 +561,7 @@ impl Queue {
     /// channel delays the listener; it never drops a report.
     pub fn spawn_max_deliveries_listener_notify(
         &self,
-        notify: Option<tokio::sync::mpsc::Sender<GaveUp>>,
+        notify: Option<tokio::sync::mpsc::Sender<GaveUpNotice>>,
     ) -> AdvisoryListener {
         let mut queue = self.clone();
         queue.gave_up = notify;
@@ -631,6 +650,7 @@ impl Queue {
             if let Some(id) = stored.headers.get(headers::JOB_ID) {
                 tracing::Span::current().record("job_id", id.as_str());
             }
+            self.settle_row(&stored.headers, adv.deliveries).await?;
             let original = Original {
                 subject: stored.subject.as_str(),
                 headers: Some(&stored.headers),
@@ -647,28 +667,42 @@ impl Queue {
                 dlq_sequence = published.sequence,
                 "the broker gave up on the message: dead-lettered"
             );
-            if let Some(tx) = &self.gave_up {
-                let job_id = stored
-                    .headers
-                    .get(headers::JOB_ID)
-                    .and_then(|v| v.as_str().parse::<JobId>().ok());
-                let job_type = stored
-                    .headers
-                    .get(headers::JOB_TYPE)
-                    .map(|v| v.as_str().to_string());
-                if let Some(job_id) = job_id {
-                    let _ = tx
-                        .send(GaveUp {
-                            job_id,
-                            job_type,
-                            deliveries: adv.deliveries,
-                        })
-                        .await;
-                }
-            }
             Ok(())
         }
         .instrument(span)
         .await
+    }
+
+    /// Before a given-up message leaves the stream: has the owner (the worker)
+    /// mark its job's row terminal, and waits for that. Without an owner, or
+    /// for a message that names no job, there is no row to settle.
+    async fn settle_row(&self, stored: &HeaderMap, deliveries: u64) -> Result<(), QueueError> {
+        let Some(tx) = &self.gave_up else {
+            return Ok(());
+        };
+        let Some(job_id) = stored
+            .get(headers::JOB_ID)
+            .and_then(|v| v.as_str().parse::<JobId>().ok())
+        else {
+            return Ok(());
+        };
+        let job_type = stored
+            .get(headers::JOB_TYPE)
+            .map(|v| v.as_str().to_string());
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let notice = GaveUpNotice {
+            gave_up: GaveUp {
+                job_id,
+                job_type,
+                deliveries,
+            },
+            reply,
+        };
+        let settled = tx.send(notice).await.is_ok() && answer.await.unwrap_or(false);
+        if settled {
+            Ok(())
+        } else {
+            Err(QueueError::RowNotSettled { job_id })
+        }
     }
 }

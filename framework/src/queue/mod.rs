@@ -79,7 +79,7 @@ use crate::JobId;
 use crate::config::{BackoffConfig, ConfigError};
 
 pub use delivery::{BadMessage, Delivery};
-pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, reasons};
+pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, GaveUpNotice, reasons};
 
 /// A boxed error from the NATS client, kept as the `source` of a [`QueueError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -185,6 +185,14 @@ pub enum QueueError {
         /// The client's error.
         #[source]
         source: BoxError,
+    },
+    /// The broker gave up on job `job_id`'s message, and the listener's owner did
+    /// not confirm that the job's row is terminal: the message stays in the work
+    /// stream and the advisory is handled again later.
+    #[error("job {job_id}: its row was not marked dead; the given-up message is kept and retried")]
+    RowNotSettled {
+        /// The job.
+        job_id: JobId,
     },
     /// A dead letter cannot be redriven (it names no work subject).
     #[error("DLQ entry {dlq_sequence} cannot be redriven: {reason}")]
@@ -375,7 +383,7 @@ struct Inner {
 pub struct Queue {
     inner: Arc<Inner>,
     /// Where the max-deliveries listener reports what it dead-lettered.
-    gave_up: Option<tokio::sync::mpsc::Sender<dlq::GaveUp>>,
+    gave_up: Option<tokio::sync::mpsc::Sender<dlq::GaveUpNotice>>,
 }
 
 impl std::fmt::Debug for Queue {

@@ -340,9 +340,15 @@ impl JobRun {
                 sh.locks.release(session, lock, ReleaseMode::Prompt).await;
                 return Err(Stop::Quiet);
             }
-            Err(FenceError::Terminal { .. }) => {
-                ack(delivery).await;
+            Err(FenceError::Terminal { status, .. }) => {
                 sh.locks.release(session, lock, ReleaseMode::Deferred).await;
+                if status == JobStatus::Dead {
+                    // Marked dead since admission (the broker gave up, an
+                    // operator): dead-letter it as admission would.
+                    self.dead_letter_dead_row(delivery, job_id).await;
+                } else {
+                    ack(delivery).await;
+                }
                 return Err(Stop::Quiet);
             }
             Err(e) => {
@@ -889,6 +895,18 @@ impl JobRun {
         {
             tracing::error!(error = %e, "DLQ publish failed; the message will be redelivered");
         }
+    }
+
+    /// Dead-letters a delivery whose row is `dead` (read again for the reason).
+    async fn dead_letter_dead_row(&self, delivery: Delivery, job_id: JobId) {
+        let row = self.shared.store.job(job_id).await.ok().flatten();
+        let reason = row
+            .as_ref()
+            .and_then(|r| r.last_error.clone())
+            .unwrap_or_else(|| "dead".into());
+        let job_type = row.as_ref().map_or("unknown", |r| r.job_type.as_str());
+        self.dead_letter_unowned(delivery, job_id, job_type, "dead", reason, row.as_ref())
+            .await;
     }
 
     async fn retry_later(&self, delivery: Delivery, delay: Duration) {

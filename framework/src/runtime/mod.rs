@@ -256,28 +256,20 @@ impl WorkerBuilder {
         let (supervisor, join) = Actor::spawn(None, WorkerSupervisor, sup_args)
             .await
             .map_err(|e| WorkerError::Actor(e.to_string()))?;
-        // Messages the broker gives up on (MaxDeliver) are dead-lettered by the
-        // listener; their rows are marked dead here, so no row stays `running`
-        // with no message behind it.
-        let (gave_up_tx, mut gave_up_rx) = tokio::sync::mpsc::channel::<crate::queue::GaveUp>(64);
+        // Messages the broker gives up on (MaxDeliver): their rows are marked dead
+        // here first, and only then does the listener dead-letter and delete the
+        // message, so no row stays `pending`/`running` with no message behind it.
+        let (gave_up_tx, mut gave_up_rx) =
+            tokio::sync::mpsc::channel::<crate::queue::GaveUpNotice>(64);
         let advisories = shared
             .queue
             .spawn_max_deliveries_listener_notify(Some(gave_up_tx));
         {
             let shared = shared.clone();
             tasks.spawn(async move {
-                while let Some(g) = gave_up_rx.recv().await {
-                    let reason = format!(
-                        "max_deliveries: the broker gave up after {} deliveries",
-                        g.deliveries
-                    );
-                    shared
-                        .metrics
-                        .dead_lettered(g.job_type.as_deref().unwrap_or("unknown"), "max_deliveries");
-                    tracing::warn!(job_id = %g.job_id, %reason, "job dead-lettered by the broker");
-                    if let Err(e) = shared.store.mark_dead_unfenced(g.job_id, &reason).await {
-                        tracing::error!(job_id = %g.job_id, error = %e, "marking the job dead failed");
-                    }
+                while let Some(notice) = gave_up_rx.recv().await {
+                    let settled = mark_given_up_dead(&shared, &notice.gave_up).await;
+                    notice.settled(settled);
                 }
             });
         }
@@ -290,6 +282,28 @@ impl WorkerBuilder {
             tasks,
             _advisories: advisories,
         })
+    }
+}
+
+/// Marks the row of a job the broker gave up on `dead`; whether it is terminal now.
+async fn mark_given_up_dead(shared: &Shared, g: &crate::queue::GaveUp) -> bool {
+    let reason = format!(
+        "max_deliveries: the broker gave up after {} deliveries",
+        g.deliveries
+    );
+    match shared.store.mark_dead_unfenced(g.job_id, &reason).await {
+        Ok(()) => {
+            let job_type = g.job_type.as_deref().unwrap_or("unknown");
+            shared.metrics.dead_lettered(job_type, "max_deliveries");
+            tracing::warn!(job_id = %g.job_id, %reason, "job dead-lettered by the broker");
+            true
+        }
+        // No row: nothing can stay non-terminal.
+        Err(FenceError::NotFound(_)) => true,
+        Err(e) => {
+            tracing::warn!(job_id = %g.job_id, error = %e, "marking the given-up job dead failed; the message is kept and retried");
+            false
+        }
     }
 }
 
