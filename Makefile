@@ -1,4 +1,4 @@
-.PHONY: setup check-fresh demo test lint bench torture
+.PHONY: setup check-fresh check-features demo test lint bench torture
 
 # Installs the missing Debian packages, then verifies the files and behaviour the
 # build and the tests rely on (fails with the name of the package to install).
@@ -10,10 +10,15 @@ setup:
 check-fresh: setup
 	bash scripts/check-fresh.sh
 
+# Fails if tenure's test-only `testing` feature reaches the CLI or a plain
+# `cargo build --release` of the workspace.
+check-features:
+	bash scripts/check-features.sh
+
 demo: setup
 	cargo run --example ledger
 
-test: setup check-fresh
+test: setup check-fresh check-features
 	cargo test --workspace --no-fail-fast
 
 lint:

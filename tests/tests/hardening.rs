@@ -373,3 +373,43 @@ async fn redrive_republishes_a_live_job_whose_message_is_gone() {
     drop(ns);
     worker.shutdown().await.unwrap();
 }
+
+/// Item 8: the guard is a statement-level trigger, which PostgreSQL does not
+/// fire for a write straight into a partition of a guarded partitioned table
+/// (nor, on a guarded partition, for a write through its parent). Both are
+/// refused at `install_guard` with a typed error, and no trigger is left.
+/// Before the fix the partitioned parent was "guarded" and a direct
+/// `INSERT INTO <partition>` went through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_tables_and_partitions_are_refused_by_the_guard() {
+    let (ns, _cfg, client) = fresh("hd_partitions", Duration::from_secs(2)).await;
+    let pool = client.store().pool();
+    for ddl in [
+        format!("CREATE TABLE {ns}.parted (k int) PARTITION BY RANGE (k)"),
+        format!(
+            "CREATE TABLE {ns}.parted_low PARTITION OF {ns}.parted FOR VALUES FROM (0) TO (100)"
+        ),
+    ] {
+        sqlx::query(&ddl).execute(pool).await.unwrap();
+    }
+    for table in [format!("{ns}.parted"), format!("{ns}.parted_low")] {
+        let err = client
+            .store()
+            .install_guard(&table)
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(&err, tenure::fence::FenceError::Unguardable { table: t, .. } if *t == table),
+            "{err}"
+        );
+        assert!(!client.store().is_guarded(&table).await.unwrap(), "{table}");
+    }
+    // A plain table still takes the guard.
+    assert!(
+        client
+            .store()
+            .is_guarded(&format!("{ns}.step_log"))
+            .await
+            .unwrap()
+    );
+}

@@ -132,6 +132,16 @@ pub enum FenceError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A table the guard cannot protect: a partitioned table (a write straight
+    /// into one of its partitions would bypass a statement-level trigger on the
+    /// parent) or a partition (a write through the parent would bypass it).
+    #[error("cannot guard {table}: {reason}")]
+    Unguardable {
+        /// The table.
+        table: String,
+        /// Why.
+        reason: &'static str,
+    },
     /// A row holds a value Tenure cannot represent (e.g. a negative counter written
     /// by hand).
     #[error("job {job_id}: corrupt row: {reason}")]

@@ -64,6 +64,23 @@ pub(crate) fn trigger_name(schema: &str) -> String {
     format!("\"tenure_guard_{schema}\"")
 }
 
+/// Why a table of `pg_class.relkind` `kind` cannot be guarded, if it cannot.
+pub(crate) fn unguardable(kind: &str, is_partition: bool) -> Option<&'static str> {
+    if kind == "p" {
+        return Some(
+            "it is partitioned: a write straight into a partition would not fire a \
+             statement-level trigger on the parent (guard a plain table instead)",
+        );
+    }
+    if is_partition {
+        return Some(
+            "it is a partition: a write through its partitioned parent would not fire \
+             a statement-level trigger on it",
+        );
+    }
+    None
+}
+
 pub(crate) fn install_sql(schema: &str, table: &str, function: &str) -> [String; 2] {
     let trigger = trigger_name(schema);
     [

@@ -703,7 +703,10 @@ impl FenceStore {
     /// ```
     ///
     /// # Errors
-    /// [`FenceError::InvalidName`], [`FenceError::Db`] (e.g. no such table).
+    /// [`FenceError::InvalidName`], [`FenceError::Unguardable`] (a partitioned
+    /// table or a partition: the trigger is statement-level, and PostgreSQL does
+    /// not fire it for writes that reach the table through another name),
+    /// [`FenceError::Db`] (e.g. no such table).
     ///
     /// # Fencing
     /// The database refuses the write, whatever code path issued it.
@@ -712,6 +715,18 @@ impl FenceStore {
         async {
             let quoted = guard::quote_table(table)?;
             let mut tx = self.pool.begin().await?;
+            let (kind, partition): (String, bool) = sqlx::query_as(
+                "SELECT relkind::text, relispartition FROM pg_class WHERE oid = $1::regclass",
+            )
+            .bind(&quoted)
+            .fetch_one(&mut *tx)
+            .await?;
+            if let Some(reason) = guard::unguardable(&kind, partition) {
+                return Err(FenceError::Unguardable {
+                    table: table.to_string(),
+                    reason,
+                });
+            }
             for stmt in guard::install_sql(&self.schema, &quoted, &self.sql.guard_function) {
                 tx.execute(stmt.as_str()).await?;
             }

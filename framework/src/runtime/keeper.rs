@@ -86,7 +86,7 @@ impl Actor for LeaseKeeper {
                 let cfg = state.args.cfg.clone();
                 let stop = state.args.stop.clone();
                 let me = myself.clone();
-                state.tasks.spawn(async move {
+                spawn_reaping(&mut state.tasks, async move {
                     match Session::establish_with_backoff(&cfg, &stop).await {
                         Ok(s) => {
                             let _ = me.send_message(KeeperMsg::Established(Box::new(s)));
@@ -145,7 +145,7 @@ fn install(myself: &ActorRef<KeeperMsg>, state: &mut KeeperState, session: Sessi
     tracing::info!(lease_id = %session.lease_id(), worker = %state.args.cfg.worker_id, "session established");
     state.args.current.send_replace(Some(Arc::new(session)));
     let me = myself.clone();
-    state.tasks.spawn(async move {
+    spawn_reaping(&mut state.tasks, async move {
         let mut last = *health.borrow();
         let mut rtt_open = true;
         loop {
@@ -182,6 +182,24 @@ fn install(myself: &ActorRef<KeeperMsg>, state: &mut KeeperState, session: Sessi
     });
 }
 
+/// Spawns `task` into `tasks` after collecting the tasks that have ended, so a
+/// worker that loses and re-forms its session many times keeps only the tasks
+/// still running (a `JoinSet` keeps every ended task until it is joined). A task
+/// that panicked is logged.
+fn spawn_reaping<F>(tasks: &mut tokio::task::JoinSet<()>, task: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    while let Some(ended) = tasks.try_join_next() {
+        if let Err(e) = ended {
+            if e.is_panic() {
+                tracing::error!(error = %e, "a lease keeper task panicked");
+            }
+        }
+    }
+    tasks.spawn(task);
+}
+
 fn name(h: Health) -> &'static str {
     match h {
         Health::Healthy => "healthy",
@@ -195,5 +213,26 @@ fn level(h: Health) -> i64 {
         Health::Healthy => 0,
         Health::Degraded => 1,
         Health::Lost => 2,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn ended_tasks_are_collected_before_each_spawn() {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..100 {
+            let (ended, wait) = tokio::sync::oneshot::channel();
+            spawn_reaping(&mut tasks, async move {
+                let _ = ended.send(());
+            });
+            wait.await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        // With a plain `spawn` all 100 ended tasks would still be held.
+        assert!(tasks.len() <= 2, "{} tasks kept", tasks.len());
     }
 }
