@@ -413,3 +413,68 @@ async fn partitioned_tables_and_partitions_are_refused_by_the_guard() {
             .unwrap()
     );
 }
+
+/// Set by [`RestartMidStep`] once it holds its transaction; the test restarts
+/// PostgreSQL, then sets `RESTARTED`.
+static IN_STEP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static RESTARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[derive(Debug, Clone)]
+struct RestartMidStep;
+
+#[tenure::job(name = "hardening.restart_mid_step", retries = 0)]
+impl RestartMidStep {
+    #[step]
+    async fn first(&self, ctx: &mut StepCtx, n: i64) -> Result<i64, StepError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        ctx.db().await?;
+        IN_STEP.store(true, SeqCst);
+        while !RESTARTED.load(SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(n)
+    }
+}
+
+/// Item 4, the fourth trigger: PostgreSQL restarts while the first step holds
+/// the claim's transaction. The commit fails, the claim went with the
+/// connection, and the attempt must still be counted: with `retries = 0` the
+/// job is dead with `attempts = 1`. Before the fix the attempt was handed back
+/// uncounted and the next delivery simply ran the job again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_restart_mid_step_is_a_counted_attempt() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let stack = DevStack::start_with(tenure::devstack::DevStackOptions::default())
+        .await
+        .expect("own stack");
+    let ns = DevStack::unique_namespace("hd_pg_restart");
+    let cfg = config_for(&stack, &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
+        .register(RestartMidStep)
+        .start()
+        .await
+        .unwrap();
+    let id = client
+        .enqueue::<RestartMidStep>("restart", &3)
+        .await
+        .unwrap()
+        .job_id;
+    assert!(wait_until(Duration::from_secs(30), || async { IN_STEP.load(SeqCst) }).await);
+    stack.postgres().restart().expect("restart PostgreSQL");
+    stack
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("PostgreSQL back");
+    RESTARTED.store(true, SeqCst);
+    let settled = wait_until(Duration::from_secs(60), || async {
+        matches!(client.job(id).await, Ok(Some(r)) if r.status.is_terminal())
+    })
+    .await;
+    let r = row(&client, id).await;
+    assert!(settled, "{r:?}");
+    assert_eq!(r.status, JobStatus::Dead, "retries = 0: {r:?}");
+    assert_eq!(r.attempts, 1, "the attempt was counted: {r:?}");
+    worker.shutdown().await.unwrap();
+}
