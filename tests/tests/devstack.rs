@@ -214,3 +214,57 @@ fn shared_stack_and_namespaces() {
     assert_ne!(a, b);
     assert!(a.starts_with("my_test_"));
 }
+
+/// The restore fault's ground truth, measured on etcd 3.4: restoring every
+/// member from a snapshot moves the revision back to the snapshot's, so the
+/// next write reuses a revision that was handed out before (a lock created then
+/// gets a `create_revision` an earlier owner may already hold: the token
+/// regression Tenure's claim must refuse); a bump afterwards moves the next
+/// write past every revision handed out before the restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restore_moves_revisions_back_and_a_bump_moves_them_past() {
+    let stack = DevStack::start_with(DevStackOptions {
+        nats: false,
+        postgres: false,
+        ..DevStackOptions::default()
+    })
+    .await
+    .expect("etcd");
+    let put = |key: &'static str| {
+        let endpoints = stack.etcd_endpoints();
+        async move {
+            let mut c = etcd_client::Client::connect(endpoints, None).await.unwrap();
+            let r = c.put(key, "v", None).await.unwrap();
+            r.header().unwrap().revision()
+        }
+    };
+    put("before").await;
+    let snapshot = stack.dir().join("fault.snap");
+    let at = stack.etcd_snapshot(&snapshot).expect("snapshot");
+    let mut last = 0;
+    for _ in 0..20 {
+        last = put("after").await;
+    }
+    assert!(last >= at + 20, "{last} vs snapshot {at}");
+
+    stack
+        .etcd_restore(&snapshot, Duration::from_secs(30))
+        .await
+        .expect("restore");
+    let reused = put("restored").await;
+    assert!(
+        reused <= last,
+        "without a bump the revisions go back: {reused} after {last}"
+    );
+
+    stack
+        .etcd_restore(&snapshot, Duration::from_secs(30))
+        .await
+        .expect("restore again");
+    let bumped = stack.etcd_bump_revision(last).await.expect("bump");
+    assert!(bumped > last);
+    assert!(
+        put("bumped").await > last,
+        "after the bump, past every old revision"
+    );
+}

@@ -27,6 +27,7 @@
 //! PostgreSQL schema). Tests that inject faults start a stack of their own.
 
 mod process;
+mod restore;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -146,6 +147,7 @@ pub struct DevStack {
     // Field order matters: processes drop (and die) before the directory goes.
     etcd: Vec<ServerProcess>,
     etcd_client_ports: Vec<u16>,
+    etcd_peer_ports: Vec<u16>,
     nats: Option<ServerProcess>,
     nats_port: u16,
     postgres: Option<ServerProcess>,
@@ -186,6 +188,7 @@ impl DevStack {
         let mut stack = DevStack {
             etcd: Vec::new(),
             etcd_client_ports: Vec::new(),
+            etcd_peer_ports: Vec::new(),
             nats: None,
             nats_port: 0,
             postgres: None,
@@ -413,11 +416,9 @@ impl DevStack {
     fn start_etcd(&mut self, members: usize) -> Result<(), DevStackError> {
         let ports = free_ports(members * 2)?;
         let (client, peer) = ports.split_at(members);
-        let token = format!("tenure-{}", self.dir().display()).replace('/', "-");
-        let cluster: Vec<String> = (0..members)
-            .map(|i| format!("m{i}=http://127.0.0.1:{}", peer[i]))
-            .collect();
-        let cluster = cluster.join(",");
+        self.etcd_peer_ports = peer.to_vec();
+        let token = self.etcd_token();
+        let cluster = self.etcd_cluster();
         for i in 0..members {
             let data = self.dir().join(format!("etcd{i}"));
             let args = vec![
@@ -444,6 +445,19 @@ impl DevStack {
         }
         self.etcd_client_ports = client.to_vec();
         Ok(())
+    }
+
+    /// The etcd cluster's `--initial-cluster` (members `m<i>` on their peer ports).
+    fn etcd_cluster(&self) -> String {
+        let members: Vec<String> = (self.etcd_peer_ports.iter().enumerate())
+            .map(|(i, port)| format!("m{i}=http://127.0.0.1:{port}"))
+            .collect();
+        members.join(",")
+    }
+
+    /// The etcd cluster's `--initial-cluster-token` (unique per stack directory).
+    fn etcd_token(&self) -> String {
+        format!("tenure-{}", self.dir().display()).replace('/', "-")
     }
 
     async fn wait_etcd(&self, timeout: Duration) -> Result<(), DevStackError> {
