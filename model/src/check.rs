@@ -46,7 +46,10 @@ impl Outcome {
 pub fn check(model: Tenure, depth_bound: usize, stop_at: Option<&'static str>) -> Outcome {
     let start = Instant::now();
     let threads = 1;
-    let mut builder = model.checker().threads(threads).target_max_depth(depth_bound);
+    let mut builder = model
+        .checker()
+        .threads(threads)
+        .target_max_depth(depth_bound);
     if let Some(p) = stop_at {
         builder = builder.finish_when(HasDiscoveries::AnyOf(BTreeSet::from([p])));
     }

@@ -8,7 +8,11 @@ fn pc_text(pc: &Pc) -> String {
     match pc {
         Pc::Idle => "idle".into(),
         Pc::Admitted { job } => format!("admitted {}", job_name(*job)),
-        Pc::Created(g) => format!("{} created, token {} (unverified)", job_name(g.job), g.token),
+        Pc::Created(g) => format!(
+            "{} created, token {} (unverified)",
+            job_name(g.job),
+            g.token
+        ),
         Pc::Locked(g) => format!("{} locked, token {}", job_name(g.job), g.token),
         Pc::Running {
             grant,
@@ -67,14 +71,20 @@ fn diff(model: &Tenure, a: &State, b: &State) -> Vec<String> {
         }
     }
     if a.etcd.revision != b.etcd.revision {
-        out.push(format!("etcd revision {} -> {}", a.etcd.revision, b.etcd.revision));
+        out.push(format!(
+            "etcd revision {} -> {}",
+            a.etcd.revision, b.etcd.revision
+        ));
     }
     for j in 0..model.bound.jobs {
         let name = job_name(u8::try_from(j).unwrap_or(0));
         let (ka, kb) = (a.etcd.locks[j], b.etcd.locks[j]);
         if ka != kb {
             out.push(match kb {
-                Some(k) => format!("lock {name} held by w{} token {}", k.worker, k.create_revision),
+                Some(k) => format!(
+                    "lock {name} held by w{} token {}",
+                    k.worker, k.create_revision
+                ),
                 None => format!("lock {name} gone"),
             });
         }

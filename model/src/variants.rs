@@ -24,7 +24,7 @@ pub const NO_CLAIM_FENCE: Variant = Variant {
         claim_fence: false,
         ..Switches::FAITHFUL
     },
-    breaks: props::TOKENS_NEVER_DECREASE,
+    breaks: props::NO_STALE_COMMIT,
 };
 
 /// (b) The step transaction without `fence = $tok` (admission, and the CAS
