@@ -800,11 +800,38 @@ async fn nats_restart_loses_no_published_message_and_fetch_resumes() {
     assert_eq!(d.job_id(), Ok(job(100)));
     assert_eq!(d.stream_sequence(), again.sequence);
     d.ack().await.expect("ack");
-    let stats = queue.stats().await.expect("stats");
-    assert_eq!(
-        (stats.work_messages, stats.ack_pending),
-        (0, 0),
-        "{stats:?}"
+    // A message acked shortly before NATS was killed can come back after the
+    // restart: the work queue's deletion had not reached the disk (measured, about
+    // one run in five under load: stream sequence 1, acked before the kill,
+    // delivered again). Workers absorb such a redelivery (the row is terminal, so
+    // admission acks it); what must not happen is a message that stays. Each
+    // leftover is one of this test's jobs, and acking it empties the stream.
+    let mut leftovers = Vec::new();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = queue.stats().await.expect("stats");
+        if (stats.work_messages, stats.ack_pending) == (0, 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "a message stays in the stream: {stats:?}, leftovers {leftovers:?}"
+        );
+        for d in queue
+            .fetch(10, Duration::from_millis(500))
+            .await
+            .expect("fetch")
+        {
+            leftovers.push((d.job_id(), d.stream_sequence(), d.delivery_count()));
+            d.ack().await.expect("ack a leftover");
+        }
+    }
+    let ours: BTreeSet<JobId> = (0..total).chain([100]).map(job).collect();
+    assert!(
+        leftovers
+            .iter()
+            .all(|(id, ..)| id.as_ref().is_ok_and(|id| ours.contains(id))),
+        "only redeliveries of published jobs: {leftovers:?}"
     );
 }
 
