@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, field};
 
@@ -256,6 +257,7 @@ impl JobRun {
             }
         };
         tracing::Span::current().record("lease_id", field::display(session.lease_id()));
+        let _holding = Holding::start(sh, job_id);
         let acquired = sh
             .locks
             .acquire(session.clone(), job_id, coming)
@@ -264,7 +266,7 @@ impl JobRun {
         let lock = match acquired {
             Ok(Acquire::Acquired(lock)) => lock,
             Ok(Acquire::Contended { holder })
-                if holder == Some(session.lease_id()) && !Holding::is_held(sh, job_id) =>
+                if holder == Some(session.lease_id()) && !Holding::others_hold(sh, job_id) =>
             {
                 self.release_stranded(&session, job_id, delivery).await;
                 return Err(Stop::Quiet);
@@ -292,7 +294,6 @@ impl JobRun {
         };
         let token = lock.token();
         tracing::Span::current().record("token", token.get());
-        let _holding = Holding::start(sh, job_id);
 
         // A run slot (held until this job actor ends): at once unless this
         // delivery was fetched ahead of the running jobs (see `Slots`).
@@ -332,11 +333,24 @@ impl JobRun {
             Ok(c) => c,
             Err(e) if e.is_fenced_out() => {
                 sh.metrics.stale_rejected(job.name(), StaleAt::Claim);
-                tracing::error!(
-                    error = %e,
-                    "ALERT: a freshly created job lock was fenced out at claim; etcd revisions \
-                     went backwards (snapshot restore without --bump-revision?)"
-                );
+                match claim_refusal(Instant::now(), session.lost_deadline(), session.health()) {
+                    ClaimRefusal::NewerOwner => tracing::info!(
+                        error = %e,
+                        "fenced out at claim: this worker stalled past its lease after \
+                         acquiring, and a newer owner claimed the job"
+                    ),
+                    ClaimRefusal::Regression => {
+                        tracing::error!(
+                            error = %e,
+                            "ALERT: a freshly verified job lock of a live session was fenced \
+                             out at claim; etcd revisions went backwards (snapshot restore \
+                             without --bump-revision?)"
+                        );
+                        if let Some(h) = &sh.hooks {
+                            h.token_regression(job_id, token);
+                        }
+                    }
+                }
                 sh.locks.release(session, lock, ReleaseMode::Prompt).await;
                 return Err(Stop::Quiet);
             }
@@ -497,7 +511,7 @@ impl JobRun {
                     // machine): wait until it turns `Healthy` or `Lost`, at most until
                     // the session's lost deadline (< TTL, so below the idle-in-transaction
                     // timeout), instead of dropping a job we still hold.
-                    let mut health = owned.session.health();
+                    let mut health = lease_health_now(&owned.session);
                     if health == Health::Degraded {
                         let mut watch = owned.session.watch_health();
                         let settled = async {
@@ -505,7 +519,7 @@ impl JobRun {
                         };
                         let _ =
                             tokio::time::timeout_at(owned.session.lost_deadline(), settled).await;
-                        health = owned.session.health();
+                        health = lease_health_now(&owned.session);
                     }
                     #[cfg(feature = "testing")]
                     let health = if sh.cfg.unsafe_no_fencing {
@@ -916,8 +930,8 @@ impl JobRun {
     }
 }
 
-/// A job actor's entry in [`Shared::holding`](super::Shared), from its lock
-/// grant until the actor ends.
+/// A job actor's entry in [`Shared::holding`](super::Shared), from before it
+/// asks for the job's lock until the actor ends.
 struct Holding<'a> {
     shared: &'a Shared,
     job_id: JobId,
@@ -926,25 +940,65 @@ struct Holding<'a> {
 impl<'a> Holding<'a> {
     fn start(shared: &'a Shared, job_id: JobId) -> Self {
         if let Ok(mut held) = shared.holding.lock() {
-            held.insert(job_id);
+            *held.entry(job_id).or_default() += 1;
         }
         Holding { shared, job_id }
     }
 
-    fn is_held(shared: &Shared, job_id: JobId) -> bool {
-        // A poisoned set says "held": never delete a lock we may be using.
+    /// Whether another job actor of this worker (besides the caller's own entry)
+    /// works on `job_id`. A poisoned map says yes: never delete a lock that may
+    /// be in use.
+    fn others_hold(shared: &Shared, job_id: JobId) -> bool {
         shared
             .holding
             .lock()
-            .map_or(true, |held| held.contains(&job_id))
+            .map_or(true, |held| held.get(&job_id).is_some_and(|n| *n > 1))
     }
 }
 
 impl Drop for Holding<'_> {
     fn drop(&mut self) {
         if let Ok(mut held) = self.shared.holding.lock() {
-            held.remove(&self.job_id);
+            if let Some(n) = held.get_mut(&self.job_id) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    held.remove(&self.job_id);
+                }
+            }
         }
+    }
+}
+
+/// What a claim refused on a freshly verified lock means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClaimRefusal {
+    /// Our session may be gone (this worker stalled between acquire and claim:
+    /// SIGSTOP, GC, VM pause): a newer owner legitimately raised the fence.
+    NewerOwner,
+    /// Our session is alive, so our lock still stands and no newer lock can
+    /// exist: a fence above our token means etcd's revisions went backwards.
+    Regression,
+}
+
+/// Classifies a claim refused with a larger fence, from the session's state now.
+/// The health watch of a process that was frozen has not caught up yet; the
+/// monotonic lost deadline has.
+fn claim_refusal(now: Instant, lost_deadline: Instant, health: Health) -> ClaimRefusal {
+    if health == Health::Lost || now >= lost_deadline {
+        ClaimRefusal::NewerOwner
+    } else {
+        ClaimRefusal::Regression
+    }
+}
+
+/// The session's health as of now: `Lost` once its lost deadline has passed,
+/// even if the keepalive task has not said so yet (a process that was frozen
+/// past its lease wakes with a stale health watch).
+fn lease_health_now(session: &Session) -> Health {
+    if Instant::now() >= session.lost_deadline() {
+        Health::Lost
+    } else {
+        session.health()
     }
 }
 
@@ -1038,4 +1092,33 @@ fn end_unused_later(slot: TxSlot, window: Duration) -> tokio_util::sync::DropGua
         .in_current_span(),
     );
     done.drop_guard()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_refused_while_the_session_lives_is_a_regression() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        assert_eq!(
+            claim_refusal(now, later, Health::Healthy),
+            ClaimRefusal::Regression
+        );
+        assert_eq!(
+            claim_refusal(now, later, Health::Degraded),
+            ClaimRefusal::Regression
+        );
+        // Stalled past the deadline (the watch still says Healthy after a SIGSTOP):
+        // a newer owner is normal, not an alarm.
+        assert_eq!(
+            claim_refusal(later, now, Health::Healthy),
+            ClaimRefusal::NewerOwner
+        );
+        assert_eq!(
+            claim_refusal(now, later, Health::Lost),
+            ClaimRefusal::NewerOwner
+        );
+    }
 }

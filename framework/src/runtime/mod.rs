@@ -109,6 +109,13 @@ pub trait WorkerObserver: Send + Sync + 'static {
     fn stale_rejected(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
         let _ = (job_id, step, token);
     }
+    /// The claim of a freshly verified lock with `token` found the job's fence at
+    /// or above it while our session was alive: etcd's revisions went backwards
+    /// (a snapshot restore without `--bump-revision`). The job was handed back,
+    /// not run. This is an alarm, never normal operation.
+    fn token_regression(&self, job_id: JobId, token: FencingToken) {
+        let _ = (job_id, token);
+    }
 }
 
 /// What every actor of one worker shares.
@@ -125,9 +132,10 @@ pub(crate) struct Shared {
     /// Shutdown grace over: cancel running steps.
     pub(crate) stop_jobs: CancellationToken,
     pub(crate) hooks: Option<Arc<dyn WorkerObserver>>,
-    /// Jobs whose lock a job actor of this worker holds right now: a lock of our
-    /// own lease for a job not in here is one this worker stranded.
-    pub(crate) holding: std::sync::Mutex<std::collections::HashSet<JobId>>,
+    /// How many job actors of this worker are acquiring or holding each job's
+    /// lock right now: a lock of our own lease for a job no other actor here
+    /// works on is one this worker stranded.
+    pub(crate) holding: std::sync::Mutex<std::collections::HashMap<JobId, u32>>,
 }
 
 impl Shared {
