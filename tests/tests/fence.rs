@@ -602,11 +602,12 @@ async fn resume_returns_the_last_committed_checkpoint_and_counts_takeovers() {
     assert!(c.takeover);
     assert_eq!(c.takeovers, 1);
     assert!(ledger_rows(&s, id).await.is_empty());
-    // Same token again: idempotent, no second takeover.
-    let again = s.claim(id, tok(20)).await.unwrap();
-    assert_eq!(
-        (again.step, again.takeovers, again.takeover),
-        (step(2), 1, false)
+    // Same token again: a second acquisition with it (etcd regressed), refused.
+    assert!(
+        s.claim(id, tok(20))
+            .await
+            .unwrap_err()
+            .is_token_regression()
     );
     // A duplicate commit of an already committed step is a step mismatch, not stale.
     assert!(matches!(
@@ -622,7 +623,7 @@ async fn resume_returns_the_last_committed_checkpoint_and_counts_takeovers() {
     ));
     assert!(matches!(
         s.claim(id, tok(20)).await,
-        Err(FenceError::Released { .. })
+        Err(FenceError::TokenRegression { .. })
     ));
     let row = s.job(id).await.unwrap().unwrap();
     assert_eq!(
@@ -791,11 +792,15 @@ async fn claim_and_begin_rollback_keeps_the_claim_and_drop_loses_it() {
         Err(FenceError::NotClaimed { current: Some(c), .. }) if c == tok(7)
     ));
 
-    // Retried claim_and_begin under a token that already holds the fence.
+    // claim_and_begin under a token that already holds the fence: the alarm,
+    // and the owner that holds it goes on.
     s.claim(id, tok(9)).await.unwrap();
-    let (c, tx) = s.claim_and_begin(id, tok(9)).await.unwrap();
+    assert!(matches!(
+        s.claim_and_begin(id, tok(9)).await,
+        Err(FenceError::TokenRegression { job_id, token }) if job_id == id && token == tok(9)
+    ));
+    let tx = s.begin_step(id, tok(9), step(0)).await.unwrap();
     assert!(!tx.carries_claim());
-    assert_eq!(c.step, step(0));
     tx.commit_step(&json!(1), false).await.unwrap();
 }
 
@@ -1174,4 +1179,41 @@ proptest! {
             check_invariants(&s, id).await;
         });
     }
+}
+
+/// Issue 15, item 1: after an etcd snapshot restore without `--bump-revision` a
+/// new lock can carry the `create_revision` an earlier owner already claimed. A
+/// claim on a fresh lock must strictly raise the fence: an equal token is the
+/// regression alarm, never "ours" (two owners would pass `fence = token`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_equal_token_on_a_fresh_claim_is_a_revision_regression_not_ours() {
+    let s = store("regress").await;
+    let id = new_job(&s, "regress").await;
+    // The earlier owner claims revision 77, commits step 0 and keeps running.
+    let earlier = tok(77);
+    let (_, tx) = s.claim_and_begin(id, earlier).await.unwrap();
+    tx.commit_step(&json!("s0"), false).await.unwrap();
+
+    // A second acquisition that etcd handed the same revision again.
+    let again = tok(77);
+    let res = s.claim(id, again).await;
+    assert!(
+        matches!(&res, Err(FenceError::TokenRegression { job_id, token }) if *job_id == id && *token == again),
+        "an equal token on a fresh claim was accepted as ours: {res:?}"
+    );
+    let err = res.unwrap_err();
+    assert!(err.is_token_regression() && !err.is_fenced_out());
+    let res = s.claim_and_begin(id, again).await.map(|(c, _)| c);
+    assert!(
+        matches!(res, Err(FenceError::TokenRegression { .. })),
+        "an equal token on a fresh claim_and_begin was accepted as ours: {res:?}"
+    );
+    // Also when the earlier owner had released: the token was still issued twice.
+    s.record_release(id, earlier).await.unwrap();
+    assert!(s.claim(id, again).await.unwrap_err().is_token_regression());
+    let tx = s.claim_and_begin(id, tok(78)).await.unwrap().1;
+    tx.rollback().await.unwrap();
+    // A later revision claims normally; the refused claims changed nothing.
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!((row.fence, row.step, row.takeovers), (78, step(1), 0));
 }

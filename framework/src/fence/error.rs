@@ -25,7 +25,7 @@ pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
 
 /// Errors of the fence.
 ///
-/// Three families the caller must keep apart:
+/// Four families the caller must keep apart:
 /// * **stale** ([`FenceError::is_fenced_out`]): [`FencedOut`](FenceError::FencedOut)
 ///   and [`GuardRefused`](FenceError::GuardRefused): a newer generation owns the job
 ///   (or the write came from no generation at all). Stop; never retry the write.
@@ -34,6 +34,9 @@ pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
 ///   [`StepMismatch`](FenceError::StepMismatch), [`NotDead`](FenceError::NotDead),
 ///   [`PayloadConflict`](FenceError::PayloadConflict)): the row is not in the state
 ///   the call needs.
+/// * **alarm** ([`TokenRegression`](FenceError::TokenRegression),
+///   [`FenceError::is_token_regression`]): etcd issued a token twice; the job is
+///   handed back and an operator must look.
 /// * **infrastructure** ([`Db`](FenceError::Db), [`Migrate`](FenceError::Migrate)):
 ///   I/O, contention, timeouts; the outcome of a commit may be unknown, and a retry
 ///   under the same token is safe (the fence decides again).
@@ -59,6 +62,20 @@ pub enum FenceError {
         /// The database error.
         #[source]
         source: sqlx::Error,
+    },
+    /// The alarm: a claim on a freshly acquired lock found the row's fence *equal*
+    /// to its token. etcd handed out a revision it had handed out before (a
+    /// snapshot restored without `--bump-revision`), so another owner may hold the
+    /// same token. Never work around it: hand the job back, never run it.
+    #[error(
+        "job {job_id}: token {token} was already claimed by an earlier owner; \
+         etcd revisions went backwards (snapshot restore without --bump-revision?)"
+    )]
+    TokenRegression {
+        /// The job.
+        job_id: JobId,
+        /// Our token, equal to the row's fence.
+        token: FencingToken,
     },
     /// The job row does not exist.
     #[error("job {0} not found")]
@@ -170,6 +187,13 @@ impl FenceError {
             self,
             FenceError::FencedOut { .. } | FenceError::GuardRefused { .. }
         )
+    }
+
+    /// Whether this is the revision-regression alarm
+    /// ([`TokenRegression`](FenceError::TokenRegression)): a fresh claim met its own
+    /// token on the row. Not stale, not contention.
+    pub fn is_token_regression(&self) -> bool {
+        matches!(self, FenceError::TokenRegression { .. })
     }
 
     /// Classifies a database error: the guard's SQLSTATE becomes

@@ -328,19 +328,22 @@ impl FenceStore {
     /// fence < $token AND status IN ('pending', 'running') RETURNING ..`.
     ///
     /// Returns where to resume: the row's step and the checkpoint of the last
-    /// committed step. Idempotent for the same token: claiming again while this
-    /// generation holds the fence returns the current claim (with `takeover = false`
-    /// and `previous` as first recorded).
+    /// committed step. `token` must come from a fresh lock acquisition, and a
+    /// claim strictly raises the fence: a token equal to the row's fence was
+    /// issued by etcd before (see [`FenceError::TokenRegression`]), so a second
+    /// claim with the same token is refused, never taken as "ours".
     ///
     /// # Errors
     /// * [`FenceError::FencedOut`]: a newer token holds the fence; we are stale.
+    /// * [`FenceError::TokenRegression`]: the fence equals `token` (etcd's
+    ///   revisions went backwards): raise the alarm, hand the job back.
     /// * [`FenceError::Terminal`]: the job is `done` or `dead` (not a fence verdict:
     ///   ack and stop).
-    /// * [`FenceError::Released`]: this very token already released the job.
     /// * [`FenceError::NotFound`], [`FenceError::Db`].
     ///
     /// # Fencing
-    /// After this returns, every statement under a smaller token finds zero rows.
+    /// After this returns, every statement under a smaller token finds zero rows,
+    /// and no other claim can succeed with this token.
     pub async fn claim(&self, id: JobId, token: FencingToken) -> Result<Claim, FenceError> {
         let span = tracing::info_span!("tenure.fence.claim", job_id = %id, token = %token);
         async {
@@ -356,21 +359,6 @@ impl FenceStore {
                     return Ok(claim);
                 }
                 match self.claim_refused(&self.pool, id, token).await? {
-                    ClaimVerdict::Ours => {
-                        let row = sqlx::query(&self.sql.claim_current)
-                            .bind(id.as_uuid())
-                            .bind(token.get())
-                            .fetch_optional(&self.pool)
-                            .await?;
-                        match row {
-                            Some(row) => {
-                                let mut claim = claim_from(id, &row)?;
-                                claim.takeover = false;
-                                return Ok(claim);
-                            }
-                            None => continue,
-                        }
-                    }
                     ClaimVerdict::Retry => continue,
                     ClaimVerdict::Refused(err) => return Err(err),
                 }
@@ -423,8 +411,8 @@ impl FenceStore {
                 ));
             }
             let _ = tx.rollback().await;
-            // Refused, or this token already holds the fence (a retried call):
-            // the plain claim sorts it out, then admit the step as usual.
+            // Refused (the plain claim says why), or the row changed between the
+            // update and now (the plain claim retries; then admit as usual).
             let claim = self.claim(id, token).await?;
             let ftx = self.begin_step(id, token, claim.step).await?;
             Ok((claim, ftx))
@@ -833,10 +821,15 @@ impl FenceStore {
                 log_refusal(&err);
                 ClaimVerdict::Refused(err)
             }
-            Some(d) if d.fence == token.get() && d.released => {
-                ClaimVerdict::Refused(FenceError::Released { job_id: id, token })
+            Some(d) if d.fence == token.get() => {
+                let err = FenceError::TokenRegression { job_id: id, token };
+                tracing::error!(
+                    error = %err,
+                    released = d.released,
+                    "ALERT: fencing token regression: a fresh claim found its own token on the row"
+                );
+                ClaimVerdict::Refused(err)
             }
-            Some(d) if d.fence == token.get() => ClaimVerdict::Ours,
             // fence < token on a live row: it changed after our update; try again.
             Some(_) => ClaimVerdict::Retry,
         };
@@ -881,7 +874,6 @@ async fn apply_migrations(conn: &mut PgConnection) -> Result<(), MigrateError> {
 }
 
 enum ClaimVerdict {
-    Ours,
     Retry,
     Refused(FenceError),
 }

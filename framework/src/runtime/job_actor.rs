@@ -333,6 +333,18 @@ impl JobRun {
                 sh.locks.release(session, lock, ReleaseMode::Prompt).await;
                 return Err(Stop::Quiet);
             }
+            Err(e) if e.is_token_regression() => {
+                // Another owner may hold this very token: never run the job.
+                // Handed back: the next acquisition gets a later revision.
+                sh.metrics.token_regression(job.name());
+                tracing::error!(
+                    error = %e,
+                    "ALERT: fencing token regression; the job is handed back, not run"
+                );
+                let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+                self.give_back(session, lock, delivery, delay).await;
+                return Err(Stop::Quiet);
+            }
             Err(FenceError::Terminal { .. }) => {
                 ack(delivery).await;
                 sh.locks.release(session, lock, ReleaseMode::Deferred).await;
