@@ -16,7 +16,7 @@ use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use tenure::fence::{StaleToken, TokenGate};
 use tenure::queue::headers::{fence_headers, read_fence};
-use tenure::{FencingToken, JobId, StepCtx, StepError};
+use tenure::{JobId, ObservedFence, StepCtx, StepError};
 
 /// The job's step names, in order (for the narration).
 pub const STEP_NAMES: [&str; 4] = [
@@ -57,7 +57,7 @@ pub enum Reply {
 /// One request as the service saw it (for the narration and the checks).
 #[derive(Debug, Clone)]
 pub struct Seen {
-    pub token: Option<FencingToken>,
+    pub token: Option<ObservedFence>,
     pub kind: String,
     pub key: String,
     pub reply: Reply,
@@ -121,7 +121,7 @@ impl InfraService {
     }
 
     /// The largest token the service accepted for `job`.
-    pub fn fence_of(&self, job: JobId) -> Option<FencingToken> {
+    pub fn fence_of(&self, job: JobId) -> Option<ObservedFence> {
         self.state.gate.current(&job)
     }
 }
@@ -187,7 +187,7 @@ impl InfraClient {
     /// Sends a create request carrying `fence` and `key`; returns the raw reply.
     pub async fn send(
         &self,
-        fence: Option<(JobId, FencingToken)>,
+        fence: Option<(JobId, ObservedFence)>,
         key: &str,
         req: &CreateReq,
     ) -> anyhow::Result<Reply> {
@@ -213,7 +213,7 @@ impl InfraClient {
             kind: kind.into(),
             name: name.into(),
         };
-        let fence = Some((ctx.job_id(), ctx.token()));
+        let fence = Some((ctx.job_id(), ctx.token().observed()));
         let reply = ctx
             .guard(async {
                 self.send(fence, &key, &req)
@@ -227,10 +227,9 @@ impl InfraClient {
                 stale: Some((ours, current)),
                 ..
             } => {
-                let (Some(ours), Some(current)) = (
-                    FencingToken::from_wire(ours),
-                    FencingToken::from_wire(current),
-                ) else {
+                let (Some(ours), Some(current)) =
+                    (ObservedFence::new(ours), ObservedFence::new(current))
+                else {
                     return Err(StepError::permanent("infra service: malformed stale reply"));
                 };
                 Err(StaleToken::new(ours, current)

@@ -37,7 +37,7 @@ use anyhow::{Context, bail};
 use infra::{CreateReq, InfraClient, InfraService, Provision, ProvisionReq, Reply, Seen};
 use tenure::fence::JobStatus;
 use tenure::runtime::{Worker, WorkerObserver};
-use tenure::{Client, Config, FencingToken, JobId, StepIndex};
+use tenure::{Client, Config, FencingToken, JobId, ObservedFence, StepIndex};
 
 const TTL: Duration = Duration::from_secs(2);
 const ROLE_ENV: &str = "TENURE_PROVISIONING_WORKER";
@@ -288,7 +288,7 @@ async fn demo() -> anyhow::Result<bool> {
     let vm_key = format!("{job}:2:vm");
     let vm_requests: Vec<&Seen> = seen.iter().filter(|s| s.key == vm_key).collect();
     let vms = service.created("vm");
-    let token_b = FencingToken::from_wire(row.fence);
+    let token_b = ObservedFence::new(row.fence);
     let stale_refused = matches!(zombie, Reply::Refused { stale: Some(_), .. });
     let unfenced_refused = matches!(unfenced, Reply::Refused { stale: None, .. });
     let key_reused = vm_requests.len() == 2

@@ -113,7 +113,11 @@ fn assert_fenced_out(res: Result<impl std::fmt::Debug, FenceError>, current: i64
             let FenceError::FencedOut { current: c, .. } = e else {
                 unreachable!()
             };
-            assert_eq!(c, Some(tok(current)), "current fence in the error");
+            assert_eq!(
+                c,
+                Some(tok(current).observed()),
+                "current fence in the error"
+            );
         }
         other => panic!("expected FencedOut (current {current}), got {other:?}"),
     }
@@ -264,7 +268,7 @@ async fn seed_timeline_41_then_42() {
     // 42 takes over (41 never released: a lost owner).
     let c42 = s.claim(id, tok(42)).await.unwrap();
     assert!(c42.takeover);
-    assert_eq!(c42.previous, Some(tok(41)));
+    assert_eq!(c42.previous, Some(tok(41).observed()));
     assert_eq!((c42.step, c42.takeovers), (step(1), 1));
     assert_eq!(c42.checkpoint, Some(json!({"by": 41})));
 

@@ -1,6 +1,6 @@
 //! [`FenceError`]: everything the fence can refuse, kept apart by cause.
 
-use crate::types::{FencingToken, JobId, StepIndex};
+use crate::types::{JobId, ObservedFence, StepIndex};
 
 use super::row::JobStatus;
 
@@ -23,7 +23,8 @@ pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
         .is_some_and(|c| c == GUARD_SQLSTATE)
 }
 
-/// Errors of the fence.
+/// Errors of the fence. Tokens in an error are reports ([`ObservedFence`]): an
+/// error never hands out a [`FencingToken`](crate::FencingToken).
 ///
 /// Four families the caller must keep apart:
 /// * **stale** ([`FenceError::is_fenced_out`]): [`FencedOut`](FenceError::FencedOut)
@@ -49,9 +50,9 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// Our token.
-        ours: FencingToken,
+        ours: ObservedFence,
         /// The row's fence now (`None` when it was never claimed).
-        current: Option<FencingToken>,
+        current: Option<ObservedFence>,
     },
     /// The guard trigger refused a write to a guarded table (SQLSTATE
     /// [`GUARD_SQLSTATE`]): outside a fenced transaction, or from a stale generation.
@@ -75,7 +76,7 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// Our token, equal to the row's fence.
-        token: FencingToken,
+        token: ObservedFence,
     },
     /// The job row does not exist.
     #[error("job {0} not found")]
@@ -96,9 +97,9 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// Our token.
-        ours: FencingToken,
+        ours: ObservedFence,
         /// The row's fence now.
-        current: Option<FencingToken>,
+        current: Option<ObservedFence>,
     },
     /// Our generation released the job (retry, graceful shutdown, or it was marked
     /// dead by the operator path) and may not write any more.
@@ -107,7 +108,7 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// Our token (still the row's fence).
-        token: FencingToken,
+        token: ObservedFence,
     },
     /// The fence is ours but the row is at another step: this step was already
     /// committed (a duplicate) or the caller skipped one.
@@ -118,7 +119,7 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// Our token.
-        token: FencingToken,
+        token: ObservedFence,
         /// The step the caller asked for.
         expected: StepIndex,
         /// The row's step.
@@ -173,11 +174,11 @@ impl FenceError {
     /// ack; it is a stale rejection, never contention.
     ///
     /// ```
-    /// use tenure::{fence::FenceError, FencingToken, JobId};
+    /// use tenure::{fence::FenceError, JobId, ObservedFence};
     /// let e = FenceError::FencedOut {
     ///     job_id: JobId::from_key("t", "k"),
-    ///     ours: FencingToken::from_wire(41).unwrap(),
-    ///     current: FencingToken::from_wire(42),
+    ///     ours: ObservedFence::new(41).unwrap(),
+    ///     current: ObservedFence::new(42),
     /// };
     /// assert!(e.is_fenced_out());
     /// assert!(!FenceError::NotFound(JobId::from_key("t", "k")).is_fenced_out());

@@ -14,7 +14,7 @@ use std::collections::hash_map::Entry;
 use std::hash::Hash;
 use std::sync::{Mutex, PoisonError};
 
-use crate::types::{FencingToken, JobId};
+use crate::types::{JobId, ObservedFence};
 
 /// A write presented a token smaller than one the gate already accepted for its
 /// key: a newer owner of the job has been here. Never retry such a write.
@@ -23,9 +23,9 @@ use crate::types::{FencingToken, JobId};
 #[non_exhaustive]
 pub struct StaleToken {
     /// The token the write carried.
-    pub ours: FencingToken,
+    pub ours: ObservedFence,
     /// The largest token accepted for the key.
-    pub current: FencingToken,
+    pub current: ObservedFence,
 }
 
 impl StaleToken {
@@ -36,8 +36,8 @@ impl StaleToken {
     ///
     /// ```
     /// use tenure::fence::StaleToken;
-    /// use tenure::{FencingToken, JobId, StepError};
-    /// let stale = StaleToken::new(FencingToken::from_wire(41).unwrap(), FencingToken::from_wire(42).unwrap());
+    /// use tenure::{JobId, ObservedFence, StepError};
+    /// let stale = StaleToken::new(ObservedFence::new(41).unwrap(), ObservedFence::new(42).unwrap());
     /// let err = stale.fenced_out(JobId::from_key("t", "k"));
     /// assert!(err.is_fenced_out());
     /// let step_err: StepError = err.into();
@@ -54,7 +54,7 @@ impl StaleToken {
     /// A refusal of `ours` because `current` was accepted (for a service that
     /// keeps its own record of accepted tokens, or a client that decodes one from
     /// a reply).
-    pub fn new(ours: FencingToken, current: FencingToken) -> Self {
+    pub fn new(ours: ObservedFence, current: ObservedFence) -> Self {
         StaleToken { ours, current }
     }
 }
@@ -70,7 +70,7 @@ pub enum Admitted {
     /// A larger token than before: a new owner took the job over from `previous`.
     Raised {
         /// The largest token accepted before this one.
-        previous: FencingToken,
+        previous: ObservedFence,
     },
 }
 
@@ -85,12 +85,12 @@ pub enum Admitted {
 ///
 /// ```
 /// use tenure::fence::{Admitted, TokenGate};
-/// use tenure::{FencingToken, JobId};
+/// use tenure::{JobId, ObservedFence};
 ///
 /// let gate = TokenGate::new();
 /// let job = JobId::from_key("infra.provision", "web-1");
-/// let t41 = FencingToken::from_wire(41).unwrap();
-/// let t42 = FencingToken::from_wire(42).unwrap();
+/// let t41 = ObservedFence::new(41).unwrap();
+/// let t42 = ObservedFence::new(42).unwrap();
 ///
 /// assert_eq!(gate.admit(job, t41), Ok(Admitted::First));
 /// assert_eq!(gate.admit(job, t42), Ok(Admitted::Raised { previous: t41 }));
@@ -112,7 +112,7 @@ pub enum Admitted {
 /// their own: call [`forget`](TokenGate::forget) when a job is finished.
 #[derive(Debug)]
 pub struct TokenGate<K = JobId> {
-    highest: Mutex<HashMap<K, FencingToken>>,
+    highest: Mutex<HashMap<K, ObservedFence>>,
 }
 
 impl<K: Eq + Hash> Default for TokenGate<K> {
@@ -135,7 +135,7 @@ impl<K: Eq + Hash> TokenGate<K> {
     /// # Errors
     /// [`StaleToken`] when a larger token was accepted before: a newer owner of the
     /// job has written here, and this write must be refused.
-    pub fn admit(&self, key: K, token: FencingToken) -> Result<Admitted, StaleToken> {
+    pub fn admit(&self, key: K, token: ObservedFence) -> Result<Admitted, StaleToken> {
         self.enter(key, token, |admitted| admitted)
     }
 
@@ -151,14 +151,14 @@ impl<K: Eq + Hash> TokenGate<K> {
     pub fn admit_then<R>(
         &self,
         key: K,
-        token: FencingToken,
+        token: ObservedFence,
         write: impl FnOnce() -> R,
     ) -> Result<R, StaleToken> {
         self.enter(key, token, |_| write())
     }
 
     /// The largest token accepted for `key`, if any.
-    pub fn current(&self, key: &K) -> Option<FencingToken> {
+    pub fn current(&self, key: &K) -> Option<ObservedFence> {
         self.lock().get(key).copied()
     }
 
@@ -181,7 +181,7 @@ impl<K: Eq + Hash> TokenGate<K> {
     fn enter<R>(
         &self,
         key: K,
-        token: FencingToken,
+        token: ObservedFence,
         then: impl FnOnce(Admitted) -> R,
     ) -> Result<R, StaleToken> {
         let mut highest = self.lock();
@@ -211,7 +211,7 @@ impl<K: Eq + Hash> TokenGate<K> {
 
     /// The map; a panic in another thread's `write` cannot corrupt it (it holds
     /// only tokens, each updated by one assignment), so a poisoned lock is used as is.
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, FencingToken>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, ObservedFence>> {
         self.highest.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -220,8 +220,8 @@ impl<K: Eq + Hash> TokenGate<K> {
 mod tests {
     use super::*;
 
-    fn t(raw: i64) -> FencingToken {
-        FencingToken::for_tests(raw)
+    fn t(raw: i64) -> ObservedFence {
+        ObservedFence::new(raw).unwrap()
     }
 
     #[test]

@@ -90,7 +90,7 @@ use sqlx::{Connection, Executor, PgConnection, Postgres};
 use tracing::Instrument;
 
 use crate::config::Config;
-use crate::types::{FencingToken, JobId, StepIndex};
+use crate::types::{FencingToken, JobId, ObservedFence, StepIndex};
 
 pub use error::{FenceError, GUARD_SQLSTATE, is_guard_refusal};
 pub use gate::{Admitted, StaleToken, TokenGate};
@@ -815,14 +815,17 @@ impl FenceStore {
             Some(d) if d.fence > token.get() => {
                 let err = FenceError::FencedOut {
                     job_id: id,
-                    ours: token,
-                    current: FencingToken::from_wire(d.fence),
+                    ours: token.observed(),
+                    current: ObservedFence::new(d.fence),
                 };
                 log_refusal(&err);
                 ClaimVerdict::Refused(err)
             }
             Some(d) if d.fence == token.get() => {
-                let err = FenceError::TokenRegression { job_id: id, token };
+                let err = FenceError::TokenRegression {
+                    job_id: id,
+                    token: token.observed(),
+                };
                 tracing::error!(
                     error = %err,
                     released = d.released,
@@ -888,17 +891,18 @@ fn verdict(
     let Some(d) = diag else {
         return FenceError::NotFound(id);
     };
-    let current = FencingToken::from_wire(d.fence);
+    let current = ObservedFence::new(d.fence);
+    let seen = ours.observed();
     if d.fence > ours.get() {
         FenceError::FencedOut {
             job_id: id,
-            ours,
+            ours: seen,
             current,
         }
     } else if d.fence < ours.get() {
         FenceError::NotClaimed {
             job_id: id,
-            ours,
+            ours: seen,
             current,
         }
     } else if d.status.is_terminal() {
@@ -909,12 +913,12 @@ fn verdict(
     } else if d.released || d.status != JobStatus::Running {
         FenceError::Released {
             job_id: id,
-            token: ours,
+            token: seen,
         }
     } else if let Some(expected) = step.filter(|k| *k != d.step) {
         FenceError::StepMismatch {
             job_id: id,
-            token: ours,
+            token: seen,
             expected,
             actual: d.step,
         }
@@ -932,7 +936,7 @@ fn log_claim(claim: &Claim, token: FencingToken) {
     if claim.takeover {
         tracing::warn!(
             token = %token,
-            previous = ?claim.previous.map(FencingToken::get),
+            previous = ?claim.previous.map(ObservedFence::get),
             takeovers = claim.takeovers,
             step = %claim.step,
             "fence claimed: takeover from a generation that did not release"
@@ -940,7 +944,7 @@ fn log_claim(claim: &Claim, token: FencingToken) {
     } else {
         tracing::info!(
             token = %token,
-            previous = ?claim.previous.map(FencingToken::get),
+            previous = ?claim.previous.map(ObservedFence::get),
             step = %claim.step,
             "fence claimed"
         );

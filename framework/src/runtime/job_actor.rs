@@ -18,7 +18,7 @@ use crate::job::{StepCtx, StepErrorKind, TxSlot, new_slot, take_tx};
 use crate::lease::{Acquire, Health, JobLock, Session};
 use crate::queue::{DeadLetterInfo, Delivery};
 use crate::telemetry::{StaleAt, spans};
-use crate::{FencingToken, JobId, StepIndex, retry};
+use crate::{FencingToken, JobId, ObservedFence, StepIndex, retry};
 
 /// A contended job lock is retried at least every `lease_ttl / CONTENTION_RETRY_DIVISOR`.
 const CONTENTION_RETRY_DIVISOR: u32 = 20;
@@ -781,7 +781,7 @@ impl JobRun {
         tracing::warn!(reason = %reason, code, "job dead-lettered");
         let dl = info(
             format!("{code}: {reason}"),
-            Some(owned.token),
+            Some(owned.token.observed()),
             owned.takeovers,
             owned.attempts,
         );
@@ -804,7 +804,7 @@ impl JobRun {
     ) {
         self.shared.metrics.dead_lettered(job_type, code);
         tracing::warn!(%job_id, reason = %reason, code, "dead-lettering");
-        let token = row.and_then(|r| FencingToken::from_wire(r.fence));
+        let token = row.and_then(|r| ObservedFence::new(r.fence));
         let (takeovers, attempts) = row.map(|r| (r.takeovers, r.attempts)).unwrap_or((0, 0));
         if let Err(e) = delivery
             .dead_letter(info(
@@ -847,7 +847,7 @@ fn stale_cause(err: &crate::job::StepError) -> Option<StaleAt> {
 
 fn info(
     reason: String,
-    last_token: Option<FencingToken>,
+    last_token: Option<ObservedFence>,
     takeovers: u32,
     attempts: u32,
 ) -> DeadLetterInfo {
