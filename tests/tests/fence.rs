@@ -12,8 +12,11 @@ use serde_json::json;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::fence::{FenceError, FenceStore, FencedTx, Inserted, JobStatus};
-use tenure::{FencingToken, JobId, StepIndex};
+use tenure::fence::{
+    Admitted, FenceError, FenceStore, FencedTx, GateError, Inserted, JobStatus, PgFenceMarks,
+    TokenGate,
+};
+use tenure::{FencingToken, JobId, ObservedFence, StepIndex};
 
 /// One PostgreSQL-only dev stack per test binary (this file needs no etcd/NATS);
 /// each test takes its own schema.
@@ -1220,4 +1223,169 @@ async fn an_equal_token_on_a_fresh_claim_is_a_revision_regression_not_ours() {
     // A later revision claims normally; the refused claims changed nothing.
     let row = s.job(id).await.unwrap().unwrap();
     assert_eq!((row.fence, row.step, row.takeovers), (78, step(1), 0));
+}
+
+/// The downstream service of the gate tests: a `vms` table next to its fence
+/// marks (both in `store`'s schema), each write admitted in its own transaction.
+async fn gated_service(store: &FenceStore) -> TokenGate<PgFenceMarks> {
+    let marks = PgFenceMarks::new(store.schema()).unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
+    marks.install(&mut conn).await.unwrap();
+    marks.install(&mut conn).await.unwrap();
+    conn.execute(
+        format!(
+            "CREATE TABLE {}.vms (job uuid NOT NULL, token bigint NOT NULL)",
+            store.schema()
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    TokenGate::new(marks)
+}
+
+/// One service write under `token`: admission and insert in one transaction.
+async fn service_write(
+    gate: &TokenGate<PgFenceMarks>,
+    store: &FenceStore,
+    id: JobId,
+    token: i64,
+) -> Result<Admitted, GateError> {
+    let mut tx = store.pool().begin().await?;
+    let admitted = gate
+        .admit(&mut tx, id, ObservedFence::new(token).unwrap())
+        .await?;
+    sqlx::query(&format!(
+        "INSERT INTO {}.vms (job, token) VALUES ($1, $2)",
+        store.schema()
+    ))
+    .bind(id.as_uuid())
+    .bind(token)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(admitted)
+}
+
+async fn vm_tokens(store: &FenceStore, id: JobId) -> Vec<i64> {
+    sqlx::query_scalar(&format!(
+        "SELECT token FROM {}.vms WHERE job = $1 ORDER BY token",
+        store.schema()
+    ))
+    .bind(id.as_uuid())
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+/// Issue 15, item 2: a downstream service's gate must not forget a job's mark
+/// while a paused owner can still wake up. A pauses after its service call; B
+/// takes over and finishes the job; A wakes and calls the service again.
+/// (Before the fix, following the old gate's advice to `forget` a finished job,
+/// A's write was admitted as `First`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owner_paused_across_the_jobs_completion_is_refused_by_the_gate() {
+    let s = store("gate").await;
+    let id = new_job(&s, "gate").await;
+    let gate = gated_service(&s).await;
+
+    s.claim(id, tok(41)).await.unwrap();
+    assert_eq!(
+        service_write(&gate, &s, id, 41).await.unwrap(),
+        Admitted::First
+    );
+    // A pauses. B takes over, calls the service, finishes the job.
+    let (_, tx) = s.claim_and_begin(id, tok(42)).await.unwrap();
+    assert_eq!(
+        service_write(&gate, &s, id, 42).await.unwrap(),
+        Admitted::Raised {
+            previous: ObservedFence::new(41).unwrap()
+        }
+    );
+    tx.commit_step(&json!("done"), true).await.unwrap();
+    assert_eq!(s.job(id).await.unwrap().unwrap().status, JobStatus::Done);
+    // Retention keeps the mark of a job that finished less than its age ago.
+    let mut conn = s.pool().acquire().await.unwrap();
+    let hour = Duration::from_secs(3600);
+    assert_eq!(
+        gate.marks()
+            .prune(&mut conn, s.schema(), hour)
+            .await
+            .unwrap(),
+        0
+    );
+
+    // A wakes up and writes again under 41: refused, and nothing is written.
+    let late = service_write(&gate, &s, id, 41).await;
+    assert!(
+        matches!(&late, Err(GateError::Stale(st)) if st.ours == tok(41) && st.current == tok(42)),
+        "the gate re-admitted a stale owner after the job finished: {late:?}"
+    );
+    assert_eq!(vm_tokens(&s, id).await, vec![41, 42]);
+    assert_eq!(
+        gate.marks().current(&mut conn, id).await.unwrap(),
+        Some(tok(42).observed())
+    );
+    // Past the retention age the finished job's mark may go; a running job's never.
+    let running = new_job(&s, "gate-running").await;
+    s.claim(running, tok(50)).await.unwrap();
+    service_write(&gate, &s, running, 50).await.unwrap();
+    let pruned = gate
+        .marks()
+        .prune(&mut conn, s.schema(), Duration::ZERO)
+        .await;
+    assert_eq!(pruned.unwrap(), 1);
+    assert_eq!(gate.marks().current(&mut conn, id).await.unwrap(), None);
+    assert_eq!(
+        gate.marks().current(&mut conn, running).await.unwrap(),
+        Some(tok(50).observed())
+    );
+}
+
+/// The gate's check is atomic with the service's write: while an owner's
+/// admitted write is open, a newer owner's admission waits for it, and a stale
+/// admission that lost writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_holds_its_mark_until_the_admitted_write_commits() {
+    let s = store("gate_atomic").await;
+    let id = new_job(&s, "gate-atomic").await;
+    let gate = gated_service(&s).await;
+
+    let mut tx41 = s.pool().begin().await.unwrap();
+    let first = gate.admit(&mut tx41, id, tok(41).observed()).await.unwrap();
+    assert_eq!(first, Admitted::First);
+    let (g, st) = (gate.clone(), s.clone());
+    let newer = tokio::spawn(async move { service_write(&g, &st, id, 43).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !newer.is_finished(),
+        "43 was admitted while 41's write was open"
+    );
+    sqlx::query(&format!(
+        "INSERT INTO {}.vms (job, token) VALUES ($1, 41)",
+        s.schema()
+    ))
+    .bind(id.as_uuid())
+    .execute(&mut *tx41)
+    .await
+    .unwrap();
+    tx41.commit().await.unwrap();
+    assert_eq!(
+        newer.await.unwrap().unwrap(),
+        Admitted::Raised {
+            previous: tok(41).observed()
+        }
+    );
+    assert!(
+        service_write(&gate, &s, id, 42)
+            .await
+            .unwrap_err()
+            .stale()
+            .is_some()
+    );
+    assert_eq!(
+        service_write(&gate, &s, id, 43).await.unwrap(),
+        Admitted::Same
+    );
+    assert_eq!(vm_tokens(&s, id).await, vec![41, 43, 43]);
 }

@@ -15,7 +15,8 @@
 //! * [`FenceStore::install_guard`] makes PostgreSQL itself refuse writes to one of
 //!   your tables unless they come from the job's current generation.
 //! * [`TokenGate`] is the same rule for a service a step calls: it keeps the
-//!   largest token accepted per job and refuses smaller ones.
+//!   largest token accepted per job (in [`PgFenceMarks`], inside the service's
+//!   own transaction) and refuses smaller ones.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure::fence::FenceError> {
@@ -93,7 +94,10 @@ use crate::config::Config;
 use crate::types::{FencingToken, JobId, ObservedFence, StepIndex};
 
 pub use error::{FenceError, GUARD_SQLSTATE, is_guard_refusal};
-pub use gate::{Admitted, StaleToken, TokenGate};
+pub use gate::{
+    Admitted, FenceMarks, GateError, MemoryFenceMarks, MemoryTx, PgFenceMarks, StaleToken,
+    TokenGate,
+};
 pub use row::{Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use tx::FencedTx;
 
