@@ -420,6 +420,7 @@ impl FenceMarks for MemoryFenceMarks {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 
