@@ -323,37 +323,9 @@ impl JobRun {
             .await;
         let (claim, claim_tx) = match claimed {
             Ok(c) => c,
-            Err(e) if e.is_fenced_out() => {
-                sh.metrics.stale_rejected(job.name(), StaleAt::Claim);
-                tracing::error!(
-                    error = %e,
-                    "ALERT: a freshly created job lock was fenced out at claim; etcd revisions \
-                     went backwards (snapshot restore without --bump-revision?)"
-                );
-                sh.locks.release(session, lock, ReleaseMode::Prompt).await;
-                return Err(Stop::Quiet);
-            }
-            Err(e) if e.is_token_regression() => {
-                // Another owner may hold this very token: never run the job.
-                // Handed back: the next acquisition gets a later revision.
-                sh.metrics.token_regression(job.name());
-                tracing::error!(
-                    error = %e,
-                    "ALERT: fencing token regression; the job is handed back, not run"
-                );
-                let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
-                self.give_back(session, lock, delivery, delay).await;
-                return Err(Stop::Quiet);
-            }
-            Err(FenceError::Terminal { .. }) => {
-                ack(delivery).await;
-                sh.locks.release(session, lock, ReleaseMode::Deferred).await;
-                return Err(Stop::Quiet);
-            }
             Err(e) => {
-                tracing::warn!(error = %e, "claim failed; retrying later");
-                let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
-                self.give_back(session, lock, delivery, delay).await;
+                self.claim_refused(session, lock, delivery, job.name(), e)
+                    .await;
                 return Err(Stop::Quiet);
             }
         };
@@ -702,6 +674,45 @@ impl JobRun {
         let delay = retry::jittered(&sh.cfg.retry_backoff, attempts.saturating_sub(1));
         tracing::info!(attempts, ?delay, %reason, "step failed; retrying");
         self.hand_back(owned, delivery, delay).await;
+    }
+
+    /// A fresh lock's claim was refused: says why, and ends the delivery. Never
+    /// runs the job.
+    async fn claim_refused(
+        &self,
+        session: Arc<Session>,
+        lock: JobLock,
+        delivery: Delivery,
+        job_type: &str,
+        e: FenceError,
+    ) {
+        let sh = &self.shared;
+        if e.is_fenced_out() {
+            sh.metrics.stale_rejected(job_type, StaleAt::Claim);
+            tracing::error!(
+                error = %e,
+                "ALERT: a freshly created job lock was fenced out at claim; etcd revisions \
+                 went backwards (snapshot restore without --bump-revision?)"
+            );
+            sh.locks.release(session, lock, ReleaseMode::Prompt).await;
+        } else if e.is_token_regression() {
+            // Another owner may hold this very token: never run the job. Handed
+            // back: the next acquisition gets a later revision.
+            sh.metrics.token_regression(job_type);
+            tracing::error!(
+                error = %e,
+                "ALERT: fencing token regression; the job is handed back, not run"
+            );
+            let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+            self.give_back(session, lock, delivery, delay).await;
+        } else if matches!(e, FenceError::Terminal { .. }) {
+            ack(delivery).await;
+            sh.locks.release(session, lock, ReleaseMode::Deferred).await;
+        } else {
+            tracing::warn!(error = %e, "claim failed; retrying later");
+            let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+            self.give_back(session, lock, delivery, delay).await;
+        }
     }
 
     /// Gives the job back for a later attempt: deletes our lock at once (the
