@@ -3,20 +3,24 @@
 //! the provisioning job whose steps call it.
 //!
 //! Each request carries the step's fence (`Tenure-Fence-Job-Id`, `Tenure-Fence`)
-//! and an idempotency key (`Idempotency-Key`). The service keeps the largest token
-//! it has accepted per job in a [`TokenGate`] and refuses smaller ones, and it
-//! creates at most one resource per idempotency key: a retry of the same call, by
-//! the same owner or by the next one, gets the resource created the first time.
+//! and an idempotency key (`Idempotency-Key`). The service keeps its resources in
+//! PostgreSQL and the largest token it has accepted per job in a [`TokenGate`]
+//! over [`PgFenceMarks`]: each request's admission and its write are one
+//! transaction, so no newer owner is admitted between the check and the create,
+//! and a mark is kept after the job finished, so a paused owner that wakes up
+//! later is still refused. It creates at most one resource per idempotency key:
+//! a retry of the same call, by the same owner or by the next one, gets the
+//! resource created the first time.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_nats::HeaderMap;
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
-use tenure::fence::{StaleToken, TokenGate};
+use sqlx::{PgConnection, PgPool};
+use tenure::fence::{GateError, PgFenceMarks, StaleToken, TokenGate};
 use tenure::queue::headers::{fence_headers, read_fence};
-use tenure::{FencingToken, JobId, StepCtx, StepError};
+use tenure::{JobId, ObservedFence, StepCtx, StepError};
 
 /// The job's step names, in order (for the narration).
 pub const STEP_NAMES: [&str; 4] = [
@@ -52,24 +56,25 @@ pub enum Reply {
         /// Set when the token was stale: (ours, current).
         stale: Option<(i64, i64)>,
     },
+    /// The service's database failed; nothing was written (retry).
+    Unavailable { reason: String },
 }
 
 /// One request as the service saw it (for the narration and the checks).
 #[derive(Debug, Clone)]
 pub struct Seen {
-    pub token: Option<FencingToken>,
+    pub token: Option<ObservedFence>,
     pub kind: String,
     pub key: String,
     pub reply: Reply,
 }
 
-#[derive(Default)]
+/// The service's state: resources and fence marks in PostgreSQL.
 struct State {
-    gate: TokenGate,
-    /// idempotency key -> resource id
-    by_key: Mutex<HashMap<String, String>>,
-    /// resources created, per kind
-    created: Mutex<HashMap<String, u32>>,
+    pool: PgPool,
+    gate: TokenGate<PgFenceMarks>,
+    /// `"<schema>".infra_resources`: idempotency key -> resource.
+    resources: String,
 }
 
 /// The resource service, answering on `subject` until dropped.
@@ -85,20 +90,38 @@ impl Drop for InfraService {
 }
 
 impl InfraService {
-    /// Subscribes to `subject` and serves every request; `on_request` hears about
-    /// each one after it was answered.
+    /// Creates its tables in `schema` (fence marks and resources), subscribes to
+    /// `subject` and serves every request; `on_request` hears about each one
+    /// after it was answered.
     pub async fn start(
         nats: async_nats::Client,
         subject: String,
+        pool: PgPool,
+        schema: &str,
         on_request: impl Fn(&Seen) + Send + Sync + 'static,
     ) -> anyhow::Result<Self> {
+        let marks = PgFenceMarks::new(schema)?;
+        let resources = format!("\"{schema}\".infra_resources");
+        let mut conn = pool.acquire().await?;
+        marks.install(&mut conn).await?;
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS {resources} \
+             (idem_key text PRIMARY KEY, kind text NOT NULL, id text NOT NULL)"
+        ))
+        .execute(&mut *conn)
+        .await?;
+        drop(conn);
+        let state = Arc::new(State {
+            pool,
+            gate: TokenGate::new(marks),
+            resources,
+        });
         let mut sub = nats.subscribe(subject).await?;
         nats.flush().await?;
-        let state = Arc::new(State::default());
         let st = state.clone();
         let task = tokio::spawn(async move {
             while let Some(msg) = sub.next().await {
-                let seen = st.handle(msg.headers.as_ref(), &msg.payload);
+                let seen = st.handle(msg.headers.as_ref(), &msg.payload).await;
                 if let Some(reply) = msg.reply {
                     let body = serde_json::to_vec(&seen.reply).unwrap_or_default();
                     if let Err(e) = nats.publish(reply, body.into()).await {
@@ -112,22 +135,26 @@ impl InfraService {
     }
 
     /// Resources created so far, of `kind`.
-    pub fn created(&self, kind: &str) -> u32 {
-        self.state
-            .created
-            .lock()
-            .map(|c| c.get(kind).copied().unwrap_or(0))
-            .unwrap_or(0)
+    pub async fn created(&self, kind: &str) -> anyhow::Result<i64> {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE kind = $1",
+            self.state.resources
+        );
+        Ok(sqlx::query_scalar(&sql)
+            .bind(kind)
+            .fetch_one(&self.state.pool)
+            .await?)
     }
 
-    /// The largest token the service accepted for `job`.
-    pub fn fence_of(&self, job: JobId) -> Option<FencingToken> {
-        self.state.gate.current(&job)
+    /// The largest token the service accepted for `job` (its mark).
+    pub async fn fence_of(&self, job: JobId) -> anyhow::Result<Option<ObservedFence>> {
+        let mut conn = self.state.pool.acquire().await?;
+        Ok(self.state.gate.marks().current(&mut conn, job).await?)
     }
 }
 
 impl State {
-    fn handle(&self, headers: Option<&HeaderMap>, payload: &[u8]) -> Seen {
+    async fn handle(&self, headers: Option<&HeaderMap>, payload: &[u8]) -> Seen {
         let fence = headers.and_then(read_fence);
         let key = headers
             .and_then(|h| h.get(IDEMPOTENCY_KEY))
@@ -144,25 +171,14 @@ impl State {
             (_, None) => refused("malformed request"),
             (Some(_), Some(_)) if key.is_empty() => refused("no Idempotency-Key"),
             (Some((job, token)), Some(req)) => {
-                // Admission and the write under one lock: no newer token can be
-                // admitted between the check and the create.
-                let write = || {
-                    let mut by_key = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(id) = by_key.get(&key) {
-                        return Reply::Existing { id: id.clone() };
-                    }
-                    let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
-                    let n = created.entry(req.kind.clone()).or_default();
-                    *n += 1;
-                    let id = format!("{}-{}-{n}", req.kind, req.name);
-                    by_key.insert(key.clone(), id.clone());
-                    Reply::Created { id }
-                };
-                match self.gate.admit_then(job, token, write) {
+                match self.fenced_create(job, token, &key, &req).await {
                     Ok(reply) => reply,
-                    Err(stale) => Reply::Refused {
+                    Err(GateError::Stale(stale)) => Reply::Refused {
                         reason: stale.to_string(),
                         stale: Some((stale.ours.get(), stale.current.get())),
+                    },
+                    Err(e) => Reply::Unavailable {
+                        reason: e.to_string(),
                     },
                 }
             }
@@ -173,6 +189,54 @@ impl State {
             key,
             reply,
         }
+    }
+
+    /// Admission and the create in one transaction: a stale token rolls back
+    /// before anything is written, and no newer token is admitted in between.
+    async fn fenced_create(
+        &self,
+        job: JobId,
+        token: ObservedFence,
+        key: &str,
+        req: &CreateReq,
+    ) -> Result<Reply, GateError> {
+        let mut tx = self.pool.begin().await?;
+        self.gate.admit(&mut tx, job, token).await?;
+        let reply = self.create(&mut tx, key, req).await?;
+        tx.commit().await?;
+        Ok(reply)
+    }
+
+    /// At most one resource per idempotency key.
+    async fn create(
+        &self,
+        tx: &mut PgConnection,
+        key: &str,
+        req: &CreateReq,
+    ) -> Result<Reply, sqlx::Error> {
+        let t = &self.resources;
+        let existing: Option<String> =
+            sqlx::query_scalar(&format!("SELECT id FROM {t} WHERE idem_key = $1"))
+                .bind(key)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some(id) = existing {
+            return Ok(Reply::Existing { id });
+        }
+        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) + 1 FROM {t} WHERE kind = $1"))
+            .bind(&req.kind)
+            .fetch_one(&mut *tx)
+            .await?;
+        let id = format!("{}-{}-{n}", req.kind, req.name);
+        sqlx::query(&format!(
+            "INSERT INTO {t} (idem_key, kind, id) VALUES ($1, $2, $3)"
+        ))
+        .bind(key)
+        .bind(&req.kind)
+        .bind(&id)
+        .execute(&mut *tx)
+        .await?;
+        Ok(Reply::Created { id })
     }
 }
 
@@ -187,7 +251,7 @@ impl InfraClient {
     /// Sends a create request carrying `fence` and `key`; returns the raw reply.
     pub async fn send(
         &self,
-        fence: Option<(JobId, FencingToken)>,
+        fence: Option<(JobId, ObservedFence)>,
         key: &str,
         req: &CreateReq,
     ) -> anyhow::Result<Reply> {
@@ -213,7 +277,7 @@ impl InfraClient {
             kind: kind.into(),
             name: name.into(),
         };
-        let fence = Some((ctx.job_id(), ctx.token()));
+        let fence = Some((ctx.job_id(), ctx.token().observed()));
         let reply = ctx
             .guard(async {
                 self.send(fence, &key, &req)
@@ -227,10 +291,9 @@ impl InfraClient {
                 stale: Some((ours, current)),
                 ..
             } => {
-                let (Some(ours), Some(current)) = (
-                    FencingToken::from_wire(ours),
-                    FencingToken::from_wire(current),
-                ) else {
+                let (Some(ours), Some(current)) =
+                    (ObservedFence::new(ours), ObservedFence::new(current))
+                else {
                     return Err(StepError::permanent("infra service: malformed stale reply"));
                 };
                 Err(StaleToken::new(ours, current)
@@ -239,6 +302,9 @@ impl InfraClient {
             }
             Reply::Refused { reason, .. } => Err(StepError::permanent(format!(
                 "infra service refused: {reason}"
+            ))),
+            Reply::Unavailable { reason } => Err(StepError::retryable(format!(
+                "infra service unavailable: {reason}"
             ))),
         }
     }

@@ -37,7 +37,7 @@ use anyhow::{Context, bail};
 use infra::{CreateReq, InfraClient, InfraService, Provision, ProvisionReq, Reply, Seen};
 use tenure::fence::JobStatus;
 use tenure::runtime::{Worker, WorkerObserver};
-use tenure::{Client, Config, FencingToken, JobId, StepIndex};
+use tenure::{Client, Config, FencingToken, JobId, ObservedFence, StepIndex};
 
 const TTL: Duration = Duration::from_secs(2);
 const ROLE_ENV: &str = "TENURE_PROVISIONING_WORKER";
@@ -87,6 +87,7 @@ fn describe(seen: &Seen) -> String {
         Reply::Created { id } => format!("CREATED {id}"),
         Reply::Existing { id } => format!("already exists: {id} (deduplicated)"),
         Reply::Refused { reason, .. } => format!("REFUSED: {reason}"),
+        Reply::Unavailable { reason } => format!("UNAVAILABLE: {reason}"),
     };
     format!(
         "create {:<7} token {token:<4} key {}: {what}",
@@ -148,7 +149,8 @@ async fn demo() -> anyhow::Result<bool> {
     let log: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let service = {
         let (tl, log) = (tl.clone(), log.clone());
-        InfraService::start(nats.clone(), subject.clone(), move |seen| {
+        let pool = client.store().pool().clone();
+        InfraService::start(nats.clone(), subject.clone(), pool, &ns, move |seen| {
             tl.say("service", describe(seen));
             if let Ok(mut l) = log.lock() {
                 l.push(seen.clone());
@@ -287,8 +289,8 @@ async fn demo() -> anyhow::Result<bool> {
     let seen = log.lock().map(|l| l.clone()).unwrap_or_default();
     let vm_key = format!("{job}:2:vm");
     let vm_requests: Vec<&Seen> = seen.iter().filter(|s| s.key == vm_key).collect();
-    let vms = service.created("vm");
-    let token_b = FencingToken::from_wire(row.fence);
+    let vms = service.created("vm").await?;
+    let token_b = ObservedFence::new(row.fence);
     let stale_refused = matches!(zombie, Reply::Refused { stale: Some(_), .. });
     let unfenced_refused = matches!(unfenced, Reply::Refused { stale: None, .. });
     let key_reused = vm_requests.len() == 2
@@ -296,15 +298,19 @@ async fn demo() -> anyhow::Result<bool> {
         && matches!(vm_requests[1].reply, Reply::Existing { .. })
         && vm_requests[0].token == Some(token_a)
         && vm_requests[1].token == token_b;
-    let token_grew = token_b.is_some_and(|b| b > token_a) && service.fence_of(job) == token_b;
+    let token_grew =
+        token_b.is_some_and(|b| b > token_a) && service.fence_of(job).await? == token_b;
     println!(
         "boot_vm requests with key {}: {} (A with token {token_a}, then B with token {})",
         short_key(&vm_key),
         vm_requests.len(),
         token_b.map_or_else(|| "none".to_string(), |t| t.to_string()),
     );
+    let mut created = Vec::new();
     for kind in ["network", "volume", "vm", "dns"] {
-        println!("  {kind:<8} resources created: {}", service.created(kind));
+        let n = service.created(kind).await?;
+        println!("  {kind:<8} resources created: {n}");
+        created.push(n);
     }
 
     print_worker_b_metrics(&provider, &exporter, 24);
@@ -313,9 +319,7 @@ async fn demo() -> anyhow::Result<bool> {
         ("the job finished", row.status == JobStatus::Done),
         (
             "exactly one of each resource (one VM)",
-            ["network", "volume", "vm", "dns"]
-                .iter()
-                .all(|k| service.created(k) == 1),
+            created.iter().all(|n| *n == 1),
         ),
         ("B's retry reused A's idempotency key", key_reused),
         (

@@ -170,12 +170,12 @@ pub async fn serve_until_stdin_closes(
 /// The token in the first line of `lines` that starts with `prefix`: the fourth
 /// word, as the workers print it (`COMMIT <job> <step> <token>`,
 /// `BOOTED <job> <step> <token>`).
-pub fn token_of(lines: &Arc<Mutex<Vec<String>>>, prefix: &str) -> Option<tenure::FencingToken> {
+pub fn token_of(lines: &Arc<Mutex<Vec<String>>>, prefix: &str) -> Option<tenure::ObservedFence> {
     lines.lock().ok().and_then(|l| {
         l.iter()
             .find(|l| l.starts_with(prefix))
             .and_then(|l| l.split_whitespace().nth(3).and_then(|t| t.parse().ok()))
-            .and_then(tenure::FencingToken::from_wire)
+            .and_then(tenure::ObservedFence::new)
     })
 }
 

@@ -295,6 +295,10 @@ pub struct StepCtx {
     /// or the one the previous step's commit opened in the same round trip.
     /// [`db`](StepCtx::db) takes it over (see `runtime::job_actor`).
     pub(crate) open_tx: Option<TxSlot>,
+    /// Cancelled when this attempt's claim could not be made durable (see
+    /// `runtime::job_actor::end_unused_later`): [`db`](StepCtx::db) then opens
+    /// no fenced transaction under this token.
+    pub(crate) claim_lost: CancellationToken,
 }
 
 /// A step's already open transaction, shared between the step (which takes it on
@@ -337,6 +341,7 @@ impl StepCtx {
             store: None,
             tx: None,
             open_tx: None,
+            claim_lost: CancellationToken::new(),
         }
     }
 
@@ -445,6 +450,12 @@ impl StepCtx {
     /// Everything written through the returned connection commits if and only if
     /// the step's checkpoint does, under this owner's fence.
     pub async fn db(&mut self) -> Result<&mut sqlx::PgConnection, StepError> {
+        if self.tx.is_none() && self.claim_lost.is_cancelled() {
+            // After an etcd restore another acquisition may hold this very token
+            // and have claimed the row: an admission under it would let two
+            // owners in. The attempt ends; its bookkeeping claims strictly.
+            return Err(StepError::cancelled());
+        }
         if self.tx.is_none() {
             // The transaction opened for this step, if the runtime has not
             // ended it yet.

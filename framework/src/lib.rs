@@ -166,7 +166,7 @@ pub use client::{Client, ClientError, Enqueued};
 pub use config::Config;
 pub use job::{Job, StepCtx, StepError};
 pub use tenure_macros::{job, step};
-pub use types::{FencingToken, JobId, LeaseId, StepIndex};
+pub use types::{FencingToken, InvalidFence, JobId, LeaseId, ObservedFence, StepIndex};
 
 /// Items used by code that `#[tenure::job]` generates. Not a public API.
 #[doc(hidden)]

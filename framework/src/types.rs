@@ -1,5 +1,5 @@
 //! Typed values shared by every module: [`JobId`], [`StepIndex`], [`LeaseId`],
-//! [`FencingToken`].
+//! [`FencingToken`] (granted), [`ObservedFence`] (seen).
 
 use std::fmt;
 
@@ -117,40 +117,39 @@ impl fmt::Display for LeaseId {
     }
 }
 
-/// A fencing token: the etcd `create_revision` of a job's lock key.
+/// A fencing token: the etcd `create_revision` of a job's lock key, as granted to
+/// us. The only type [`FenceStore::claim`](crate::fence::FenceStore::claim) and
+/// [`FenceStore::begin_step`](crate::fence::FenceStore::begin_step) take.
 ///
 /// etcd revisions are one global, durable, strictly increasing sequence, so every
 /// new owner of a job holds a larger token than every earlier owner. Resources
 /// accept a write only under the largest token they have seen.
 ///
 /// # Construction
-/// Inside the crate a token is only made from a verified lock grant
-/// ([`lease`](crate::lease)). Outside, a token can be read back from the wire with
-/// [`FencingToken::from_wire`] (a downstream service that enforces fences), or made
-/// from a raw number in tests with `FencingToken::for_tests` (feature `testing`).
+/// Only a verified lock grant ([`JobLock::token`](crate::lease::JobLock::token))
+/// makes one: there is no constructor from a number, no `TryFrom<i64>` and no
+/// `Deserialize`, so `claim(id, <i64::MAX>)` cannot be written. A value read off
+/// the wire or a row is an [`ObservedFence`]: it compares with tokens, and that
+/// is all it does. (Tests build tokens from numbers with `FencingToken::for_tests`,
+/// behind the `testing` feature, which production builds never enable.)
 ///
 /// ```
-/// use tenure::FencingToken;
-/// let t = FencingToken::from_wire(42).unwrap();
-/// assert_eq!(t.get(), 42);
-/// assert!(FencingToken::from_wire(0).is_none());
+/// # fn demo(lock: &tenure::lease::JobLock) {
+/// use tenure::ObservedFence;
+/// let token = lock.token();
+/// let seen = ObservedFence::new(token.get()).unwrap();
+/// assert_eq!(token, seen);
+/// assert_eq!(token.observed(), seen);
+/// # }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "i64", into = "i64")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(into = "i64")]
 pub struct FencingToken(i64);
 
 impl FencingToken {
-    /// From an etcd revision; `None` unless positive.
+    /// From a verified grant's etcd revision; `None` unless positive.
     pub(crate) fn from_revision(rev: i64) -> Option<Self> {
         (rev > 0).then_some(FencingToken(rev))
-    }
-
-    /// Reads a token that crossed a hop (a header, an RPC field) so a downstream
-    /// resource can compare it with the largest token it has accepted. This does not
-    /// make the token valid: only the comparison at the resource does.
-    /// `None` unless `raw > 0`.
-    pub fn from_wire(raw: i64) -> Option<Self> {
-        Self::from_revision(raw)
     }
 
     /// A token from a raw number, for tests. Panics on a non-positive number.
@@ -164,12 +163,10 @@ impl FencingToken {
     pub const fn get(self) -> i64 {
         self.0
     }
-}
 
-impl TryFrom<i64> for FencingToken {
-    type Error = String;
-    fn try_from(raw: i64) -> Result<Self, String> {
-        Self::from_revision(raw).ok_or_else(|| format!("fencing token must be positive, got {raw}"))
+    /// The same value as an observation (for a header, a report, a comparison).
+    pub const fn observed(self) -> ObservedFence {
+        ObservedFence(self.0)
     }
 }
 
@@ -182,5 +179,94 @@ impl From<FencingToken> for i64 {
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// A fence value seen somewhere else: a header, an RPC field, a job row, a DLQ
+/// entry, an error report. It compares with other observations and with
+/// [`FencingToken`]s, and it can never claim or admit anything: there is no way
+/// to turn it into a `FencingToken`.
+///
+/// ```
+/// use tenure::ObservedFence;
+/// let a = ObservedFence::new(41).unwrap();
+/// let b: ObservedFence = serde_json::from_str("42").unwrap();
+/// assert!(a < b);
+/// assert_eq!(b.get(), 42);
+/// assert!(ObservedFence::new(0).is_none());
+/// assert!(ObservedFence::try_from(-1).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct ObservedFence(i64);
+
+impl ObservedFence {
+    /// A fence value read from somewhere; `None` unless `raw > 0` (fences are
+    /// etcd revisions).
+    pub const fn new(raw: i64) -> Option<Self> {
+        if raw > 0 {
+            Some(ObservedFence(raw))
+        } else {
+            None
+        }
+    }
+
+    /// The value.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// A number that cannot be a fence (zero or negative).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a fence is a positive etcd revision, got {0}")]
+pub struct InvalidFence(pub i64);
+
+impl TryFrom<i64> for ObservedFence {
+    type Error = InvalidFence;
+    fn try_from(raw: i64) -> Result<Self, InvalidFence> {
+        Self::new(raw).ok_or(InvalidFence(raw))
+    }
+}
+
+impl From<ObservedFence> for i64 {
+    fn from(t: ObservedFence) -> i64 {
+        t.0
+    }
+}
+
+impl From<FencingToken> for ObservedFence {
+    fn from(t: FencingToken) -> Self {
+        t.observed()
+    }
+}
+
+impl fmt::Display for ObservedFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl PartialEq<ObservedFence> for FencingToken {
+    fn eq(&self, other: &ObservedFence) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl PartialEq<FencingToken> for ObservedFence {
+    fn eq(&self, other: &FencingToken) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl PartialOrd<ObservedFence> for FencingToken {
+    fn partial_cmp(&self, other: &ObservedFence) -> Option<std::cmp::Ordering> {
+        Some(self.0.cmp(&other.0))
+    }
+}
+
+impl PartialOrd<FencingToken> for ObservedFence {
+    fn partial_cmp(&self, other: &FencingToken) -> Option<std::cmp::Ordering> {
+        Some(self.0.cmp(&other.0))
     }
 }

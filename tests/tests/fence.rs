@@ -12,8 +12,11 @@ use serde_json::json;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::fence::{FenceError, FenceStore, FencedTx, Inserted, JobStatus};
-use tenure::{FencingToken, JobId, StepIndex};
+use tenure::fence::{
+    Admitted, FenceError, FenceStore, FencedTx, GateError, Inserted, JobStatus, PgFenceMarks,
+    TokenGate,
+};
+use tenure::{FencingToken, JobId, ObservedFence, StepIndex};
 
 /// One PostgreSQL-only dev stack per test binary (this file needs no etcd/NATS);
 /// each test takes its own schema.
@@ -113,7 +116,11 @@ fn assert_fenced_out(res: Result<impl std::fmt::Debug, FenceError>, current: i64
             let FenceError::FencedOut { current: c, .. } = e else {
                 unreachable!()
             };
-            assert_eq!(c, Some(tok(current)), "current fence in the error");
+            assert_eq!(
+                c,
+                Some(tok(current).observed()),
+                "current fence in the error"
+            );
         }
         other => panic!("expected FencedOut (current {current}), got {other:?}"),
     }
@@ -264,7 +271,7 @@ async fn seed_timeline_41_then_42() {
     // 42 takes over (41 never released: a lost owner).
     let c42 = s.claim(id, tok(42)).await.unwrap();
     assert!(c42.takeover);
-    assert_eq!(c42.previous, Some(tok(41)));
+    assert_eq!(c42.previous, Some(tok(41).observed()));
     assert_eq!((c42.step, c42.takeovers), (step(1), 1));
     assert_eq!(c42.checkpoint, Some(json!({"by": 41})));
 
@@ -602,11 +609,12 @@ async fn resume_returns_the_last_committed_checkpoint_and_counts_takeovers() {
     assert!(c.takeover);
     assert_eq!(c.takeovers, 1);
     assert!(ledger_rows(&s, id).await.is_empty());
-    // Same token again: idempotent, no second takeover.
-    let again = s.claim(id, tok(20)).await.unwrap();
-    assert_eq!(
-        (again.step, again.takeovers, again.takeover),
-        (step(2), 1, false)
+    // Same token again: a second acquisition with it (etcd regressed), refused.
+    assert!(
+        s.claim(id, tok(20))
+            .await
+            .unwrap_err()
+            .is_token_regression()
     );
     // A duplicate commit of an already committed step is a step mismatch, not stale.
     assert!(matches!(
@@ -622,7 +630,7 @@ async fn resume_returns_the_last_committed_checkpoint_and_counts_takeovers() {
     ));
     assert!(matches!(
         s.claim(id, tok(20)).await,
-        Err(FenceError::Released { .. })
+        Err(FenceError::TokenRegression { .. })
     ));
     let row = s.job(id).await.unwrap().unwrap();
     assert_eq!(
@@ -791,11 +799,15 @@ async fn claim_and_begin_rollback_keeps_the_claim_and_drop_loses_it() {
         Err(FenceError::NotClaimed { current: Some(c), .. }) if c == tok(7)
     ));
 
-    // Retried claim_and_begin under a token that already holds the fence.
+    // claim_and_begin under a token that already holds the fence: the alarm,
+    // and the owner that holds it goes on.
     s.claim(id, tok(9)).await.unwrap();
-    let (c, tx) = s.claim_and_begin(id, tok(9)).await.unwrap();
+    assert!(matches!(
+        s.claim_and_begin(id, tok(9)).await,
+        Err(FenceError::TokenRegression { job_id, token }) if job_id == id && token == tok(9)
+    ));
+    let tx = s.begin_step(id, tok(9), step(0)).await.unwrap();
     assert!(!tx.carries_claim());
-    assert_eq!(c.step, step(0));
     tx.commit_step(&json!(1), false).await.unwrap();
 }
 
@@ -1174,4 +1186,206 @@ proptest! {
             check_invariants(&s, id).await;
         });
     }
+}
+
+/// Issue 15, item 1: after an etcd snapshot restore without `--bump-revision` a
+/// new lock can carry the `create_revision` an earlier owner already claimed. A
+/// claim on a fresh lock must strictly raise the fence: an equal token is the
+/// regression alarm, never "ours" (two owners would pass `fence = token`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_equal_token_on_a_fresh_claim_is_a_revision_regression_not_ours() {
+    let s = store("regress").await;
+    let id = new_job(&s, "regress").await;
+    // The earlier owner claims revision 77, commits step 0 and keeps running.
+    let earlier = tok(77);
+    let (_, tx) = s.claim_and_begin(id, earlier).await.unwrap();
+    tx.commit_step(&json!("s0"), false).await.unwrap();
+
+    // A second acquisition that etcd handed the same revision again.
+    let again = tok(77);
+    let res = s.claim(id, again).await;
+    assert!(
+        matches!(&res, Err(FenceError::TokenRegression { job_id, token }) if *job_id == id && *token == again),
+        "an equal token on a fresh claim was accepted as ours: {res:?}"
+    );
+    let err = res.unwrap_err();
+    assert!(err.is_token_regression() && !err.is_fenced_out());
+    let res = s.claim_and_begin(id, again).await.map(|(c, _)| c);
+    assert!(
+        matches!(res, Err(FenceError::TokenRegression { .. })),
+        "an equal token on a fresh claim_and_begin was accepted as ours: {res:?}"
+    );
+    // Also when the earlier owner had released: the token was still issued twice.
+    s.record_release(id, earlier).await.unwrap();
+    assert!(s.claim(id, again).await.unwrap_err().is_token_regression());
+    let tx = s.claim_and_begin(id, tok(78)).await.unwrap().1;
+    tx.rollback().await.unwrap();
+    // A later revision claims normally; the refused claims changed nothing.
+    let row = s.job(id).await.unwrap().unwrap();
+    assert_eq!((row.fence, row.step, row.takeovers), (78, step(1), 0));
+}
+
+/// The downstream service of the gate tests: a `vms` table next to its fence
+/// marks (both in `store`'s schema), each write admitted in its own transaction.
+async fn gated_service(store: &FenceStore) -> TokenGate<PgFenceMarks> {
+    let marks = PgFenceMarks::new(store.schema()).unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
+    marks.install(&mut conn).await.unwrap();
+    marks.install(&mut conn).await.unwrap();
+    conn.execute(
+        format!(
+            "CREATE TABLE {}.vms (job uuid NOT NULL, token bigint NOT NULL)",
+            store.schema()
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    TokenGate::new(marks)
+}
+
+/// One service write under `token`: admission and insert in one transaction.
+async fn service_write(
+    gate: &TokenGate<PgFenceMarks>,
+    store: &FenceStore,
+    id: JobId,
+    token: i64,
+) -> Result<Admitted, GateError> {
+    let mut tx = store.pool().begin().await?;
+    let admitted = gate
+        .admit(&mut tx, id, ObservedFence::new(token).unwrap())
+        .await?;
+    sqlx::query(&format!(
+        "INSERT INTO {}.vms (job, token) VALUES ($1, $2)",
+        store.schema()
+    ))
+    .bind(id.as_uuid())
+    .bind(token)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(admitted)
+}
+
+async fn vm_tokens(store: &FenceStore, id: JobId) -> Vec<i64> {
+    sqlx::query_scalar(&format!(
+        "SELECT token FROM {}.vms WHERE job = $1 ORDER BY token",
+        store.schema()
+    ))
+    .bind(id.as_uuid())
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+/// Issue 15, item 2: a downstream service's gate must not forget a job's mark
+/// while a paused owner can still wake up. A pauses after its service call; B
+/// takes over and finishes the job; A wakes and calls the service again.
+/// (Before the fix, following the old gate's advice to `forget` a finished job,
+/// A's write was admitted as `First`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owner_paused_across_the_jobs_completion_is_refused_by_the_gate() {
+    let s = store("gate").await;
+    let id = new_job(&s, "gate").await;
+    let gate = gated_service(&s).await;
+
+    s.claim(id, tok(41)).await.unwrap();
+    assert_eq!(
+        service_write(&gate, &s, id, 41).await.unwrap(),
+        Admitted::First
+    );
+    // A pauses. B takes over, calls the service, finishes the job.
+    let (_, tx) = s.claim_and_begin(id, tok(42)).await.unwrap();
+    assert_eq!(
+        service_write(&gate, &s, id, 42).await.unwrap(),
+        Admitted::Raised {
+            previous: ObservedFence::new(41).unwrap()
+        }
+    );
+    tx.commit_step(&json!("done"), true).await.unwrap();
+    assert_eq!(s.job(id).await.unwrap().unwrap().status, JobStatus::Done);
+    // Retention keeps the mark of a job that finished less than its age ago.
+    let mut conn = s.pool().acquire().await.unwrap();
+    let hour = Duration::from_secs(3600);
+    assert_eq!(
+        gate.marks()
+            .prune(&mut conn, s.schema(), hour)
+            .await
+            .unwrap(),
+        0
+    );
+
+    // A wakes up and writes again under 41: refused, and nothing is written.
+    let late = service_write(&gate, &s, id, 41).await;
+    assert!(
+        matches!(&late, Err(GateError::Stale(st)) if st.ours == tok(41) && st.current == tok(42)),
+        "the gate re-admitted a stale owner after the job finished: {late:?}"
+    );
+    assert_eq!(vm_tokens(&s, id).await, vec![41, 42]);
+    assert_eq!(
+        gate.marks().current(&mut conn, id).await.unwrap(),
+        Some(tok(42).observed())
+    );
+    // Past the retention age the finished job's mark may go; a running job's never.
+    let running = new_job(&s, "gate-running").await;
+    s.claim(running, tok(50)).await.unwrap();
+    service_write(&gate, &s, running, 50).await.unwrap();
+    let pruned = gate
+        .marks()
+        .prune(&mut conn, s.schema(), Duration::ZERO)
+        .await;
+    assert_eq!(pruned.unwrap(), 1);
+    assert_eq!(gate.marks().current(&mut conn, id).await.unwrap(), None);
+    assert_eq!(
+        gate.marks().current(&mut conn, running).await.unwrap(),
+        Some(tok(50).observed())
+    );
+}
+
+/// The gate's check is atomic with the service's write: while an owner's
+/// admitted write is open, a newer owner's admission waits for it, and a stale
+/// admission that lost writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_holds_its_mark_until_the_admitted_write_commits() {
+    let s = store("gate_atomic").await;
+    let id = new_job(&s, "gate-atomic").await;
+    let gate = gated_service(&s).await;
+
+    let mut tx41 = s.pool().begin().await.unwrap();
+    let first = gate.admit(&mut tx41, id, tok(41).observed()).await.unwrap();
+    assert_eq!(first, Admitted::First);
+    let (g, st) = (gate.clone(), s.clone());
+    let newer = tokio::spawn(async move { service_write(&g, &st, id, 43).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !newer.is_finished(),
+        "43 was admitted while 41's write was open"
+    );
+    sqlx::query(&format!(
+        "INSERT INTO {}.vms (job, token) VALUES ($1, 41)",
+        s.schema()
+    ))
+    .bind(id.as_uuid())
+    .execute(&mut *tx41)
+    .await
+    .unwrap();
+    tx41.commit().await.unwrap();
+    assert_eq!(
+        newer.await.unwrap().unwrap(),
+        Admitted::Raised {
+            previous: tok(41).observed()
+        }
+    );
+    assert!(
+        service_write(&gate, &s, id, 42)
+            .await
+            .unwrap_err()
+            .stale()
+            .is_some()
+    );
+    assert_eq!(
+        service_write(&gate, &s, id, 43).await.unwrap(),
+        Admitted::Same
+    );
+    assert_eq!(vm_tokens(&s, id).await, vec![41, 43, 43]);
 }

@@ -321,7 +321,7 @@ async fn a_sigstopped_worker_process_loses_its_job_to_a_strictly_larger_token() 
         took >= Duration::from_millis(1500),
         "took over too early: {took:?}"
     );
-    assert!(lock.token() > FencingToken::from_wire(child_token).unwrap());
+    assert!(lock.token() > tenure::ObservedFence::new(child_token).unwrap());
 
     // The stale worker resumes: it must see Lost and its release must not delete
     // the new owner's key.

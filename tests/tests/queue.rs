@@ -9,7 +9,7 @@ use std::time::Duration;
 use tenure::config::BackoffConfig;
 use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::queue::{BadMessage, DeadLetterInfo, Delivery, Queue, QueueError, headers, reasons};
-use tenure::{Config, FencingToken, JobId};
+use tenure::{Config, JobId, ObservedFence};
 use tokio::time::Instant;
 
 /// One NATS-only stack for the tests that do not inject faults (each test has its
@@ -354,7 +354,7 @@ async fn dead_letter_keeps_every_header() {
     let seq = d.stream_sequence();
     d.dead_letter(DeadLetterInfo {
         reason: "retries_exhausted".into(),
-        last_token: Some(FencingToken::for_tests(42)),
+        last_token: ObservedFence::new(42),
         takeovers: 2,
         attempts: 3,
     })
@@ -372,7 +372,7 @@ async fn dead_letter_keeps_every_header() {
     assert_eq!(e.original_subject.as_deref(), Some(subject.as_str()));
     assert_eq!(e.deliveries, Some(1));
     assert_eq!((e.attempts, e.takeovers), (Some(3), Some(2)));
-    assert_eq!(e.last_token, Some(FencingToken::for_tests(42)));
+    assert_eq!(e.last_token, ObservedFence::new(42));
     let has = |k: &str, v: &str| e.headers.iter().any(|(a, b)| a == k && b == v);
     let id_text = id.to_string();
     for (k, v) in [

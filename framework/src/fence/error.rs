@@ -1,6 +1,6 @@
 //! [`FenceError`]: everything the fence can refuse, kept apart by cause.
 
-use crate::types::{FencingToken, JobId, StepIndex};
+use crate::types::{JobId, ObservedFence, StepIndex};
 
 use super::row::JobStatus;
 
@@ -23,9 +23,10 @@ pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
         .is_some_and(|c| c == GUARD_SQLSTATE)
 }
 
-/// Errors of the fence.
+/// Errors of the fence. Tokens in an error are reports ([`ObservedFence`]): an
+/// error never hands out a [`FencingToken`](crate::FencingToken).
 ///
-/// Three families the caller must keep apart:
+/// Four families the caller must keep apart:
 /// * **stale** ([`FenceError::is_fenced_out`]): [`FencedOut`](FenceError::FencedOut)
 ///   and [`GuardRefused`](FenceError::GuardRefused): a newer generation owns the job
 ///   (or the write came from no generation at all). Stop; never retry the write.
@@ -34,6 +35,9 @@ pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
 ///   [`StepMismatch`](FenceError::StepMismatch), [`NotDead`](FenceError::NotDead),
 ///   [`PayloadConflict`](FenceError::PayloadConflict)): the row is not in the state
 ///   the call needs.
+/// * **alarm** ([`TokenRegression`](FenceError::TokenRegression),
+///   [`FenceError::is_token_regression`]): etcd issued a token twice; the job is
+///   handed back and an operator must look.
 /// * **infrastructure** ([`Db`](FenceError::Db), [`Migrate`](FenceError::Migrate)):
 ///   I/O, contention, timeouts; the outcome of a commit may be unknown, and a retry
 ///   under the same token is safe (the fence decides again).
@@ -46,9 +50,9 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// Our token.
-        ours: FencingToken,
+        ours: ObservedFence,
         /// The row's fence now (`None` when it was never claimed).
-        current: Option<FencingToken>,
+        current: Option<ObservedFence>,
     },
     /// The guard trigger refused a write to a guarded table (SQLSTATE
     /// [`GUARD_SQLSTATE`]): outside a fenced transaction, or from a stale generation.
@@ -59,6 +63,20 @@ pub enum FenceError {
         /// The database error.
         #[source]
         source: sqlx::Error,
+    },
+    /// The alarm: a claim on a freshly acquired lock found the row's fence *equal*
+    /// to its token. etcd handed out a revision it had handed out before (a
+    /// snapshot restored without `--bump-revision`), so another owner may hold the
+    /// same token. Never work around it: hand the job back, never run it.
+    #[error(
+        "job {job_id}: token {token} was already claimed by an earlier owner; \
+         etcd revisions went backwards (snapshot restore without --bump-revision?)"
+    )]
+    TokenRegression {
+        /// The job.
+        job_id: JobId,
+        /// Our token, equal to the row's fence.
+        token: ObservedFence,
     },
     /// The job row does not exist.
     #[error("job {0} not found")]
@@ -79,9 +97,9 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// Our token.
-        ours: FencingToken,
+        ours: ObservedFence,
         /// The row's fence now.
-        current: Option<FencingToken>,
+        current: Option<ObservedFence>,
     },
     /// Our generation released the job (retry, graceful shutdown, or it was marked
     /// dead by the operator path) and may not write any more.
@@ -90,7 +108,7 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// Our token (still the row's fence).
-        token: FencingToken,
+        token: ObservedFence,
     },
     /// The fence is ours but the row is at another step: this step was already
     /// committed (a duplicate) or the caller skipped one.
@@ -101,7 +119,7 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// Our token.
-        token: FencingToken,
+        token: ObservedFence,
         /// The step the caller asked for.
         expected: StepIndex,
         /// The row's step.
@@ -166,11 +184,11 @@ impl FenceError {
     /// ack; it is a stale rejection, never contention.
     ///
     /// ```
-    /// use tenure::{fence::FenceError, FencingToken, JobId};
+    /// use tenure::{fence::FenceError, JobId, ObservedFence};
     /// let e = FenceError::FencedOut {
     ///     job_id: JobId::from_key("t", "k"),
-    ///     ours: FencingToken::from_wire(41).unwrap(),
-    ///     current: FencingToken::from_wire(42),
+    ///     ours: ObservedFence::new(41).unwrap(),
+    ///     current: ObservedFence::new(42),
     /// };
     /// assert!(e.is_fenced_out());
     /// assert!(!FenceError::NotFound(JobId::from_key("t", "k")).is_fenced_out());
@@ -180,6 +198,13 @@ impl FenceError {
             self,
             FenceError::FencedOut { .. } | FenceError::GuardRefused { .. }
         )
+    }
+
+    /// Whether this is the revision-regression alarm
+    /// ([`TokenRegression`](FenceError::TokenRegression)): a fresh claim met its own
+    /// token on the row. Not stale, not contention.
+    pub fn is_token_regression(&self) -> bool {
+        matches!(self, FenceError::TokenRegression { .. })
     }
 
     /// Classifies a database error: the guard's SQLSTATE becomes

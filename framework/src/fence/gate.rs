@@ -1,4 +1,5 @@
-//! [`TokenGate`]: fencing for a resource that enforces fences on its own writes.
+//! [`TokenGate`]: fencing for a resource that enforces fences on its own writes,
+//! atomic with those writes.
 //!
 //! PostgreSQL job rows fence the writes a step makes through
 //! [`StepCtx::db`](crate::StepCtx::db). A downstream service that a step calls (a
@@ -6,26 +7,47 @@
 //! its own state: the step sends its fence along
 //! ([`StepCtx::fence_headers`](crate::StepCtx::fence_headers),
 //! [`queue::headers::fence_headers`](crate::queue::headers::fence_headers)), and the
-//! service keeps the largest token it has accepted per job and refuses smaller
-//! ones. `TokenGate` is that bookkeeping, in memory, for one service process.
+//! service keeps the largest token it has accepted per job (its *mark*) and
+//! refuses smaller ones.
+//!
+//! Two rules make that a fence and not a hint:
+//! * **The check is atomic with the write it protects.** The gate raises the mark
+//!   inside the service's own transaction ([`FenceMarks::Tx`]): with
+//!   [`PgFenceMarks`] it is `UPDATE fence_marks SET token = $t WHERE job_id = $k
+//!   AND token <= $t` (insert-if-absent on first sight) in the same PostgreSQL
+//!   transaction as the service's write, so the mark's row lock keeps a newer
+//!   owner's admission waiting until that write commits or rolls back.
+//! * **A mark is never forgotten while the job can still run.** A paused owner can
+//!   wake up after its job finished; a gate that dropped the mark would admit it
+//!   as a first sight. [`PgFenceMarks::prune`] drops a mark only once the job row
+//!   is terminal (`done`, `dead`) *and* older than a retention age.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
-use std::hash::Hash;
-use std::sync::{Mutex, PoisonError};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::types::{FencingToken, JobId};
+use sqlx::PgConnection;
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use super::error::FenceError;
+use super::guard::check_schema;
+use crate::types::{JobId, ObservedFence};
+
+/// How often a first sight retries when a concurrent first sight of the same job
+/// committed between its read and its insert.
+const FIRST_SIGHT_RETRIES: usize = 3;
 
 /// A write presented a token smaller than one the gate already accepted for its
-/// key: a newer owner of the job has been here. Never retry such a write.
+/// job: a newer owner of the job has been here. Never retry such a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("stale fencing token {ours}: this resource already accepted token {current}")]
 #[non_exhaustive]
 pub struct StaleToken {
     /// The token the write carried.
-    pub ours: FencingToken,
-    /// The largest token accepted for the key.
-    pub current: FencingToken,
+    pub ours: ObservedFence,
+    /// The largest token accepted for the job.
+    pub current: ObservedFence,
 }
 
 impl StaleToken {
@@ -36,25 +58,24 @@ impl StaleToken {
     ///
     /// ```
     /// use tenure::fence::StaleToken;
-    /// use tenure::{FencingToken, JobId, StepError};
-    /// let stale = StaleToken::new(FencingToken::from_wire(41).unwrap(), FencingToken::from_wire(42).unwrap());
+    /// use tenure::{JobId, ObservedFence, StepError};
+    /// let stale = StaleToken::new(ObservedFence::new(41).unwrap(), ObservedFence::new(42).unwrap());
     /// let err = stale.fenced_out(JobId::from_key("t", "k"));
     /// assert!(err.is_fenced_out());
     /// let step_err: StepError = err.into();
     /// assert!(step_err.downcast_ref::<tenure::fence::FenceError>().is_some());
     /// ```
-    pub fn fenced_out(self, job_id: JobId) -> super::FenceError {
-        super::FenceError::FencedOut {
+    pub fn fenced_out(self, job_id: JobId) -> FenceError {
+        FenceError::FencedOut {
             job_id,
             ours: self.ours,
             current: Some(self.current),
         }
     }
 
-    /// A refusal of `ours` because `current` was accepted (for a service that
-    /// keeps its own record of accepted tokens, or a client that decodes one from
-    /// a reply).
-    pub fn new(ours: FencingToken, current: FencingToken) -> Self {
+    /// A refusal of `ours` because `current` was accepted (for a client that
+    /// decodes one from a reply).
+    pub fn new(ours: ObservedFence, current: ObservedFence) -> Self {
         StaleToken { ours, current }
     }
 }
@@ -63,229 +84,389 @@ impl StaleToken {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Admitted {
-    /// The first token seen for the key.
+    /// The first token seen for the job.
     First,
-    /// The same token as the largest accepted: the same owner writes again.
+    /// The same token as the mark: the same owner writes again.
     Same,
-    /// A larger token than before: a new owner took the job over from `previous`.
+    /// A larger token than the mark: a new owner took the job over from `previous`.
     Raised {
-        /// The largest token accepted before this one.
-        previous: FencingToken,
+        /// The mark before this token.
+        previous: ObservedFence,
     },
 }
 
-/// The largest fencing token accepted per key (by default per job), for a service
-/// that enforces fences on its own writes.
-///
-/// [`admit`](TokenGate::admit) accepts a token equal to or larger than every
-/// token accepted before for the same key (raising the gate) and refuses a smaller
-/// one with [`StaleToken`]. [`admit_then`](TokenGate::admit_then) also runs the
-/// write while holding the gate, so that admission and mutation are one atomic
-/// step: no larger token can be admitted between the check and the write.
-///
-/// ```
-/// use tenure::fence::{Admitted, TokenGate};
-/// use tenure::{FencingToken, JobId};
-///
-/// let gate = TokenGate::new();
-/// let job = JobId::from_key("infra.provision", "web-1");
-/// let t41 = FencingToken::from_wire(41).unwrap();
-/// let t42 = FencingToken::from_wire(42).unwrap();
-///
-/// assert_eq!(gate.admit(job, t41), Ok(Admitted::First));
-/// assert_eq!(gate.admit(job, t42), Ok(Admitted::Raised { previous: t41 }));
-/// // The old owner wakes up: refused.
-/// let stale = gate.admit(job, t41).unwrap_err();
-/// assert_eq!((stale.ours, stale.current), (t41, t42));
-/// // The write runs under the gate, or not at all.
-/// let vm = gate.admit_then(job, t42, || "vm-1").unwrap();
-/// assert_eq!(vm, "vm-1");
-/// assert!(gate.admit_then(job, t41, || unreachable!()).is_err());
-/// ```
-///
-/// # Fencing
-/// The gate is only as durable as its memory: a service that restarts forgets the
-/// tokens it accepted, and a stale owner could then write once more. A service
-/// whose state outlives the process must store the largest token next to the data
-/// it protects (in the same transaction as each write, as Tenure's job rows do)
-/// and may use the gate only as its in-memory cache. Keys are never dropped on
-/// their own: call [`forget`](TokenGate::forget) when a job is finished.
-#[derive(Debug)]
-pub struct TokenGate<K = JobId> {
-    highest: Mutex<HashMap<K, FencingToken>>,
+/// Why [`TokenGate::admit`] refused. Either way the service must not write (and,
+/// with [`PgFenceMarks`], roll its transaction back).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GateError {
+    /// A newer owner of the job has written here.
+    #[error(transparent)]
+    Stale(#[from] StaleToken),
+    /// The mark store failed (I/O, a lock timeout); the verdict is unknown.
+    #[error("fence marks: {0}")]
+    Store(#[from] sqlx::Error),
 }
 
-impl<K: Eq + Hash> Default for TokenGate<K> {
-    fn default() -> Self {
-        TokenGate {
-            highest: Mutex::new(HashMap::new()),
+impl GateError {
+    /// The stale verdict, if that is what this is.
+    pub fn stale(&self) -> Option<&StaleToken> {
+        match self {
+            GateError::Stale(s) => Some(s),
+            GateError::Store(_) => None,
         }
     }
 }
 
-impl<K: Eq + Hash> TokenGate<K> {
-    /// An empty gate.
+/// The rule on a mark, given its current value: accept a token at least as large
+/// and say how; refuse a smaller one.
+fn decide(current: Option<ObservedFence>, token: ObservedFence) -> Result<Admitted, StaleToken> {
+    match current {
+        None => Ok(Admitted::First),
+        Some(current) if token < current => Err(StaleToken {
+            ours: token,
+            current,
+        }),
+        Some(current) if token == current => Ok(Admitted::Same),
+        Some(previous) => Ok(Admitted::Raised { previous }),
+    }
+}
+
+/// Where a [`TokenGate`] keeps its marks. The admission runs inside `Tx`, the
+/// scope the service's own write shares, so the two are one atomic step.
+pub trait FenceMarks: Send + Sync {
+    /// The transaction an admission runs in and the protected write shares: a
+    /// PostgreSQL connection inside `BEGIN` for [`PgFenceMarks`], a held lock for
+    /// [`MemoryFenceMarks`].
+    type Tx: Send;
+
+    /// Raises `job`'s mark to `token` inside `tx`, or refuses a token below it.
+    /// The mark stays locked until `tx` ends.
+    ///
+    /// # Errors
+    /// [`GateError::Stale`], [`GateError::Store`].
+    fn raise(
+        &self,
+        tx: &mut Self::Tx,
+        job: JobId,
+        token: ObservedFence,
+    ) -> impl Future<Output = Result<Admitted, GateError>> + Send;
+}
+
+/// The largest fencing token accepted per job, for a service that enforces fences
+/// on its own writes; the marks live in a [`FenceMarks`] store.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, job: tenure::JobId, token: tenure::ObservedFence)
+/// # -> Result<(), Box<dyn std::error::Error>> {
+/// use tenure::fence::{PgFenceMarks, TokenGate};
+/// let marks = PgFenceMarks::new("infra")?;
+/// marks.install(&mut *pool.acquire().await?).await?;
+/// let gate = TokenGate::new(marks);
+///
+/// // Per request: the admission and the write in one transaction.
+/// let mut tx = pool.begin().await?;
+/// gate.admit(&mut tx, job, token).await?; // stale: nothing written, tx rolls back on drop
+/// sqlx::query("INSERT INTO infra.vms (job, name) VALUES ($1, 'web-1')")
+///     .bind(job.as_uuid())
+///     .execute(&mut *tx)
+///     .await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Fencing
+/// A write is fenced only if it commits in the same transaction as its admission
+/// (and rolls back with it). Never drop a mark of a job that can still run: see
+/// [`PgFenceMarks::prune`].
+#[derive(Debug, Clone, Default)]
+pub struct TokenGate<M> {
+    marks: M,
+}
+
+impl<M: FenceMarks> TokenGate<M> {
+    /// A gate over `marks`.
+    pub fn new(marks: M) -> Self {
+        TokenGate { marks }
+    }
+
+    /// The mark store.
+    pub fn marks(&self) -> &M {
+        &self.marks
+    }
+
+    /// Admits `token` for `job` inside `tx` if it is at least `job`'s mark, and
+    /// raises the mark to it. Do the protected write in the same `tx`.
+    ///
+    /// # Errors
+    /// [`GateError::Stale`] when a larger token was accepted before: a newer owner
+    /// of the job has written here, and this write must be refused.
+    /// [`GateError::Store`] when the mark store fails.
+    pub async fn admit(
+        &self,
+        tx: &mut M::Tx,
+        job: JobId,
+        token: ObservedFence,
+    ) -> Result<Admitted, GateError> {
+        let verdict = self.marks.raise(tx, job, token).await;
+        if let Err(GateError::Stale(s)) = &verdict {
+            tracing::warn!(job_id = %job, ours = %s.ours, current = %s.current, "gate refused a stale token");
+        }
+        verdict
+    }
+}
+
+/// Marks in a PostgreSQL table, `"<schema>".fence_marks`, raised inside the
+/// service's own transaction (pass `&mut *tx` of a `sqlx::Transaction`; READ
+/// COMMITTED, PostgreSQL's default).
+#[derive(Debug, Clone)]
+pub struct PgFenceMarks {
+    schema: Arc<str>,
+    table: Arc<str>,
+}
+
+impl PgFenceMarks {
+    /// Marks in schema `schema` (`[a-z0-9_]`, as for [`FenceStore`](super::FenceStore)).
+    ///
+    /// # Errors
+    /// [`FenceError::InvalidName`].
+    pub fn new(schema: &str) -> Result<Self, FenceError> {
+        check_schema(schema)?;
+        Ok(PgFenceMarks {
+            schema: Arc::from(schema),
+            table: Arc::from(format!("\"{schema}\".fence_marks")),
+        })
+    }
+
+    /// Creates the schema and the table if absent (idempotent).
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn install(&self, conn: &mut PgConnection) -> Result<(), FenceError> {
+        let schema = &self.schema;
+        let table = &self.table;
+        sqlx::raw_sql(&format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{schema}\"; \
+             CREATE TABLE IF NOT EXISTS {table} ( \
+                 job_id uuid PRIMARY KEY, \
+                 token bigint NOT NULL CHECK (token > 0), \
+                 updated_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    /// `job`'s mark now, if any.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`], [`FenceError::Corrupt`].
+    pub async fn current(
+        &self,
+        conn: &mut PgConnection,
+        job: JobId,
+    ) -> Result<Option<ObservedFence>, FenceError> {
+        let raw: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT token FROM {} WHERE job_id = $1",
+            self.table
+        ))
+        .bind(job.as_uuid())
+        .fetch_optional(conn)
+        .await?;
+        raw.map(|t| observed(job, t)).transpose()
+    }
+
+    /// Drops the marks of jobs that can no longer run: the job row (in
+    /// `jobs_schema`, same database) is `done` or `dead` *and* was last changed
+    /// longer than `retention` ago. A redriven dead job runs again; keep
+    /// `retention` well above the longest pause an owner can survive (and above
+    /// the redrive window). Returns how many marks were dropped.
+    ///
+    /// # Errors
+    /// [`FenceError::InvalidName`], [`FenceError::Db`].
+    pub async fn prune(
+        &self,
+        conn: &mut PgConnection,
+        jobs_schema: &str,
+        retention: Duration,
+    ) -> Result<u64, FenceError> {
+        check_schema(jobs_schema)?;
+        let done = sqlx::query(&format!(
+            "DELETE FROM {} m USING \"{jobs_schema}\".jobs j \
+             WHERE j.id = m.job_id AND j.status IN ('done', 'dead') \
+               AND j.updated_at < now() - make_interval(secs => $1)",
+            self.table
+        ))
+        .bind(retention.as_secs_f64())
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn locked(&self, tx: &mut PgConnection, job: JobId) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(&format!(
+            "SELECT token FROM {} WHERE job_id = $1 FOR UPDATE",
+            self.table
+        ))
+        .bind(job.as_uuid())
+        .fetch_optional(tx)
+        .await
+    }
+}
+
+fn observed(job: JobId, raw: i64) -> Result<ObservedFence, FenceError> {
+    ObservedFence::new(raw).ok_or_else(|| FenceError::Corrupt {
+        job_id: job,
+        reason: format!("fence mark {raw} is not positive"),
+    })
+}
+
+impl FenceMarks for PgFenceMarks {
+    type Tx = PgConnection;
+
+    async fn raise(
+        &self,
+        tx: &mut PgConnection,
+        job: JobId,
+        token: ObservedFence,
+    ) -> Result<Admitted, GateError> {
+        for _ in 0..FIRST_SIGHT_RETRIES {
+            // The mark's row lock is held until the service's transaction ends.
+            let current = self.locked(tx, job).await?;
+            let Some(raw) = current else {
+                let inserted = sqlx::query(&format!(
+                    "INSERT INTO {} (job_id, token) VALUES ($1, $2) ON CONFLICT (job_id) DO NOTHING",
+                    self.table
+                ))
+                .bind(job.as_uuid())
+                .bind(token.get())
+                .execute(&mut *tx)
+                .await?;
+                if inserted.rows_affected() == 1 {
+                    return Ok(Admitted::First);
+                }
+                // A concurrent first sight committed: read its mark under the lock.
+                continue;
+            };
+            let admitted = decide(ObservedFence::new(raw), token)?;
+            if let Admitted::Raised { .. } = admitted {
+                sqlx::query(&format!(
+                    "UPDATE {} SET token = $2, updated_at = now() WHERE job_id = $1 AND token <= $2",
+                    self.table
+                ))
+                .bind(job.as_uuid())
+                .bind(token.get())
+                .execute(&mut *tx)
+                .await?;
+            }
+            return Ok(admitted);
+        }
+        Err(GateError::Store(sqlx::Error::Protocol(format!(
+            "job {job}: the fence mark kept changing under a first sight"
+        ))))
+    }
+}
+
+/// Marks in memory, for tests and for a single-process service whose own state
+/// is in memory too (it forgets everything on restart, and so does its state).
+/// An admission holds the whole store's lock until its [`MemoryTx`] is dropped:
+/// do the write before dropping it.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryFenceMarks {
+    marks: Arc<Mutex<HashMap<JobId, ObservedFence>>>,
+}
+
+/// The scope of one admission and its write in [`MemoryFenceMarks`] (the store's
+/// lock, held until dropped).
+#[derive(Debug)]
+pub struct MemoryTx {
+    marks: OwnedMutexGuard<HashMap<JobId, ObservedFence>>,
+}
+
+impl MemoryFenceMarks {
+    /// An empty store.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Accepts `token` for `key` if it is at least the largest token accepted for
-    /// `key` so far, and records it as the new largest.
-    ///
-    /// # Errors
-    /// [`StaleToken`] when a larger token was accepted before: a newer owner of the
-    /// job has written here, and this write must be refused.
-    pub fn admit(&self, key: K, token: FencingToken) -> Result<Admitted, StaleToken> {
-        self.enter(key, token, |admitted| admitted)
+    /// Opens an admission's scope: waits for the store's lock.
+    pub async fn begin(&self) -> MemoryTx {
+        MemoryTx {
+            marks: self.marks.clone().lock_owned().await,
+        }
     }
 
-    /// Admits `token` for `key` as [`admit`](TokenGate::admit) does, then runs
-    /// `write` while still holding the gate and returns its result. A refused
-    /// token never runs `write`.
-    ///
-    /// `write` runs under the gate's lock (which every key shares): keep it short
-    /// and synchronous (an in-memory update, a channel send).
-    ///
-    /// # Errors
-    /// [`StaleToken`] when a larger token was accepted before for `key`.
-    pub fn admit_then<R>(
+    /// `job`'s mark now, if any.
+    pub async fn current(&self, job: JobId) -> Option<ObservedFence> {
+        self.marks.lock().await.get(&job).copied()
+    }
+}
+
+impl FenceMarks for MemoryFenceMarks {
+    type Tx = MemoryTx;
+
+    async fn raise(
         &self,
-        key: K,
-        token: FencingToken,
-        write: impl FnOnce() -> R,
-    ) -> Result<R, StaleToken> {
-        self.enter(key, token, |_| write())
-    }
-
-    /// The largest token accepted for `key`, if any.
-    pub fn current(&self, key: &K) -> Option<FencingToken> {
-        self.lock().get(key).copied()
-    }
-
-    /// Forgets `key` (when its job is finished), so the gate does not grow without
-    /// bound. A token for a forgotten key is accepted again as [`Admitted::First`].
-    pub fn forget(&self, key: &K) {
-        self.lock().remove(key);
-    }
-
-    /// How many keys the gate remembers.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether the gate remembers no key.
-    pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
-    }
-
-    fn enter<R>(
-        &self,
-        key: K,
-        token: FencingToken,
-        then: impl FnOnce(Admitted) -> R,
-    ) -> Result<R, StaleToken> {
-        let mut highest = self.lock();
-        let admitted = match highest.entry(key) {
-            Entry::Vacant(v) => {
-                v.insert(token);
-                Admitted::First
-            }
-            Entry::Occupied(mut o) => {
-                let current = *o.get();
-                if token < current {
-                    return Err(StaleToken {
-                        ours: token,
-                        current,
-                    });
-                }
-                if token == current {
-                    Admitted::Same
-                } else {
-                    o.insert(token);
-                    Admitted::Raised { previous: current }
-                }
-            }
-        };
-        Ok(then(admitted))
-    }
-
-    /// The map; a panic in another thread's `write` cannot corrupt it (it holds
-    /// only tokens, each updated by one assignment), so a poisoned lock is used as is.
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, FencingToken>> {
-        self.highest.lock().unwrap_or_else(PoisonError::into_inner)
+        tx: &mut MemoryTx,
+        job: JobId,
+        token: ObservedFence,
+    ) -> Result<Admitted, GateError> {
+        let admitted = decide(tx.marks.get(&job).copied(), token)?;
+        if admitted != Admitted::Same {
+            tx.marks.insert(job, token);
+        }
+        Ok(admitted)
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 
-    fn t(raw: i64) -> FencingToken {
-        FencingToken::for_tests(raw)
+    fn t(raw: i64) -> ObservedFence {
+        ObservedFence::new(raw).unwrap()
     }
 
     #[test]
-    fn tokens_only_go_up_per_key() {
-        let gate = TokenGate::new();
-        let (a, b) = (JobId::from_key("t", "a"), JobId::from_key("t", "b"));
-        assert_eq!(gate.admit(a, t(10)), Ok(Admitted::First));
-        assert_eq!(gate.admit(a, t(10)), Ok(Admitted::Same));
+    fn the_rule_accepts_equal_or_larger_and_refuses_smaller() {
+        assert_eq!(decide(None, t(10)), Ok(Admitted::First));
+        assert_eq!(decide(Some(t(10)), t(10)), Ok(Admitted::Same));
         assert_eq!(
-            gate.admit(a, t(12)),
+            decide(Some(t(10)), t(12)),
             Ok(Admitted::Raised { previous: t(10) })
         );
         assert_eq!(
-            gate.admit(a, t(11)),
+            decide(Some(t(12)), t(11)),
             Err(StaleToken {
                 ours: t(11),
                 current: t(12)
             })
         );
-        // Another job is independent.
-        assert_eq!(gate.admit(b, t(3)), Ok(Admitted::First));
-        assert_eq!(gate.current(&a), Some(t(12)));
-        assert_eq!(gate.current(&b), Some(t(3)));
-        assert_eq!(gate.len(), 2);
     }
 
-    #[test]
-    fn a_refused_token_never_runs_the_write() {
-        let gate = TokenGate::new();
-        let job = JobId::from_key("t", "a");
-        let mut writes = 0;
-        assert!(gate.admit_then(job, t(5), || writes += 1).is_ok());
-        assert!(gate.admit_then(job, t(4), || writes += 1).is_err());
-        assert!(gate.admit_then(job, t(5), || writes += 1).is_ok());
-        assert_eq!(writes, 2);
-        assert_eq!(gate.current(&job), Some(t(5)));
-    }
-
-    #[test]
-    fn forget_drops_the_key() {
-        let gate: TokenGate<&str> = TokenGate::new();
-        gate.admit("vm", t(9)).ok();
-        gate.forget(&"vm");
-        assert!(gate.is_empty());
-        assert_eq!(gate.admit("vm", t(1)), Ok(Admitted::First));
-    }
-
-    #[test]
-    fn concurrent_admissions_keep_the_maximum() {
-        let gate = std::sync::Arc::new(TokenGate::new());
-        let job = JobId::from_key("t", "a");
-        let threads: Vec<_> = (1..=8)
-            .map(|i| {
-                let gate = gate.clone();
-                std::thread::spawn(move || {
-                    for k in 0..100 {
-                        let _ = gate.admit(job, t(i * 1000 + k));
-                    }
-                })
-            })
-            .collect();
-        for th in threads {
-            th.join().ok();
-        }
-        assert_eq!(gate.current(&job), Some(t(8099)));
+    #[tokio::test]
+    async fn memory_marks_only_go_up_and_hold_the_write_scope() {
+        let gate = TokenGate::new(MemoryFenceMarks::new());
+        let (a, b) = (JobId::from_key("t", "a"), JobId::from_key("t", "b"));
+        let mut tx = gate.marks().begin().await;
+        assert_eq!(
+            gate.admit(&mut tx, a, t(10)).await.unwrap(),
+            Admitted::First
+        );
+        assert_eq!(
+            gate.admit(&mut tx, a, t(12)).await.unwrap(),
+            Admitted::Raised { previous: t(10) }
+        );
+        let stale = gate.admit(&mut tx, a, t(11)).await.unwrap_err();
+        assert_eq!(stale.stale(), Some(&StaleToken::new(t(11), t(12))));
+        assert_eq!(gate.admit(&mut tx, b, t(3)).await.unwrap(), Admitted::First);
+        // While this scope is open, no other admission (or read) gets in.
+        let marks = gate.marks().clone();
+        let other = tokio::spawn(async move { marks.current(a).await });
+        tokio::task::yield_now().await;
+        assert!(!other.is_finished());
+        drop(tx);
+        assert_eq!(other.await.unwrap(), Some(t(12)));
     }
 }

@@ -15,7 +15,8 @@
 //! * [`FenceStore::install_guard`] makes PostgreSQL itself refuse writes to one of
 //!   your tables unless they come from the job's current generation.
 //! * [`TokenGate`] is the same rule for a service a step calls: it keeps the
-//!   largest token accepted per job and refuses smaller ones.
+//!   largest token accepted per job (in [`PgFenceMarks`], inside the service's
+//!   own transaction) and refuses smaller ones.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure::fence::FenceError> {
@@ -90,10 +91,13 @@ use sqlx::{Connection, Executor, PgConnection, Postgres};
 use tracing::Instrument;
 
 use crate::config::Config;
-use crate::types::{FencingToken, JobId, StepIndex};
+use crate::types::{FencingToken, JobId, ObservedFence, StepIndex};
 
 pub use error::{FenceError, GUARD_SQLSTATE, is_guard_refusal};
-pub use gate::{Admitted, StaleToken, TokenGate};
+pub use gate::{
+    Admitted, FenceMarks, GateError, MemoryFenceMarks, MemoryTx, PgFenceMarks, StaleToken,
+    TokenGate,
+};
 pub use row::{Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use tx::FencedTx;
 
@@ -328,19 +332,22 @@ impl FenceStore {
     /// fence < $token AND status IN ('pending', 'running') RETURNING ..`.
     ///
     /// Returns where to resume: the row's step and the checkpoint of the last
-    /// committed step. Idempotent for the same token: claiming again while this
-    /// generation holds the fence returns the current claim (with `takeover = false`
-    /// and `previous` as first recorded).
+    /// committed step. `token` must come from a fresh lock acquisition, and a
+    /// claim strictly raises the fence: a token equal to the row's fence was
+    /// issued by etcd before (see [`FenceError::TokenRegression`]), so a second
+    /// claim with the same token is refused, never taken as "ours".
     ///
     /// # Errors
     /// * [`FenceError::FencedOut`]: a newer token holds the fence; we are stale.
+    /// * [`FenceError::TokenRegression`]: the fence equals `token` (etcd's
+    ///   revisions went backwards): raise the alarm, hand the job back.
     /// * [`FenceError::Terminal`]: the job is `done` or `dead` (not a fence verdict:
     ///   ack and stop).
-    /// * [`FenceError::Released`]: this very token already released the job.
     /// * [`FenceError::NotFound`], [`FenceError::Db`].
     ///
     /// # Fencing
-    /// After this returns, every statement under a smaller token finds zero rows.
+    /// After this returns, every statement under a smaller token finds zero rows,
+    /// and no other claim can succeed with this token.
     pub async fn claim(&self, id: JobId, token: FencingToken) -> Result<Claim, FenceError> {
         let span = tracing::info_span!("tenure.fence.claim", job_id = %id, token = %token);
         async {
@@ -356,21 +363,6 @@ impl FenceStore {
                     return Ok(claim);
                 }
                 match self.claim_refused(&self.pool, id, token).await? {
-                    ClaimVerdict::Ours => {
-                        let row = sqlx::query(&self.sql.claim_current)
-                            .bind(id.as_uuid())
-                            .bind(token.get())
-                            .fetch_optional(&self.pool)
-                            .await?;
-                        match row {
-                            Some(row) => {
-                                let mut claim = claim_from(id, &row)?;
-                                claim.takeover = false;
-                                return Ok(claim);
-                            }
-                            None => continue,
-                        }
-                    }
                     ClaimVerdict::Retry => continue,
                     ClaimVerdict::Refused(err) => return Err(err),
                 }
@@ -423,8 +415,8 @@ impl FenceStore {
                 ));
             }
             let _ = tx.rollback().await;
-            // Refused, or this token already holds the fence (a retried call):
-            // the plain claim sorts it out, then admit the step as usual.
+            // Refused (the plain claim says why), or the row changed between the
+            // update and now (the plain claim retries; then admit as usual).
             let claim = self.claim(id, token).await?;
             let ftx = self.begin_step(id, token, claim.step).await?;
             Ok((claim, ftx))
@@ -842,16 +834,24 @@ impl FenceStore {
             Some(d) if d.fence > token.get() => {
                 let err = FenceError::FencedOut {
                     job_id: id,
-                    ours: token,
-                    current: FencingToken::from_wire(d.fence),
+                    ours: token.observed(),
+                    current: ObservedFence::new(d.fence),
                 };
                 log_refusal(&err);
                 ClaimVerdict::Refused(err)
             }
-            Some(d) if d.fence == token.get() && d.released => {
-                ClaimVerdict::Refused(FenceError::Released { job_id: id, token })
+            Some(d) if d.fence == token.get() => {
+                let err = FenceError::TokenRegression {
+                    job_id: id,
+                    token: token.observed(),
+                };
+                tracing::error!(
+                    error = %err,
+                    released = d.released,
+                    "ALERT: fencing token regression: a fresh claim found its own token on the row"
+                );
+                ClaimVerdict::Refused(err)
             }
-            Some(d) if d.fence == token.get() => ClaimVerdict::Ours,
             // fence < token on a live row: it changed after our update; try again.
             Some(_) => ClaimVerdict::Retry,
         };
@@ -896,7 +896,6 @@ async fn apply_migrations(conn: &mut PgConnection) -> Result<(), MigrateError> {
 }
 
 enum ClaimVerdict {
-    Ours,
     Retry,
     Refused(FenceError),
 }
@@ -911,17 +910,18 @@ fn verdict(
     let Some(d) = diag else {
         return FenceError::NotFound(id);
     };
-    let current = FencingToken::from_wire(d.fence);
+    let current = ObservedFence::new(d.fence);
+    let seen = ours.observed();
     if d.fence > ours.get() {
         FenceError::FencedOut {
             job_id: id,
-            ours,
+            ours: seen,
             current,
         }
     } else if d.fence < ours.get() {
         FenceError::NotClaimed {
             job_id: id,
-            ours,
+            ours: seen,
             current,
         }
     } else if d.status.is_terminal() {
@@ -932,12 +932,12 @@ fn verdict(
     } else if d.released || d.status != JobStatus::Running {
         FenceError::Released {
             job_id: id,
-            token: ours,
+            token: seen,
         }
     } else if let Some(expected) = step.filter(|k| *k != d.step) {
         FenceError::StepMismatch {
             job_id: id,
-            token: ours,
+            token: seen,
             expected,
             actual: d.step,
         }
@@ -955,7 +955,7 @@ fn log_claim(claim: &Claim, token: FencingToken) {
     if claim.takeover {
         tracing::warn!(
             token = %token,
-            previous = ?claim.previous.map(FencingToken::get),
+            previous = ?claim.previous.map(ObservedFence::get),
             takeovers = claim.takeovers,
             step = %claim.step,
             "fence claimed: takeover from a generation that did not release"
@@ -963,7 +963,7 @@ fn log_claim(claim: &Claim, token: FencingToken) {
     } else {
         tracing::info!(
             token = %token,
-            previous = ?claim.previous.map(FencingToken::get),
+            previous = ?claim.previous.map(ObservedFence::get),
             step = %claim.step,
             "fence claimed"
         );

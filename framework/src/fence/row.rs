@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use crate::types::{FencingToken, JobId, StepIndex};
+use crate::types::{JobId, ObservedFence, StepIndex};
 
 use super::error::FenceError;
 
@@ -135,7 +135,7 @@ pub struct Claim {
     /// The job type.
     pub job_type: String,
     /// The fence this claim replaced (`None`: first claim).
-    pub previous: Option<FencingToken>,
+    pub previous: Option<ObservedFence>,
     /// Whether this claim took the job from a generation that did not release it.
     pub takeover: bool,
 }
@@ -171,7 +171,7 @@ pub(crate) fn claim_from(id: JobId, row: &PgRow) -> Result<Claim, FenceError> {
         attempts: count_from(id, "attempts", row.try_get("attempts")?)?,
         status: status_from(id, &status)?,
         job_type: row.try_get("job_type")?,
-        previous: FencingToken::from_wire(prev),
+        previous: ObservedFence::new(prev),
         takeover: row.try_get("took_over")?,
     })
 }

@@ -97,7 +97,6 @@ pub(crate) struct Sql {
     pub diag: String,
     pub claim: String,
     pub claim_and_begin: String,
-    pub claim_current: String,
     pub admit: String,
     /// The step CAS as a statement that, sent before `COMMIT` in one simple
     /// query, makes the `COMMIT` happen only if it matched (parameters `$1` id,
@@ -134,10 +133,6 @@ impl Sql {
             diag: format!("SELECT fence, step, status, released FROM {t} WHERE id = $1"),
             claim_and_begin: format!("{claim}, {set_gucs}"),
             claim,
-            claim_current: format!(
-                "SELECT {CLAIM_RETURNING} FROM {t} \
-                 WHERE id = $1 AND fence = $2 AND status = 'running' AND NOT released"
-            ),
             // MATERIALIZED: the lock (with READ COMMITTED's re-check of the WHERE on
             // the newest row version) completes before set_config runs, so the GUCs
             // are only ever set for an admitted generation.

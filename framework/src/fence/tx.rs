@@ -301,7 +301,8 @@ impl FencedTx {
 
     /// Rolls the step back. If this transaction carries its claim
     /// ([`FenceStore::claim_and_begin`]), the claim is re-applied on its own
-    /// (same token) so the generation keeps the fence and can
+    /// (same token: the rollback left the fence below it, so the claim raises it
+    /// again) so the generation keeps the fence and can
     /// [`record_failure`](FenceStore::record_failure) or
     /// [`record_release`](FenceStore::record_release).
     ///

@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::{Published, Queue, QueueError, boxed, headers};
 use crate::retry::Backoff;
-use crate::{FencingToken, JobId};
+use crate::{JobId, ObservedFence};
 
 /// Stable DLQ reasons written by the queue itself.
 pub mod reasons {
@@ -33,7 +33,7 @@ pub struct DeadLetterInfo {
     /// Why (e.g. `takeovers`, `retries_exhausted`, a [`BadMessage`](super::BadMessage) reason).
     pub reason: String,
     /// The token of the last owner that claimed the job, if any.
-    pub last_token: Option<FencingToken>,
+    pub last_token: Option<ObservedFence>,
     /// Owners the job lost.
     pub takeovers: u32,
     /// Failed attempts.
@@ -79,7 +79,7 @@ pub struct DeadLetter {
     /// Lost owners, when the worker knew them.
     pub takeovers: Option<u32>,
     /// The last owner's token, when there was one.
-    pub last_token: Option<FencingToken>,
+    pub last_token: Option<ObservedFence>,
 }
 
 impl DeadLetter {
@@ -100,7 +100,7 @@ impl DeadLetter {
             takeovers: small(headers::TAKEOVERS),
             last_token: get(headers::LAST_TOKEN)
                 .and_then(|v| v.parse::<i64>().ok())
-                .and_then(FencingToken::from_wire),
+                .and_then(ObservedFence::new),
             payload: m.payload,
         }
     }

@@ -22,7 +22,7 @@ use std::str::FromStr;
 use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, HeaderValue};
 
-use crate::{FencingToken, JobId};
+use crate::{JobId, ObservedFence};
 
 /// The job's id (a UUID). Every work message carries it.
 pub const JOB_ID: &str = "Tenure-Job-Id";
@@ -69,14 +69,18 @@ pub(crate) const DLQ_ONLY: [&str; 7] = [
 /// token it has accepted per job and refuses smaller ones enforces the fence.
 ///
 /// ```
+/// # fn demo(lock: &tenure::lease::JobLock) {
 /// use tenure::queue::headers;
-/// use tenure::{FencingToken, JobId};
+/// use tenure::JobId;
 /// let job = JobId::from_key("mail.send", "k1");
-/// let token = FencingToken::from_wire(17).unwrap();
+/// let token = lock.token();
 /// let h = headers::fence_headers(job, token);
-/// assert_eq!(headers::read_fence(&h), Some((job, token)));
+/// // The receiver sees an observation: comparable, never a token that claims.
+/// assert_eq!(headers::read_fence(&h), Some((job, token.observed())));
+/// # }
 /// ```
-pub fn fence_headers(job_id: JobId, token: FencingToken) -> HeaderMap {
+pub fn fence_headers(job_id: JobId, token: impl Into<ObservedFence>) -> HeaderMap {
+    let token: ObservedFence = token.into();
     let mut h = HeaderMap::new();
     h.insert(FENCE_JOB_ID, value(&job_id.to_string()));
     h.insert(FENCE_TOKEN, value(&token.get().to_string()));
@@ -85,10 +89,10 @@ pub fn fence_headers(job_id: JobId, token: FencingToken) -> HeaderMap {
 
 /// Reads a fence written by [`fence_headers`]; `None` when either header is
 /// missing or malformed (treat that as "no fence": refuse fenced writes).
-pub fn read_fence(headers: &HeaderMap) -> Option<(JobId, FencingToken)> {
+pub fn read_fence(headers: &HeaderMap) -> Option<(JobId, ObservedFence)> {
     let job = headers.get(FENCE_JOB_ID)?.as_str().parse().ok()?;
     let raw: i64 = headers.get(FENCE_TOKEN)?.as_str().parse().ok()?;
-    Some((job, FencingToken::from_wire(raw)?))
+    Some((job, ObservedFence::new(raw)?))
 }
 
 /// A header value from text Tenure controls; CR/LF (which NATS headers cannot

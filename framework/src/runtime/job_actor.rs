@@ -19,7 +19,7 @@ use crate::job::{StepCtx, StepErrorKind, TxSlot, new_slot, take_tx};
 use crate::lease::{Acquire, Health, JobLock, Session};
 use crate::queue::{DeadLetterInfo, Delivery};
 use crate::telemetry::{StaleAt, spans};
-use crate::{FencingToken, JobId, StepIndex, retry};
+use crate::{FencingToken, JobId, ObservedFence, StepIndex, retry};
 
 /// A contended job lock is retried at least every `lease_ttl / CONTENTION_RETRY_DIVISOR`.
 const CONTENTION_RETRY_DIVISOR: u32 = 20;
@@ -331,44 +331,9 @@ impl JobRun {
             .await;
         let (claim, claim_tx) = match claimed {
             Ok(c) => c,
-            Err(e) if e.is_fenced_out() => {
-                sh.metrics.stale_rejected(job.name(), StaleAt::Claim);
-                match claim_refusal(Instant::now(), session.lost_deadline(), session.health()) {
-                    ClaimRefusal::NewerOwner => tracing::info!(
-                        error = %e,
-                        "fenced out at claim: this worker stalled past its lease after \
-                         acquiring, and a newer owner claimed the job"
-                    ),
-                    ClaimRefusal::Regression => {
-                        tracing::error!(
-                            error = %e,
-                            "ALERT: a freshly verified job lock of a live session was fenced \
-                             out at claim; etcd revisions went backwards (snapshot restore \
-                             without --bump-revision?)"
-                        );
-                        if let Some(h) = &sh.hooks {
-                            h.token_regression(job_id, token);
-                        }
-                    }
-                }
-                sh.locks.release(session, lock, ReleaseMode::Prompt).await;
-                return Err(Stop::Quiet);
-            }
-            Err(FenceError::Terminal { status, .. }) => {
-                sh.locks.release(session, lock, ReleaseMode::Deferred).await;
-                if status == JobStatus::Dead {
-                    // Marked dead since admission (the broker gave up, an
-                    // operator): dead-letter it as admission would.
-                    self.dead_letter_dead_row(delivery, job_id).await;
-                } else {
-                    ack(delivery).await;
-                }
-                return Err(Stop::Quiet);
-            }
             Err(e) => {
-                tracing::warn!(error = %e, "claim failed; retrying later");
-                let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
-                self.give_back(session, lock, delivery, delay).await;
+                self.claim_refused(session, lock, delivery, job.name(), e)
+                    .await;
                 return Err(Stop::Quiet);
             }
         };
@@ -438,6 +403,7 @@ impl JobRun {
             }
             let started = tokio::time::Instant::now();
             let cancel = sh.stop_jobs.child_token();
+            let claim_lost = CancellationToken::new();
             let ctx = StepCtx {
                 job_id,
                 job_type: owned.job.name(),
@@ -450,10 +416,12 @@ impl JobRun {
                 store: Some(sh.store.clone()),
                 tx: None,
                 open_tx: tx_slot.clone(),
+                claim_lost: claim_lost.clone(),
             };
-            let committer = tx_slot
-                .as_ref()
-                .map(|slot| end_unused_later(slot.clone(), open_tx_window(&sh.cfg)));
+            let committer = tx_slot.as_ref().map(|slot| {
+                let lost = [claim_lost.clone(), cancel.clone()];
+                end_unused_later(slot.clone(), open_tx_window(&sh.cfg), lost)
+            });
             let outcome = self
                 .drive_stage(&owned, &delivery, ctx, step, input, &cancel)
                 .instrument(tracing::info_span!(spans::STEP, step = %step, name = step_name, token = token.get()))
@@ -788,6 +756,68 @@ impl JobRun {
         self.hand_back(owned, delivery, delay).await;
     }
 
+    /// A fresh lock's claim was refused: says why, and ends the delivery. Never
+    /// runs the job.
+    async fn claim_refused(
+        &self,
+        session: Arc<Session>,
+        lock: JobLock,
+        delivery: Delivery,
+        job_type: &str,
+        e: FenceError,
+    ) {
+        let sh = &self.shared;
+        let (job_id, token) = (lock.job_id(), lock.token());
+        if e.is_fenced_out() {
+            sh.metrics.stale_rejected(job_type, StaleAt::Claim);
+            match claim_refusal(Instant::now(), session.lost_deadline(), session.health()) {
+                ClaimRefusal::NewerOwner => tracing::info!(
+                    error = %e,
+                    "fenced out at claim: this worker stalled past its lease after \
+                     acquiring, and a newer owner claimed the job"
+                ),
+                ClaimRefusal::Regression => {
+                    self.regression_alarm(job_type, job_id, token, &e);
+                }
+            }
+            sh.locks.release(session, lock, ReleaseMode::Prompt).await;
+        } else if e.is_token_regression() {
+            // Another owner may hold this very token: never run the job. Handed
+            // back: the next acquisition gets a later revision.
+            self.regression_alarm(job_type, job_id, token, &e);
+            let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+            self.give_back(session, lock, delivery, delay).await;
+        } else if let FenceError::Terminal { status, .. } = e {
+            sh.locks.release(session, lock, ReleaseMode::Deferred).await;
+            if status == JobStatus::Dead {
+                // Marked dead since admission (the broker gave up, an operator):
+                // dead-letter it as admission would.
+                self.dead_letter_dead_row(delivery, job_id).await;
+            } else {
+                ack(delivery).await;
+            }
+        } else {
+            tracing::warn!(error = %e, "claim failed; retrying later");
+            let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+            self.give_back(session, lock, delivery, delay).await;
+        }
+    }
+
+    /// A fresh, verified lock of a live session met a fence at or above its
+    /// token: etcd's revisions went backwards. Counted, logged as an alert and
+    /// reported to the observer; the caller hands the job back unrun.
+    fn regression_alarm(&self, job_type: &str, job_id: JobId, token: FencingToken, e: &FenceError) {
+        self.shared.metrics.token_regression(job_type);
+        tracing::error!(
+            error = %e,
+            "ALERT: fencing token regression (etcd revisions went backwards: a snapshot \
+             restore without --bump-revision?); the job is handed back, not run"
+        );
+        if let Some(h) = &self.shared.hooks {
+            h.token_regression(job_id, token);
+        }
+    }
+
     /// Gives the job back for a later attempt: deletes our lock at once (the
     /// next attempt needs it), then naks the message with `delay`.
     async fn hand_back(&self, owned: &mut Owned, delivery: Delivery, delay: Duration) {
@@ -873,7 +903,7 @@ impl JobRun {
         tracing::warn!(reason = %reason, code, "job dead-lettered");
         let dl = info(
             format!("{code}: {reason}"),
-            Some(owned.token),
+            Some(owned.token.observed()),
             owned.takeovers,
             owned.attempts,
         );
@@ -896,7 +926,7 @@ impl JobRun {
     ) {
         self.shared.metrics.dead_lettered(job_type, code);
         tracing::warn!(%job_id, reason = %reason, code, "dead-lettering");
-        let token = row.and_then(|r| FencingToken::from_wire(r.fence));
+        let token = row.and_then(|r| ObservedFence::new(r.fence));
         let (takeovers, attempts) = row.map(|r| (r.takeovers, r.attempts)).unwrap_or((0, 0));
         if let Err(e) = delivery
             .dead_letter(info(
@@ -1023,7 +1053,7 @@ fn stale_cause(err: &crate::job::StepError) -> Option<StaleAt> {
 
 fn info(
     reason: String,
-    last_token: Option<FencingToken>,
+    last_token: Option<ObservedFence>,
     takeovers: u32,
     attempts: u32,
 ) -> DeadLetterInfo {
@@ -1065,7 +1095,18 @@ fn open_tx_window(cfg: &crate::Config) -> Duration {
 /// it first or the returned guard is dropped (the step ended, or the job actor's
 /// future was dropped): a claim is committed alone, a plain admission rolled
 /// back. The task never outlives `window` plus one commit.
-fn end_unused_later(slot: TxSlot, window: Duration) -> tokio_util::sync::DropGuard {
+///
+/// If the claim cannot be committed, both `claim_lost` tokens are cancelled (the
+/// step's `claim_lost`, which makes `StepCtx::db` open no fenced transaction
+/// under this token, and its cancellation): after an etcd restore another
+/// acquisition may hold the same token and claim the row, and an admission under
+/// an equal token would let two owners in. The attempt ends as a voluntary
+/// release, whose bookkeeping claims again strictly (or meets the other owner).
+fn end_unused_later(
+    slot: TxSlot,
+    window: Duration,
+    claim_lost: [CancellationToken; 2],
+) -> tokio_util::sync::DropGuard {
     let done = CancellationToken::new();
     let stop = done.clone();
     tokio::spawn(
@@ -1077,7 +1118,8 @@ fn end_unused_later(slot: TxSlot, window: Duration) -> tokio_util::sync::DropGua
                         Some(tx) if tx.carries_claim() => {
                             tracing::debug!("the step did not take its transaction within the window; committing the claim alone");
                             if let Err(e) = tx.commit_claim().await {
-                                tracing::warn!(error = %e, "committing the claim alone failed; the step's first fenced call will tell");
+                                tracing::warn!(error = %e, "committing the claim alone failed; cancelling the step");
+                                claim_lost.iter().for_each(CancellationToken::cancel);
                             }
                         }
                         Some(tx) => {

@@ -17,6 +17,7 @@
 //! | `tenure.fence.claims` | counter | job_type |
 //! | `tenure.fence.takeovers` | counter | job_type |
 //! | `tenure.fence.stale_rejections` | counter | job_type, where (`claim`, `admission`, `step_commit`, `guard`) |
+//! | `tenure.fence.token_regressions` | counter | job_type (a fresh claim met its own token: etcd revisions went backwards; alert on any) |
 //! | `tenure.step.duration` | histogram (s) | job_type, step |
 //! | `tenure.job.retries` | counter | job_type |
 //! | `tenure.dlq.routed` | counter | job_type, reason |
@@ -155,6 +156,7 @@ pub struct Metrics {
     claims: Counter<u64>,
     takeovers: Counter<u64>,
     stale: Counter<u64>,
+    regressions: Counter<u64>,
     step_duration: Histogram<f64>,
     retries: Counter<u64>,
     dlq: Counter<u64>,
@@ -219,6 +221,12 @@ impl Metrics {
             stale: meter
                 .u64_counter("tenure.fence.stale_rejections")
                 .with_description("writes refused because a newer owner holds the fence")
+                .build(),
+            regressions: meter
+                .u64_counter("tenure.fence.token_regressions")
+                .with_description(
+                    "fresh claims whose token the row already held (etcd revisions went backwards)",
+                )
                 .build(),
             step_duration: meter
                 .f64_histogram("tenure.step.duration")
@@ -306,6 +314,11 @@ impl Metrics {
                 KeyValue::new("where", at.as_str()),
             ],
         );
+    }
+    /// A fresh claim found its own token on the row: etcd issued a revision twice.
+    pub fn token_regression(&self, job_type: &str) {
+        self.regressions
+            .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
     }
     /// A step ran (and committed) in `secs`.
     pub fn step_done(&self, job_type: &str, step: &'static str, secs: f64) {

@@ -1,0 +1,120 @@
+//! Issue 15, item 1, end to end: a worker whose fresh job lock carries the same
+//! etcd revision an earlier owner already claimed (what a snapshot restore without
+//! `--bump-revision` produces) must raise the alarm and hand the job back, never
+//! run it. The test has an etcd cluster of its own, so it can tell in advance which
+//! revision the worker's lock will get: the one after the last write it made.
+//! (Before the fix the worker took the equal token as its own and ran all three
+//! steps under it.)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use tenure::devstack::DevStack;
+use tenure::fence::JobStatus;
+use tenure::lease::{Acquire, Session};
+use tenure::runtime::Worker;
+use tenure::{Client, JobId, StepIndex};
+use tenure_tests::{ThreeStep, Work, config_for, prepare_schema, wait_until};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fresh_lock_with_an_already_claimed_revision_is_never_run() {
+    let stack = DevStack::start().await.expect("a dev stack of our own");
+    let ns = DevStack::unique_namespace("regress");
+    let cfg = config_for(&stack, &ns, Duration::from_secs(4));
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
+        .meter(provider.meter("tenure"))
+        .register(ThreeStep {
+            worker: "w".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .expect("worker");
+
+    // The last write to this etcd: a probe lock. The worker's lock for the job is
+    // the next write, so its token is `probe + 1`.
+    let probe = Session::establish(&cfg.clone().with_worker_id("probe"))
+        .await
+        .unwrap();
+    let Acquire::Acquired(lock) = probe.acquire(JobId::from_key("probe", "x")).await.unwrap()
+    else {
+        panic!("the probe lock is free");
+    };
+    let next = lock.token().get() + 1;
+
+    // An earlier owner claimed revision `next` (before etcd was restored) and still
+    // runs the job: its row says so.
+    let input = serde_json::to_value(Work::default()).unwrap();
+    let id = JobId::from_key("test.three_step", "regressed");
+    client
+        .store()
+        .insert_job(id, "test.three_step", &input)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "UPDATE {ns}.jobs SET fence = $2, status = 'running' WHERE id = $1"
+    ))
+    .bind(id.as_uuid())
+    .bind(next)
+    .execute(client.store().pool())
+    .await
+    .unwrap();
+    client
+        .enqueue::<ThreeStep>("regressed", &Work::default())
+        .await
+        .unwrap();
+
+    // The alarm fires, the job is handed back, and the next acquisition (a later
+    // revision) takes it over: no step ever runs under the regressed token.
+    let done = wait_until(Duration::from_secs(30), || async {
+        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+    })
+    .await;
+    let tokens: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT token FROM {ns}.step_log WHERE job_id = $1 ORDER BY step"
+    ))
+    .bind(id.as_uuid())
+    .fetch_all(client.store().pool())
+    .await
+    .unwrap();
+    assert!(
+        tokens.iter().all(|t| *t > next),
+        "a second owner with the regressed token {next} ran the job: steps logged under {tokens:?}"
+    );
+    assert!(
+        done,
+        "the job is taken over under a later revision and finishes"
+    );
+    let row = client.job(id).await.unwrap().unwrap();
+    assert!(row.fence > next && row.step == StepIndex::new(3));
+    assert_eq!(tokens.len(), 3);
+    provider.force_flush().unwrap();
+    assert!(
+        regressions(&exporter) >= 1,
+        "tenure.fence.token_regressions counted the alarm"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// The total of `tenure.fence.token_regressions` in the exporter's last reading.
+fn regressions(exporter: &InMemoryMetricExporter) -> u64 {
+    let exported = exporter.get_finished_metrics().unwrap();
+    let Some(rm) = exported.last() else { return 0 };
+    rm.scope_metrics()
+        .flat_map(|s| s.metrics())
+        .filter(|m| m.name() == "tenure.fence.token_regressions")
+        .map(|m| match m.data() {
+            AggregatedMetrics::U64(MetricData::Sum(s)) => s.data_points().map(|p| p.value()).sum(),
+            _ => 0,
+        })
+        .sum()
+}
