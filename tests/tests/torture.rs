@@ -1,7 +1,8 @@
 //! The split-brain torture test, short run: the `torture` binary with every fault
 //! kind, once fenced (no violation may appear) and once with the test-only
 //! `--unsafe-no-fencing` negative control (violations must appear, proving the
-//! checkers have teeth). The long run is recorded in `tests/TORTURE.md`.
+//! checkers have teeth); and the two etcd restore kinds on their own. The long
+//! run is recorded in `tests/TORTURE.md`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
@@ -15,7 +16,7 @@ struct Summary {
     fields: std::collections::HashMap<String, i64>,
 }
 
-fn run(extra: &[&str]) -> (bool, Summary, String) {
+fn run(faults: &str, extra: &[&str]) -> (bool, Summary, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_torture"))
         .args([
             "--jobs",
@@ -23,7 +24,7 @@ fn run(extra: &[&str]) -> (bool, Summary, String) {
             "--workers",
             "3",
             "--faults",
-            FAULTS,
+            faults,
             "--seed",
             SEED,
         ])
@@ -88,7 +89,7 @@ fn every_kind_injected(all: &str) {
 
 #[test]
 fn fenced_run_has_no_violation() {
-    let (ok, s, all) = run(&[]);
+    let (ok, s, all) = run(FAULTS, &[]);
     assert!(ok, "the fenced run failed\n{all}");
     assert_eq!(s.get("jobs"), 300, "{all}");
     assert_eq!(s.get("lost"), 0, "{all}");
@@ -101,7 +102,7 @@ fn fenced_run_has_no_violation() {
 
 #[test]
 fn unfenced_run_is_caught() {
-    let (ok, s, all) = run(&["--unsafe-no-fencing"]);
+    let (ok, s, all) = run(FAULTS, &["--unsafe-no-fencing"]);
     assert!(
         ok,
         "the negative control found no violation: the checkers have no teeth\n{all}"
@@ -112,6 +113,46 @@ fn unfenced_run_is_caught() {
     );
     assert_eq!(s.get("faults"), 40, "{all}");
     every_kind_injected(&all);
+}
+
+/// The workers' claim alarms (token regressions, fresh locks fenced out).
+fn claim_alarms(all: &str) -> (u64, u64) {
+    let line = all
+        .lines()
+        .find(|l| l.starts_with("torture: claim alarms (worker logs):"))
+        .expect("the claim alarms line");
+    let get = |k: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or_else(|| panic!("{k} missing in {line:?}"))
+    };
+    (get("token_regression"), get("fresh_lock_fenced_out"))
+}
+
+/// etcd snapshot restores (issue 15): restored without `--bump-revision` the
+/// revisions go back, fresh locks carry tokens already issued, and the claim
+/// raises its alarms; restored with the revision bumped past every issued one,
+/// no alarm. Either way no violation and no lost job.
+#[test]
+fn etcd_restores_keep_the_fence_and_alarm_only_without_a_bump() {
+    for kind in ["etcd_restore", "etcd_restore_bumped"] {
+        let (ok, s, all) = run("2", &["--only", kind]);
+        assert!(ok, "the {kind} run failed\n{all}");
+        assert_eq!(s.get("lost"), 0, "{all}");
+        assert_eq!(s.get("double_commits"), 0, "{all}");
+        assert_eq!(s.get("token_regressions"), 0, "{all}");
+        assert_eq!(s.get("done") + s.get("dead"), 300, "{all}");
+        assert_eq!(s.get("faults"), 2, "{all}");
+        let (regressions, fenced_fresh) = claim_alarms(&all);
+        if kind == "etcd_restore_bumped" {
+            assert_eq!((regressions, fenced_fresh), (0, 0), "{all}");
+        } else {
+            assert!(
+                regressions + fenced_fresh > 0,
+                "no alarm after a rewind\n{all}"
+            );
+        }
+    }
 }
 
 fn tail(s: &str, n: usize) -> String {

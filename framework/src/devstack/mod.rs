@@ -70,7 +70,7 @@ pub enum DevStackError {
         /// The server's log file.
         log: String,
     },
-    /// A command (initdb) failed.
+    /// A command (initdb, etcdctl) failed.
     #[error("`{command}` failed: {output}")]
     CommandFailed {
         /// The command line.
@@ -90,6 +90,26 @@ impl DevStackError {
             source,
         }
     }
+}
+
+/// Runs `etcdctl` (API v3) with `args`; its output is the error when it fails.
+fn run_etcdctl(args: &[&str]) -> Result<(), DevStackError> {
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(args)
+        .output()
+        .map_err(|e| DevStackError::io("run etcdctl", e))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(DevStackError::CommandFailed {
+        command: format!("etcdctl {}", args.join(" ")),
+        output: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    })
 }
 
 /// Polls `f` every 50 ms until it returns true; false if `timeout` passes
@@ -146,6 +166,7 @@ pub struct DevStack {
     // Field order matters: processes drop (and die) before the directory goes.
     etcd: Vec<ServerProcess>,
     etcd_client_ports: Vec<u16>,
+    etcd_peer_ports: Vec<u16>,
     nats: Option<ServerProcess>,
     nats_port: u16,
     postgres: Option<ServerProcess>,
@@ -186,6 +207,7 @@ impl DevStack {
         let mut stack = DevStack {
             etcd: Vec::new(),
             etcd_client_ports: Vec::new(),
+            etcd_peer_ports: Vec::new(),
             nats: None,
             nats_port: 0,
             postgres: None,
@@ -413,11 +435,9 @@ impl DevStack {
     fn start_etcd(&mut self, members: usize) -> Result<(), DevStackError> {
         let ports = free_ports(members * 2)?;
         let (client, peer) = ports.split_at(members);
-        let token = format!("tenure-{}", self.dir().display()).replace('/', "-");
-        let cluster: Vec<String> = (0..members)
-            .map(|i| format!("m{i}=http://127.0.0.1:{}", peer[i]))
-            .collect();
-        let cluster = cluster.join(",");
+        self.etcd_peer_ports = peer.to_vec();
+        let token = self.etcd_cluster_token();
+        let cluster = self.etcd_initial_cluster();
         for i in 0..members {
             let data = self.dir().join(format!("etcd{i}"));
             let args = vec![
@@ -443,6 +463,74 @@ impl DevStack {
             self.etcd.push(ServerProcess::start(spec)?);
         }
         self.etcd_client_ports = client.to_vec();
+        Ok(())
+    }
+
+    fn etcd_cluster_token(&self) -> String {
+        format!("tenure-{}", self.dir().display()).replace('/', "-")
+    }
+
+    /// `m0=http://127.0.0.1:<peer>,m1=..`.
+    fn etcd_initial_cluster(&self) -> String {
+        let members: Vec<String> = (self.etcd_peer_ports.iter().enumerate())
+            .map(|(i, port)| format!("m{i}=http://127.0.0.1:{port}"))
+            .collect();
+        members.join(",")
+    }
+
+    /// Saves a snapshot of the etcd keyspace to `path` (`etcdctl snapshot save`
+    /// against the leader), for [`etcd_restore`](Self::etcd_restore).
+    ///
+    /// # Errors
+    /// No leader, or `etcdctl` failing.
+    pub async fn etcd_snapshot(&self, path: &Path) -> Result<(), DevStackError> {
+        let leader = self.etcd_leader().await?;
+        let endpoint = format!("http://127.0.0.1:{}", self.etcd_client_ports[leader]);
+        let path = path.display().to_string();
+        run_etcdctl(&["--endpoints", &endpoint, "snapshot", "save", &path])
+    }
+
+    /// Fault injection: kills every etcd member, restores each one's data
+    /// directory from `snapshot` (`etcdctl snapshot restore`) and starts them
+    /// again on the same ports. The keyspace *and its revision* go back to the
+    /// snapshot's: the next writes reuse revisions that were issued before. This
+    /// is the unsafe restore (etcd 3.4's `etcdctl` has no `--bump-revision`); a
+    /// caller that wants the safe one advances the revision past every issued one
+    /// before letting clients in. Call [`wait_ready`](Self::wait_ready) after.
+    ///
+    /// # Errors
+    /// A member that cannot be killed or started, `etcdctl` failing, I/O.
+    pub fn etcd_restore(&self, snapshot: &Path) -> Result<(), DevStackError> {
+        for member in &self.etcd {
+            member.kill()?;
+        }
+        let (token, cluster) = (self.etcd_cluster_token(), self.etcd_initial_cluster());
+        let snapshot = snapshot.display().to_string();
+        for (i, port) in self.etcd_peer_ports.iter().enumerate() {
+            let data = self.dir().join(format!("etcd{i}"));
+            std::fs::remove_dir_all(&data)
+                .map_err(|e| DevStackError::io("remove an etcd data dir", e))?;
+            let (name, data) = (format!("m{i}"), data.display().to_string());
+            let peer = format!("http://127.0.0.1:{port}");
+            run_etcdctl(&[
+                "snapshot",
+                "restore",
+                &snapshot,
+                "--name",
+                &name,
+                "--data-dir",
+                &data,
+                "--initial-cluster",
+                &cluster,
+                "--initial-cluster-token",
+                &token,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])?;
+        }
+        for member in &self.etcd {
+            member.restart()?;
+        }
         Ok(())
     }
 

@@ -472,6 +472,8 @@ enum Fault {
     PgRestart,
     EtcdPartition,
     SlowKeepalive,
+    EtcdRestore,
+    EtcdRestoreBumped,
 }
 
 impl Fault {
@@ -488,6 +490,10 @@ impl Fault {
         Fault::SlowKeepalive,
     ];
 
+    /// Kinds run only when asked for with `--only` (not in the default mix, so
+    /// recorded runs keep their schedules).
+    const EXTRA: [Fault; 2] = [Fault::EtcdRestore, Fault::EtcdRestoreBumped];
+
     fn name(self) -> &'static str {
         match self {
             Fault::WorkerPause => "worker_sigstop",
@@ -500,6 +506,8 @@ impl Fault {
             Fault::PgRestart => "postgres_restart",
             Fault::EtcdPartition => "worker_cut_from_etcd",
             Fault::SlowKeepalive => "slow_keepalives",
+            Fault::EtcdRestore => "etcd_restore",
+            Fault::EtcdRestoreBumped => "etcd_restore_bumped",
         }
     }
 }
@@ -528,6 +536,8 @@ struct Run {
     exe: PathBuf,
     slots: Vec<Slot>,
     counts: BTreeMap<&'static str, u64>,
+    /// etcd restores so far (names the snapshot files).
+    restores: u32,
     unexpected_exits: u64,
 }
 
@@ -643,6 +653,43 @@ impl Run {
         r.context("dev stack not ready after a fault")
     }
 
+    /// Snapshots etcd, lets the load go on for 1-3 s (locks created and deleted
+    /// past the snapshot), then restores every member from the snapshot while
+    /// the workers are cut from etcd for at least 1.2 x TTL (their sessions end,
+    /// so locks the snapshot brings back expire with their leases). `bumped`
+    /// emulates `--bump-revision` (etcd 3.4 has none): before the workers get
+    /// back in, the revision is advanced past every revision issued before the
+    /// restore, plus a margin.
+    async fn restore_etcd(&mut self, bumped: bool, rng: &mut StdRng) -> anyhow::Result<()> {
+        let snapshot = self
+            .stack
+            .dir()
+            .join(format!("etcd-{}.snap", self.restores));
+        self.restores += 1;
+        self.stack.etcd_snapshot(&snapshot).await?;
+        let at_snapshot = etcd_revision(&self.stack).await?;
+        tokio::time::sleep(ms(rng, Duration::from_secs(1), Duration::from_secs(3))).await;
+        let before = etcd_revision(&self.stack).await?;
+        let cut_until = Instant::now() + self.args.ttl.mul_f64(1.2);
+        for slot in &self.slots {
+            slot.proxy.set(Mode::Cut);
+        }
+        self.stack.etcd_restore(&snapshot)?;
+        self.ready().await?;
+        if bumped {
+            advance_etcd_revision(&self.stack, before - at_snapshot + 1000).await?;
+        }
+        tokio::time::sleep_until(cut_until).await;
+        for slot in &self.slots {
+            slot.proxy.set(Mode::Pass);
+        }
+        eprintln!(
+            "torture: etcd restored to revision ~{at_snapshot} (issued up to {before}), now {}",
+            etcd_revision(&self.stack).await?
+        );
+        Ok(())
+    }
+
     /// Arms worker `w` to abort right after its next step commit (before the ack).
     fn arm_crash(&mut self, w: usize) -> bool {
         match self.slots[w].stdin.as_mut() {
@@ -750,10 +797,59 @@ impl Run {
                 tokio::time::sleep(ms(rng, Duration::from_secs(2), Duration::from_secs(5))).await;
                 self.slots[w].proxy.set(Mode::Pass);
             }
+            Fault::EtcdRestore | Fault::EtcdRestoreBumped => {
+                self.restore_etcd(f == Fault::EtcdRestoreBumped, rng)
+                    .await?;
+            }
         }
         self.count(f);
         Ok(())
     }
+}
+
+/// The workers' claim alarms, counted in their logs: a fresh lock whose token
+/// equals the fence (etcd issued a revision twice), and one whose token is below it.
+fn claim_alarms(dir: &Path) -> (u64, u64) {
+    let (mut regressions, mut fenced) = (0, 0);
+    let files = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    for entry in files.filter(|e| e.path().extension().is_some_and(|x| x == "stderr")) {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        for line in text.lines() {
+            if line.contains("ALERT: fencing token regression; the job is handed back") {
+                regressions += 1;
+            } else if line.contains("ALERT: a freshly created job lock was fenced out at claim") {
+                fenced += 1;
+            }
+        }
+    }
+    (regressions, fenced)
+}
+
+/// The etcd cluster's current revision (from a read's response header).
+async fn etcd_revision(stack: &DevStack) -> anyhow::Result<i64> {
+    let mut c = etcd_client::Client::connect(stack.etcd_endpoints(), None).await?;
+    let r = c.get("__tenure_torture_revision", None).await?;
+    r.header()
+        .map(|h| h.revision())
+        .context("an etcd response without a header")
+}
+
+/// Advances etcd's revision by `n` writes (64 in flight at a time).
+async fn advance_etcd_revision(stack: &DevStack, n: i64) -> anyhow::Result<()> {
+    let c = etcd_client::Client::connect(stack.etcd_endpoints(), None).await?;
+    let mut left = n;
+    while left > 0 {
+        let batch = left.min(64);
+        let puts = (0..batch).map(|i| {
+            let mut c = c.clone();
+            async move { c.put(format!("__tenure_torture_bump/{i}"), "1", None).await }
+        });
+        for r in futures::future::join_all(puts).await {
+            r?;
+        }
+        left -= batch;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -909,6 +1005,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         exe,
         slots,
         counts: BTreeMap::new(),
+        restores: 0,
         unexpected_exits: 0,
     };
     for i in 0..args.workers {
@@ -945,6 +1042,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     if let Some(only) = &args.only {
         let f = *Fault::ALL
             .iter()
+            .chain(&Fault::EXTRA)
             .find(|f| f.name() == only)
             .with_context(|| format!("no fault kind {only}"))?;
         schedule = vec![f; args.faults];
@@ -1027,11 +1125,17 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         run.kill_worker(i);
     }
     let faults: u64 = run.counts.values().sum();
-    let kinds: Vec<String> = Fault::ALL
+    let extra = Fault::EXTRA
         .iter()
+        .filter(|f| run.counts.contains_key(f.name()));
+    let kinds: Vec<String> = (Fault::ALL.iter().chain(extra))
         .map(|f| format!("{}={}", f.name(), run.counts.get(f.name()).unwrap_or(&0)))
         .collect();
     println!("torture: faults by kind: {}", kinds.join(" "));
+    let (regressions, fenced_fresh) = claim_alarms(&dir);
+    println!(
+        "torture: claim alarms (worker logs): token_regression={regressions} fresh_lock_fenced_out={fenced_fresh}"
+    );
     println!(
         "torture: history_rows={} accepted_reported={} stale_rejected={} unconfirmed_commits={} \
          ledger_violations={} worker_restarts_unplanned={} elapsed={:.1}s mode={}",
