@@ -671,7 +671,10 @@ impl Run {
     /// every member restored from the snapshot (revisions go back to it). The
     /// workers are cut off from etcd from just before the restore until it is
     /// done (and, `bumped`, until the revision is past every one handed out
-    /// before), so the last revision handed out is known exactly.
+    /// before), so the last revision handed out is known exactly, and for at
+    /// least 1.2 x TTL, so their sessions end and the locks the snapshot brings
+    /// back expire with their leases (as they would in a real recovery, which
+    /// takes longer than a lease).
     async fn restore_etcd(&mut self, bumped: bool, rng: &mut StdRng) -> anyhow::Result<()> {
         let snapshot = self.dir.join("restore.snap");
         let at = self.stack.etcd_snapshot(&snapshot)?;
@@ -679,6 +682,7 @@ impl Run {
         for s in &self.slots {
             s.proxy.set(Mode::Cut);
         }
+        let reopen = Instant::now() + self.args.ttl.mul_f64(1.2);
         let before = etcd_revision(&self.stack.etcd_endpoints()).await?;
         self.stack
             .etcd_restore(&snapshot, Duration::from_secs(60))
@@ -688,6 +692,7 @@ impl Run {
         } else {
             self.reused_revisions.push((at, before));
         }
+        tokio::time::sleep_until(reopen).await;
         for s in &self.slots {
             s.proxy.set(Mode::Pass);
         }
