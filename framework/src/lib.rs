@@ -146,6 +146,7 @@ pub mod lease;
 pub mod queue;
 pub mod retry;
 pub mod runtime;
+pub mod security;
 pub mod telemetry;
 pub mod types;
 

@@ -516,7 +516,7 @@ async fn guard_refuses_plain_sql_and_stale_generations_and_the_escape_works() {
 
     // The escape hatch: explicit, for this transaction only.
     let mut ops = s.pool().begin().await.unwrap();
-    FenceStore::bypass_guard(&mut ops).await.unwrap();
+    s.bypass_guard(&mut ops).await.unwrap();
     sqlx::query(&insert)
         .bind(id.as_uuid())
         .execute(&mut *ops)
