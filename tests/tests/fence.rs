@@ -158,8 +158,8 @@ async fn migrations_are_idempotent_concurrent_and_per_schema() {
         .unwrap();
         assert_eq!(
             applied,
-            3,
-            "each of the three migrations recorded once in {}",
+            4,
+            "each of the four migrations recorded once in {}",
             s.schema()
         );
     }

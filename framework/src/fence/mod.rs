@@ -229,6 +229,39 @@ impl FenceStore {
         Ok(())
     }
 
+    /// Grants `role` what running jobs needs on this store's schema, and nothing
+    /// more: `USAGE` on the schema, `SELECT, INSERT, UPDATE` on `jobs`,
+    /// `EXECUTE` on `tenure_step_cas`. No DDL, no `DELETE`, no guard bypass (see
+    /// `guide::production`, least-privilege roles). Run it as the migrator
+    /// (the schema's owner) after [`migrate`](Self::migrate). Idempotent.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: tenure::fence::FenceStore) -> Result<(), tenure::fence::FenceError> {
+    /// store.migrate().await?;
+    /// store.grant_worker("tenure_worker").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`FenceError::InvalidName`] for a role that is not a plain identifier;
+    /// [`FenceError::Access`] when the caller may not grant.
+    pub async fn grant_worker(&self, role: &str) -> Result<(), FenceError> {
+        let role = guard::quote_table(role)?;
+        let s = &self.schema;
+        let mut tx = self.pool.begin().await?;
+        for stmt in [
+            format!("GRANT USAGE ON SCHEMA \"{s}\" TO {role}"),
+            format!("GRANT SELECT, INSERT, UPDATE ON \"{s}\".jobs TO {role}"),
+            format!(
+                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_step_cas(uuid, bigint, integer, jsonb, boolean) TO {role}"
+            ),
+        ] {
+            tx.execute(stmt.as_str()).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Inserts a `pending` job row. Idempotent: the same id with the same job type and
     /// input (compared as `jsonb`, so key order does not matter) is
     /// [`Inserted::Existing`] and changes nothing.

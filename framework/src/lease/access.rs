@@ -8,11 +8,12 @@ use crate::security::{
     AccessError, AccessStep, Server, TlsFiles, address_of, error_chain, tls_failure,
 };
 
-/// The client options `cfg` asks for: connect timeout, TLS, user.
+/// The etcd client options `cfg` asks for: connect timeout, TLS (rustls), user
+/// (with automatic token refresh). For tools that talk to the same etcd.
 ///
 /// # Errors
 /// A CA, certificate or key file that cannot be read.
-pub(crate) fn connect_options(cfg: &Config) -> Result<ConnectOptions, AccessError> {
+pub fn connect_options(cfg: &Config) -> Result<ConnectOptions, AccessError> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(cfg.etcd_request_timeout)
         .with_auto_token_refresh(true);
@@ -68,6 +69,39 @@ pub(crate) fn refusal(cfg_endpoints: &[String], e: &etcd_client::Error) -> Optio
             .join(","),
         step,
         detail,
+    })
+}
+
+/// A connection etcd closed during the first requests of a session: Go's TLS
+/// server refuses a missing or untrusted client certificate (TLS 1.3) after the
+/// client's side of the handshake, and drops a plaintext client, so the client
+/// sees only "connection closed" or "broken pipe". Only used while a session is
+/// being established, where a closed connection means exactly that.
+pub(crate) fn closed_at_connect(cfg: &Config, e: &etcd_client::Error) -> Option<AccessError> {
+    let text = match e {
+        etcd_client::Error::GRpcStatus(s) => format!("{} {s:?}", s.message()),
+        etcd_client::Error::TransportError(t) => format!("{} {t:?}", error_chain(t)),
+        _ => return None,
+    };
+    const CLOSED: [&str; 3] = ["connection closed", "broken pipe", "connection reset"];
+    if !CLOSED.iter().any(|m| text.contains(m)) {
+        return None;
+    }
+    let detail = if cfg.etcd_tls.is_some() {
+        "the server closed the connection after the handshake: it refused the client certificate (missing, expired or not signed by its CA)"
+    } else {
+        "the server closed the plaintext connection: it requires TLS (https:// endpoints and TLS settings)"
+    };
+    Some(AccessError {
+        server: Server::Etcd,
+        address: cfg
+            .etcd_endpoints
+            .iter()
+            .map(|e| address_of(e))
+            .collect::<Vec<_>>()
+            .join(","),
+        step: AccessStep::Tls,
+        detail: detail.into(),
     })
 }
 

@@ -56,6 +56,8 @@
 
 mod access;
 mod health;
+
+pub use access::connect_options as etcd_connect_options;
 mod keeper;
 
 use std::fmt;
@@ -439,7 +441,7 @@ impl Session {
             etcd_client::Client::connect(&cfg.etcd_endpoints, Some(options.clone()))
         })
         .await
-        .map_err(|e| match named(&endpoints, e) {
+        .map_err(|e| match named_at_connect(cfg, e) {
             LeaseError::Etcd { source, .. } => LeaseError::Connect {
                 endpoints: cfg.etcd_endpoints.join(","),
                 source,
@@ -454,7 +456,7 @@ impl Session {
             async move { c.grant(ttl_secs, None).await }
         })
         .await
-        .map_err(|e| match named(&endpoints, e) {
+        .map_err(|e| match named_at_connect(cfg, e) {
             LeaseError::Etcd { source, .. } => LeaseError::Grant {
                 ttl: cfg.lease_ttl,
                 source,
@@ -1342,6 +1344,18 @@ where
 fn named(endpoints: &[String], e: LeaseError) -> LeaseError {
     match e {
         LeaseError::Etcd { op, source } => match access::refusal(endpoints, &source) {
+            Some(refusal) => LeaseError::Access(refusal),
+            None => LeaseError::Etcd { op, source },
+        },
+        other => other,
+    }
+}
+
+/// As [`named`], and a connection closed while the session is being
+/// established is a TLS refusal (see `access::closed_at_connect`).
+fn named_at_connect(cfg: &Config, e: LeaseError) -> LeaseError {
+    match named(&cfg.etcd_endpoints, e) {
+        LeaseError::Etcd { op, source } => match access::closed_at_connect(cfg, &source) {
             Some(refusal) => LeaseError::Access(refusal),
             None => LeaseError::Etcd { op, source },
         },

@@ -65,6 +65,12 @@ pub(crate) fn refusal(cfg: &Config, e: &ConnectError) -> Option<AccessError> {
         ),
         _ => (AccessStep::Tls, tls_failure(&text)?.to_string()),
     };
+    let detail = match (step, &cfg.nats_tls) {
+        (AccessStep::Tls, None) => {
+            format!("the server requires TLS and no NATS TLS settings are given ({detail})")
+        }
+        _ => detail,
+    };
     Some(AccessError {
         server: Server::Nats,
         address: address_of(&cfg.nats_url),
