@@ -121,15 +121,30 @@ async fn a_three_step_job_runs_over_tls_with_auth_as_the_worker_role() {
     .await
     .expect("grant step_log");
 
+    // The worker runs on the application's own pool, built with Tenure's
+    // per-connection settings.
     let cfg = worker_cfg(stack);
-    let worker = Worker::builder(cfg.clone().with_worker_id("secure-w"))
-        .register(ThreeStep {
-            worker: "secure-w".into(),
-            schema: NS.into(),
-        })
-        .start()
+    let pool = tenure::fence::pool_options(&cfg)
+        .connect_with(tenure::fence::connect_options(&cfg).expect("options"))
         .await
-        .expect("worker over TLS as tenure_worker");
+        .expect("the application's pool");
+    let lock_timeout: String = sqlx::query_scalar("SHOW lock_timeout")
+        .fetch_one(&pool)
+        .await
+        .expect("show");
+    assert_eq!(lock_timeout, "6s", "after_connect applies 2 x TTL");
+    let worker = Worker::builder(
+        cfg.clone()
+            .with_database_pool(pool)
+            .with_worker_id("secure-w"),
+    )
+    .register(ThreeStep {
+        worker: "secure-w".into(),
+        schema: NS.into(),
+    })
+    .start()
+    .await
+    .expect("worker over TLS as tenure_worker");
     let client = Client::connect(&cfg)
         .await
         .expect("producer as tenure_worker");
