@@ -656,6 +656,42 @@ mod tests {
     }
 
     #[test]
+    fn security_variables_are_read() {
+        let env = |k: &str| {
+            let v = match k {
+                "TENURE_ETCD_CA_FILE" => "/etc/ca.pem",
+                "TENURE_ETCD_USER" => "w",
+                "TENURE_ETCD_PASSWORD" => "etcd-pw",
+                "TENURE_NATS_CERT_FILE" => "/etc/n.pem",
+                "TENURE_NATS_KEY_FILE" => "/etc/n.key",
+                "TENURE_NATS_TOKEN" => "tok",
+                "TENURE_DATABASE_PASSWORD" => "pg-pw",
+                _ => return None,
+            };
+            Some(v.to_string())
+        };
+        let mut cfg = Config::new("ok");
+        assert!(cfg.apply_security_env(&env).is_ok());
+        assert_eq!(cfg.etcd_tls, Some(TlsFiles::new("/etc/ca.pem")));
+        assert_eq!(cfg.etcd_password, Some(Secret::new("etcd-pw")));
+        let nats = cfg.nats_tls.clone().unwrap_or_default();
+        assert_eq!(
+            nats.key_file.as_deref(),
+            Some(std::path::Path::new("/etc/n.key"))
+        );
+        assert_eq!(cfg.nats_auth, NatsAuth::Token(Secret::new("tok")));
+        assert_eq!(cfg.database_password, Some(Secret::new("pg-pw")));
+        let two = |k: &str| env(k).or_else(|| (k == "TENURE_NATS_NKEY").then(|| "SU".into()));
+        assert!(matches!(
+            Config::new("ok").apply_security_env(&two),
+            Err(ConfigError::Invalid {
+                name: "nats_auth",
+                ..
+            })
+        ));
+    }
+
+    #[test]
     fn debug_redacts_every_secret() {
         let cfg = Config::new("ok")
             .with_database_url("postgres://w:pg-pw@db/app?sslmode=verify-full")
