@@ -667,15 +667,14 @@ impl DevStack {
         options
     }
 
-    fn start_postgres(&mut self, opts: &DevStackOptions) -> Result<(), DevStackError> {
-        let pg_dir = self.dir().join("pg");
-        let data = pg_dir.join("data");
-        std::fs::create_dir_all(&pg_dir).map_err(|e| DevStackError::io("create pg dir", e))?;
-        let run_as = postgres_user()?;
-        if let Some((uid, gid)) = run_as {
-            std::os::unix::fs::chown(&pg_dir, Some(uid), Some(gid))
-                .map_err(|e| DevStackError::io("chown pg dir to postgres", e))?;
-        }
+    /// `initdb` as the server's user (with `auth`: the superuser's password from
+    /// a file removed afterwards).
+    fn initdb(
+        &self,
+        pg_dir: &Path,
+        data: &Path,
+        run_as: Option<(u32, u32)>,
+    ) -> Result<(), DevStackError> {
         let initdb = Path::new(PG_BIN).join("initdb");
         let mut cmd = std::process::Command::new("setpriv");
         if let Some((uid, gid)) = run_as {
@@ -690,7 +689,7 @@ impl DevStack {
         cmd.arg("--")
             .arg(&initdb)
             .arg("-D")
-            .arg(&data)
+            .arg(data)
             .args([
                 "-U",
                 "postgres",
@@ -721,6 +720,19 @@ impl DevStack {
                 ),
             });
         }
+        Ok(())
+    }
+
+    fn start_postgres(&mut self, opts: &DevStackOptions) -> Result<(), DevStackError> {
+        let pg_dir = self.dir().join("pg");
+        let data = pg_dir.join("data");
+        std::fs::create_dir_all(&pg_dir).map_err(|e| DevStackError::io("create pg dir", e))?;
+        let run_as = postgres_user()?;
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(&pg_dir, Some(uid), Some(gid))
+                .map_err(|e| DevStackError::io("chown pg dir to postgres", e))?;
+        }
+        self.initdb(&pg_dir, &data, run_as)?;
         let _ = std::fs::remove_file(pg_dir.join("pwfile"));
         let secured = self.secure_postgres(&pg_dir, &data, run_as)?;
         let port = free_ports(1)?[0];
