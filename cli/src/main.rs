@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Servers come from `--etcd/--nats/--database-url/--namespace/--schema` or the
-//! `TENURE_*` variables of [`tenure::Config::from_env`]. Every server call is
+//! `TENURE_*` variables of [`tenure::Config::from_env`], TLS and credentials from
+//! `--etcd-ca-file`, `--etcd-user`, `--nats-token`, ... or the same variables
+//! (`TENURE_ETCD_CA_FILE`, `TENURE_NATS_TOKEN`, ...; see `tenure --help`). Every server call is
 //! bounded by `--timeout` (seconds, default 5); an unreachable server is reported
 //! by name and address, with exit code 1. Bad arguments exit with code 2.
 //! Output is a table; `--json` prints JSON for scripts.
@@ -29,6 +31,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use tenure::fence::{FenceStore, JobRow, JobStatus};
 use tenure::queue::{DeadLetter, Queue};
+use tenure::security::{NatsAuth, Secret, TlsFiles};
 use tenure::{Client, ClientError, Config, JobId};
 
 /// Operator tool for Tenure: jobs, their fencing history, the dead-letter queue.
@@ -78,8 +81,119 @@ struct Cli {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    #[command(flatten)]
+    security: Security,
     #[command(subcommand)]
     command: Command,
+}
+
+/// TLS and credentials, the same settings (and variables) as
+/// [`tenure::Config::from_env`]. PostgreSQL TLS is in the URL (`sslmode`,
+/// `sslrootcert`, `sslcert`, `sslkey`). Secret values are never printed.
+#[derive(Debug, clap::Args)]
+struct Security {
+    /// CA bundle (PEM) for etcd's certificate; setting any etcd TLS file turns TLS on.
+    #[arg(long, env = "TENURE_ETCD_CA_FILE", global = true)]
+    etcd_ca_file: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for etcd (mutual TLS).
+    #[arg(
+        long,
+        env = "TENURE_ETCD_CERT_FILE",
+        global = true,
+        requires = "etcd_key_file"
+    )]
+    etcd_cert_file: Option<std::path::PathBuf>,
+    /// Key of the etcd client certificate (PEM).
+    #[arg(long, env = "TENURE_ETCD_KEY_FILE", global = true)]
+    etcd_key_file: Option<std::path::PathBuf>,
+    /// etcd user.
+    #[arg(
+        long,
+        env = "TENURE_ETCD_USER",
+        global = true,
+        requires = "etcd_password"
+    )]
+    etcd_user: Option<String>,
+    /// etcd password.
+    #[arg(long, env = "TENURE_ETCD_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
+    etcd_password: Option<Secret>,
+    /// CA bundle (PEM) for NATS's certificate; setting any NATS TLS file requires TLS.
+    #[arg(long, env = "TENURE_NATS_CA_FILE", global = true)]
+    nats_ca_file: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for NATS (mutual TLS).
+    #[arg(
+        long,
+        env = "TENURE_NATS_CERT_FILE",
+        global = true,
+        requires = "nats_key_file"
+    )]
+    nats_cert_file: Option<std::path::PathBuf>,
+    /// Key of the NATS client certificate (PEM).
+    #[arg(long, env = "TENURE_NATS_KEY_FILE", global = true)]
+    nats_key_file: Option<std::path::PathBuf>,
+    /// NATS user (with --nats-password).
+    #[arg(long, env = "TENURE_NATS_USER", global = true)]
+    nats_user: Option<String>,
+    /// NATS password.
+    #[arg(long, env = "TENURE_NATS_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
+    nats_password: Option<Secret>,
+    /// NATS token.
+    #[arg(long, env = "TENURE_NATS_TOKEN", global = true, hide_env_values = true, value_parser = secret)]
+    nats_token: Option<Secret>,
+    /// NATS `.creds` file.
+    #[arg(long, env = "TENURE_NATS_CREDS_FILE", global = true)]
+    nats_creds_file: Option<std::path::PathBuf>,
+    /// NATS nkey seed.
+    #[arg(long, env = "TENURE_NATS_NKEY", global = true, hide_env_values = true, value_parser = secret)]
+    nats_nkey: Option<Secret>,
+    /// PostgreSQL password (instead of in the URL).
+    #[arg(long, env = "TENURE_DATABASE_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
+    database_password: Option<Secret>,
+}
+
+fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
+    Ok(Secret::new(value))
+}
+
+fn tls_files(
+    ca: Option<std::path::PathBuf>,
+    cert: Option<std::path::PathBuf>,
+    key: Option<std::path::PathBuf>,
+) -> Option<TlsFiles> {
+    let tls = TlsFiles {
+        ca_file: ca,
+        cert_file: cert,
+        key_file: key,
+    };
+    (tls != TlsFiles::default()).then_some(tls)
+}
+
+impl Security {
+    /// `cfg` with these settings; more than one NATS credential is an error.
+    fn apply(self, mut cfg: Config) -> anyhow::Result<Config> {
+        cfg.etcd_tls = tls_files(self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file);
+        cfg.etcd_user = self.etcd_user;
+        cfg.etcd_password = self.etcd_password;
+        cfg.nats_tls = tls_files(self.nats_ca_file, self.nats_cert_file, self.nats_key_file);
+        cfg.database_password = self.database_password;
+        let nats = [
+            self.nats_user.map(|user| NatsAuth::UserPassword {
+                user,
+                password: self.nats_password.unwrap_or_else(|| Secret::new("")),
+            }),
+            self.nats_token.map(NatsAuth::Token),
+            self.nats_creds_file.map(NatsAuth::CredsFile),
+            self.nats_nkey.map(NatsAuth::NKey),
+        ];
+        let mut given = nats.into_iter().flatten();
+        cfg.nats_auth = given.next().unwrap_or_default();
+        if given.next().is_some() {
+            return Err(anyhow!(
+                "give one NATS credential: user/password, token, creds file or nkey"
+            ));
+        }
+        Ok(cfg)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -252,7 +366,7 @@ impl Ctx {
     }
 
     fn nats(&self) -> String {
-        format!("NATS at {}", self.cfg.nats_url)
+        format!("NATS at {}", redact(&self.cfg.nats_url))
     }
 
     /// Runs `fut` against `server`, bounded by the timeout.
@@ -334,13 +448,14 @@ impl Ctx {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let timeout = Duration::from_secs_f64(cli.timeout);
-    let mut cfg = Config::new(cli.namespace)
+    let cfg = Config::new(cli.namespace)
         .with_schema(cli.schema)
         .with_etcd_endpoints(cli.etcd)
         .with_nats_url(cli.nats)
         .with_database_url(cli.database_url)
         .with_worker_id("tenure-cli")
         .with_nats_request_timeout(timeout);
+    let mut cfg = cli.security.apply(cfg)?;
     cfg.etcd_request_timeout = timeout;
     // The CLI holds one connection at a time.
     cfg.max_in_flight = 1;

@@ -363,3 +363,67 @@ async fn read_only_commands_leave_the_workers_stream_settings_unchanged() {
         "the CLI created a stream"
     );
 }
+
+/// The TLS and credential flags (and their variables) reach NATS and
+/// PostgreSQL on a secured stack; without them the server is named in the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_credential_flags_reach_a_secured_stack() {
+    let stack = DevStack::shared_with(tenure::devstack::DevStackOptions {
+        tls: true,
+        auth: true,
+        namespace: "clisec".into(),
+        ..Default::default()
+    })
+    .expect("secured dev stack");
+    let (tls, auth) = (stack.tls().unwrap(), stack.auth().unwrap());
+    let cfg = Config::new("clisec")
+        .with_schema("clisec")
+        .with_etcd_endpoints(stack.etcd_endpoints())
+        .with_nats_url(stack.nats_url())
+        .with_nats_tls(tls.client())
+        .with_nats_auth(auth.nats_auth())
+        .with_database_url(stack.database_url());
+    Client::connect(&cfg)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    Queue::provision(&cfg).await.unwrap();
+    let nats_tls = [
+        "--nats-ca-file",
+        tls.ca_file.to_str().unwrap(),
+        "--nats-cert-file",
+        tls.client_cert.to_str().unwrap(),
+        "--nats-key-file",
+        tls.client_key.to_str().unwrap(),
+        "--nats-user",
+        "tenure",
+    ];
+    let with_password = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
+        cmd.env("TENURE_NATS_PASSWORD", auth.nats_password.expose())
+            .args(["--nats", &cfg.nats_url, "--database-url", &cfg.database_url])
+            .args(["--namespace", "clisec", "--schema", "clisec", "--json"])
+            .args(args);
+        cmd.output().expect("run tenure")
+    };
+    let listed = json(&with_password(&[&["dlq"][..], &nats_tls[..]].concat()));
+    assert!(listed.as_array().is_some_and(|a| a.is_empty()), "{listed}");
+    json(&with_password(&["jobs"]));
+
+    let err = failed(&with_password(&["dlq"]));
+    eprintln!("{err}");
+    assert!(err.contains("nats") && err.contains("TLS"), "{err}");
+    assert!(!err.contains(auth.nats_password.expose()), "{err}");
+    let plain = stack
+        .database_url()
+        .replace("sslmode=verify-full", "sslmode=disable");
+    let err = failed(&with_password(&["jobs", "--database-url", &plain]));
+    eprintln!("{err}");
+    assert!(
+        err.contains("postgresql") && err.contains("requires TLS"),
+        "{err}"
+    );
+    assert!(!err.contains(auth.postgres_password.expose()), "{err}");
+}

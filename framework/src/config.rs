@@ -12,6 +12,8 @@
 
 use std::time::Duration;
 
+use crate::security::{NatsAuth, Secret, TlsFiles};
+
 /// What the watchdog does when the session is `Lost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -54,7 +56,9 @@ pub enum ConfigError {
 
 /// Tenure's configuration. Build it in code ([`Config::new`]) or from the
 /// environment ([`Config::from_env`]).
-#[derive(Debug, Clone)]
+///
+/// `Debug` never prints a secret: passwords in URLs, tokens and keys show as `***`.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Config {
     /// Namespace: etcd key prefix, NATS stream/consumer prefix. `[a-z0-9_]`.
@@ -65,8 +69,27 @@ pub struct Config {
     pub etcd_endpoints: Vec<String>,
     /// NATS URL.
     pub nats_url: String,
-    /// PostgreSQL URL.
+    /// PostgreSQL URL. Everything libpq's URL can say about TLS is honoured:
+    /// `sslmode` (`disable` to `verify-full`), `sslrootcert`, `sslcert`, `sslkey`
+    /// (rustls, no OpenSSL).
     pub database_url: String,
+    /// PostgreSQL password, when it is not in [`database_url`](Self::database_url).
+    pub database_password: Option<Secret>,
+    /// An existing pool the worker and the [`Client`](crate::Client) use instead of
+    /// connecting to [`database_url`](Self::database_url). Build it from
+    /// [`fence::pool_options`](crate::fence::pool_options), which applies Tenure's
+    /// per-connection settings (see `guide::production`).
+    pub database_pool: Option<sqlx::PgPool>,
+    /// TLS to etcd (endpoints must then be `https://`).
+    pub etcd_tls: Option<TlsFiles>,
+    /// etcd user (etcd authentication), with [`etcd_password`](Self::etcd_password).
+    pub etcd_user: Option<String>,
+    /// etcd password.
+    pub etcd_password: Option<Secret>,
+    /// TLS to NATS (required when set).
+    pub nats_tls: Option<TlsFiles>,
+    /// NATS authentication besides a client certificate.
+    pub nats_auth: NatsAuth,
     /// This worker's name (logs, metrics, lock values).
     pub worker_id: String,
     /// Session lease TTL (default 5 s). Keepalive every TTL/6, `Degraded` after
@@ -131,6 +154,13 @@ impl Config {
             etcd_endpoints: vec!["http://127.0.0.1:2379".into()],
             nats_url: "nats://127.0.0.1:4222".into(),
             database_url: "postgres://postgres@127.0.0.1:5432/tenure".into(),
+            database_password: None,
+            database_pool: None,
+            etcd_tls: None,
+            etcd_user: None,
+            etcd_password: None,
+            nats_tls: None,
+            nats_auth: NatsAuth::None,
             worker_id: default_worker_id(),
             lease_ttl: Duration::from_secs(5),
             watchdog: WatchdogPolicy::CancelJobs,
@@ -212,8 +242,43 @@ impl Config {
         if let Some(ms) = number(var, "TENURE_LEASE_TTL_MS")? {
             cfg.lease_ttl = Duration::from_millis(ms);
         }
+        cfg.apply_security_env(&var)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Reads the TLS and credential variables (see `guide::production`):
+    /// `TENURE_ETCD_{CA,CERT,KEY}_FILE`, `TENURE_ETCD_USER`, `TENURE_ETCD_PASSWORD`,
+    /// `TENURE_NATS_{CA,CERT,KEY}_FILE`, `TENURE_NATS_USER` + `TENURE_NATS_PASSWORD`,
+    /// `TENURE_NATS_TOKEN`, `TENURE_NATS_CREDS_FILE`, `TENURE_NATS_NKEY`,
+    /// `TENURE_DATABASE_PASSWORD`.
+    fn apply_security_env(
+        &mut self,
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        self.etcd_tls = tls_from_env(var, "ETCD");
+        self.etcd_user = var("TENURE_ETCD_USER");
+        self.etcd_password = var("TENURE_ETCD_PASSWORD").map(Secret::new);
+        self.nats_tls = tls_from_env(var, "NATS");
+        self.database_password = var("TENURE_DATABASE_PASSWORD").map(Secret::new);
+        let choices = [
+            var("TENURE_NATS_USER").map(|user| NatsAuth::UserPassword {
+                user,
+                password: Secret::new(var("TENURE_NATS_PASSWORD").unwrap_or_default()),
+            }),
+            var("TENURE_NATS_TOKEN").map(|t| NatsAuth::Token(Secret::new(t))),
+            var("TENURE_NATS_CREDS_FILE").map(|p| NatsAuth::CredsFile(p.into())),
+            var("TENURE_NATS_NKEY").map(|k| NatsAuth::NKey(Secret::new(k))),
+        ];
+        let mut given = choices.into_iter().flatten();
+        self.nats_auth = given.next().unwrap_or_default();
+        if given.next().is_some() {
+            return Err(ConfigError::Invalid {
+                name: "nats_auth",
+                reason: "set one of TENURE_NATS_USER, _TOKEN, _CREDS_FILE, _NKEY".into(),
+            });
+        }
+        Ok(())
     }
 
     /// Whether all three `TENURE_*` server variables are set (examples use this to
@@ -255,6 +320,7 @@ impl Config {
         if self.etcd_endpoints.is_empty() {
             return Err(ConfigError::Missing("etcd_endpoints"));
         }
+        self.validate_security()?;
         if self.lease_ttl < Duration::from_secs(1) {
             return Err(ConfigError::Invalid {
                 name: "lease_ttl",
@@ -300,6 +366,40 @@ impl Config {
         Ok(())
     }
 
+    /// TLS and credential settings that contradict each other or the URLs.
+    fn validate_security(&self) -> Result<(), ConfigError> {
+        let invalid = |name, reason: &str| {
+            Err(ConfigError::Invalid {
+                name,
+                reason: reason.into(),
+            })
+        };
+        let plain = self
+            .etcd_endpoints
+            .iter()
+            .any(|e| !e.starts_with("https://"));
+        if self.etcd_tls.is_some() && plain {
+            return invalid(
+                "etcd_endpoints",
+                "etcd TLS is set: every endpoint must be https://",
+            );
+        }
+        if self.etcd_user.is_some() != self.etcd_password.is_some() {
+            return invalid("etcd_user", "set both the etcd user and its password");
+        }
+        for (name, tls) in [("etcd_tls", &self.etcd_tls), ("nats_tls", &self.nats_tls)] {
+            if let Some(t) = tls {
+                if t.cert_file.is_some() != t.key_file.is_some() {
+                    return invalid(
+                        name,
+                        "a client certificate needs its key, and the other way round",
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Builder: namespace.
     pub fn with_namespace(mut self, ns: impl Into<String>) -> Self {
         self.namespace = ns.into();
@@ -327,6 +427,38 @@ impl Config {
     /// Builder: PostgreSQL URL.
     pub fn with_database_url(mut self, url: impl Into<String>) -> Self {
         self.database_url = url.into();
+        self
+    }
+    /// Builder: PostgreSQL password (kept out of the URL).
+    pub fn with_database_password(mut self, password: Secret) -> Self {
+        self.database_password = Some(password);
+        self
+    }
+    /// Builder: an existing PostgreSQL pool for the worker and the client (build
+    /// it with [`fence::pool_options`](crate::fence::pool_options)).
+    pub fn with_database_pool(mut self, pool: sqlx::PgPool) -> Self {
+        self.database_pool = Some(pool);
+        self
+    }
+    /// Builder: TLS to etcd (`https://` endpoints).
+    pub fn with_etcd_tls(mut self, tls: TlsFiles) -> Self {
+        self.etcd_tls = Some(tls);
+        self
+    }
+    /// Builder: etcd user and password (etcd authentication).
+    pub fn with_etcd_user(mut self, user: impl Into<String>, password: Secret) -> Self {
+        self.etcd_user = Some(user.into());
+        self.etcd_password = Some(password);
+        self
+    }
+    /// Builder: TLS to NATS (required once set).
+    pub fn with_nats_tls(mut self, tls: TlsFiles) -> Self {
+        self.nats_tls = Some(tls);
+        self
+    }
+    /// Builder: NATS authentication.
+    pub fn with_nats_auth(mut self, auth: NatsAuth) -> Self {
+        self.nats_auth = auth;
         self
     }
     /// Builder: worker id.
@@ -399,6 +531,63 @@ impl Config {
     }
 }
 
+/// `TENURE_<SERVER>_CA_FILE`, `_CERT_FILE`, `_KEY_FILE`: TLS when any is set.
+fn tls_from_env(var: &impl Fn(&str) -> Option<String>, server: &str) -> Option<TlsFiles> {
+    let file = |what: &str| var(&format!("TENURE_{server}_{what}_FILE")).map(Into::into);
+    let tls = TlsFiles {
+        ca_file: file("CA"),
+        cert_file: file("CERT"),
+        key_file: file("KEY"),
+    };
+    (tls != TlsFiles::default()).then_some(tls)
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Config");
+        d.field("namespace", &self.namespace)
+            .field("schema", &self.schema)
+            .field("etcd_endpoints", &self.etcd_endpoints)
+            .field(
+                "nats_url",
+                &crate::security::redact_url(&self.nats_url, false),
+            )
+            .field(
+                "database_url",
+                &crate::security::redact_url(&self.database_url, true),
+            )
+            .field("database_password", &self.database_password)
+            .field(
+                "database_pool",
+                &self.database_pool.as_ref().map(|_| "PgPool"),
+            )
+            .field("etcd_tls", &self.etcd_tls)
+            .field("etcd_user", &self.etcd_user)
+            .field("etcd_password", &self.etcd_password)
+            .field("nats_tls", &self.nats_tls)
+            .field("nats_auth", &self.nats_auth)
+            .field("worker_id", &self.worker_id)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("watchdog", &self.watchdog)
+            .field("session_backoff", &self.session_backoff)
+            .field("contention_backoff", &self.contention_backoff)
+            .field("retry_backoff", &self.retry_backoff)
+            .field("etcd_request_timeout", &self.etcd_request_timeout)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("prefetch", &self.prefetch)
+            .field("max_takeovers", &self.max_takeovers)
+            .field("max_retries", &self.max_retries)
+            .field("max_deliver", &self.max_deliver)
+            .field("duplicate_window", &self.duplicate_window)
+            .field("stream_replicas", &self.stream_replicas)
+            .field("nats_request_timeout", &self.nats_request_timeout)
+            .field("shutdown_grace", &self.shutdown_grace);
+        #[cfg(feature = "testing")]
+        d.field("unsafe_no_fencing", &self.unsafe_no_fencing);
+        d.finish()
+    }
+}
+
 fn default_worker_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -455,5 +644,65 @@ mod tests {
             })
         ));
         assert!(Config::new("ok").with_prefetch(0).validate().is_ok());
+        assert!(matches!(
+            Config::new("ok")
+                .with_etcd_tls(TlsFiles::new("/ca.pem"))
+                .validate(),
+            Err(ConfigError::Invalid {
+                name: "etcd_endpoints",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn security_variables_are_read() {
+        let env = |k: &str| {
+            let v = match k {
+                "TENURE_ETCD_CA_FILE" => "/etc/ca.pem",
+                "TENURE_ETCD_USER" => "w",
+                "TENURE_ETCD_PASSWORD" => "etcd-pw",
+                "TENURE_NATS_CERT_FILE" => "/etc/n.pem",
+                "TENURE_NATS_KEY_FILE" => "/etc/n.key",
+                "TENURE_NATS_TOKEN" => "tok",
+                "TENURE_DATABASE_PASSWORD" => "pg-pw",
+                _ => return None,
+            };
+            Some(v.to_string())
+        };
+        let mut cfg = Config::new("ok");
+        assert!(cfg.apply_security_env(&env).is_ok());
+        assert_eq!(cfg.etcd_tls, Some(TlsFiles::new("/etc/ca.pem")));
+        assert_eq!(cfg.etcd_password, Some(Secret::new("etcd-pw")));
+        let nats = cfg.nats_tls.clone().unwrap_or_default();
+        assert_eq!(
+            nats.key_file.as_deref(),
+            Some(std::path::Path::new("/etc/n.key"))
+        );
+        assert_eq!(cfg.nats_auth, NatsAuth::Token(Secret::new("tok")));
+        assert_eq!(cfg.database_password, Some(Secret::new("pg-pw")));
+        let two = |k: &str| env(k).or_else(|| (k == "TENURE_NATS_NKEY").then(|| "SU".into()));
+        assert!(matches!(
+            Config::new("ok").apply_security_env(&two),
+            Err(ConfigError::Invalid {
+                name: "nats_auth",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn debug_redacts_every_secret() {
+        let cfg = Config::new("ok")
+            .with_database_url("postgres://w:pg-pw@db/app?sslmode=verify-full")
+            .with_database_password(Secret::new("pg-pw2"))
+            .with_nats_url("nats://n-user:n-pw@nats:4222")
+            .with_nats_auth(NatsAuth::NKey(Secret::new("SUnkey")))
+            .with_etcd_user("w", Secret::new("etcd-pw"));
+        let text = format!("{cfg:?}");
+        for secret in ["pg-pw", "n-pw", "n-user", "SUnkey", "etcd-pw"] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+        assert!(text.contains("verify-full"), "{text}");
     }
 }

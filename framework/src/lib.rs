@@ -126,6 +126,9 @@
 //!   and [`fence::TokenGate`] for services that enforce fences themselves.
 //! - [`queue`]: JetStream delivery, enqueue idempotency, DLQ (the only code that talks to NATS).
 //! - [`config`]: every timeout and name, from code or environment.
+//! - [`security`]: TLS files and credentials for etcd, NATS and PostgreSQL
+//!   ([`guide::production`], Security), and [`security::AccessError`], what a
+//!   refusing server becomes.
 //! - [`telemetry`]: OpenTelemetry instruments and span names.
 //! - `devstack` (feature `devstack`): real etcd, NATS and PostgreSQL servers as child
 //!   processes, for tests and demos.
@@ -146,6 +149,7 @@ pub mod lease;
 pub mod queue;
 pub mod retry;
 pub mod runtime;
+pub mod security;
 pub mod telemetry;
 pub mod types;
 

@@ -165,8 +165,8 @@ async fn migrations_are_idempotent_concurrent_and_per_schema() {
         .unwrap();
         assert_eq!(
             applied,
-            3,
-            "each of the three migrations recorded once in {}",
+            4,
+            "each of the four migrations recorded once in {}",
             s.schema()
         );
     }
@@ -523,7 +523,7 @@ async fn guard_refuses_plain_sql_and_stale_generations_and_the_escape_works() {
 
     // The escape hatch: explicit, for this transaction only.
     let mut ops = s.pool().begin().await.unwrap();
-    FenceStore::bypass_guard(&mut ops).await.unwrap();
+    s.bypass_guard(&mut ops).await.unwrap();
     sqlx::query(&insert)
         .bind(id.as_uuid())
         .execute(&mut *ops)

@@ -28,6 +28,7 @@
 
 mod process;
 mod restore;
+mod secure;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 pub use process::ServerProcess;
 use process::Spec;
+pub use secure::{DevAuth, DevTls};
 
 /// Errors of the dev stack.
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +128,19 @@ pub struct DevStackOptions {
     pub postgres_fsync: bool,
     /// How long to wait for each server to become ready.
     pub ready_timeout: Duration,
+    /// TLS on every server, with client certificates required (mutual TLS): a
+    /// throwaway CA and certificates are made in the stack's directory
+    /// ([`DevStack::tls`]). etcd endpoints become `https://`; PostgreSQL takes
+    /// `hostssl` connections only.
+    pub tls: bool,
+    /// Authentication on every server ([`DevStack::auth`]): etcd `auth enable`
+    /// with `root` and a `tenure` user limited to `<namespace>/`; NATS users, one
+    /// limited to the namespace's subjects and JetStream API calls; PostgreSQL
+    /// SCRAM passwords and the roles `tenure_migrator`, `tenure_worker`,
+    /// `tenure_admin`.
+    pub auth: bool,
+    /// The namespace the limited users of `auth` may use.
+    pub namespace: String,
 }
 
 impl Default for DevStackOptions {
@@ -137,6 +152,9 @@ impl Default for DevStackOptions {
             postgres: true,
             postgres_fsync: false,
             ready_timeout: Duration::from_secs(30),
+            tls: false,
+            auth: false,
+            namespace: "tenure".into(),
         }
     }
 }
@@ -152,6 +170,8 @@ pub struct DevStack {
     nats_port: u16,
     postgres: Option<ServerProcess>,
     postgres_port: u16,
+    tls: Option<DevTls>,
+    auth: Option<DevAuth>,
     dir: tempfile::TempDir,
 }
 
@@ -193,8 +213,13 @@ impl DevStack {
             nats_port: 0,
             postgres: None,
             postgres_port: 0,
+            tls: None,
+            auth: opts.auth.then(|| DevAuth::new(&opts.namespace)),
             dir,
         };
+        if opts.tls {
+            stack.tls = Some(secure::make_tls(stack.dir())?);
+        }
         if opts.postgres {
             stack.start_postgres(&opts)?;
         }
@@ -206,12 +231,17 @@ impl DevStack {
         }
         if opts.etcd {
             stack.wait_etcd(opts.ready_timeout).await?;
+            if let Some(auth) = &stack.auth {
+                let options = stack.etcd_admin_options(false)?;
+                secure::etcd_enable_auth(&stack.etcd_endpoints(), options, auth).await?;
+            }
         }
         if opts.nats {
             stack.wait_nats(opts.ready_timeout).await?;
         }
         if opts.postgres {
             stack.wait_postgres(opts.ready_timeout).await?;
+            stack.create_roles().await?;
         }
         Ok(stack)
     }
@@ -233,7 +263,7 @@ impl DevStack {
     /// # Errors
     /// As [`DevStack::start_with`]; the first error is returned to every caller.
     pub fn shared_with(options: DevStackOptions) -> Result<&'static DevStack, String> {
-        type Key = (bool, usize, bool, bool, bool);
+        type Key = (bool, usize, bool, bool, bool, bool, bool);
         type Started = Result<&'static DevStack, String>;
         static SHARED: Mutex<Vec<(Key, Started)>> = Mutex::new(Vec::new());
         let key: Key = (
@@ -242,6 +272,8 @@ impl DevStack {
             options.nats,
             options.postgres,
             options.postgres_fsync,
+            options.tls,
+            options.auth,
         );
         // Held while a stack starts: a second caller for the same servers waits
         // for it instead of starting another.
@@ -308,12 +340,44 @@ impl DevStack {
         self.dir.path()
     }
 
-    /// etcd client endpoints, one per member (`http://127.0.0.1:PORT`).
+    /// etcd client endpoints, one per member (`http://127.0.0.1:PORT`;
+    /// `https://` with `tls`).
     pub fn etcd_endpoints(&self) -> Vec<String> {
+        let scheme = self.scheme();
         self.etcd_client_ports
             .iter()
-            .map(|p| format!("http://127.0.0.1:{p}"))
+            .map(|p| format!("{scheme}://127.0.0.1:{p}"))
             .collect()
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// The certificates of a stack started with `tls`.
+    pub fn tls(&self) -> Option<&DevTls> {
+        self.tls.as_ref()
+    }
+
+    /// The users and passwords of a stack started with `auth`.
+    pub fn auth(&self) -> Option<&DevAuth> {
+        self.auth.as_ref()
+    }
+
+    /// etcd client options of the stack's administrator (`root` once auth is on).
+    fn etcd_admin_options(
+        &self,
+        as_root: bool,
+    ) -> Result<etcd_client::ConnectOptions, DevStackError> {
+        let mut cfg = crate::Config::new("devstack").with_etcd_endpoints(self.etcd_endpoints());
+        if let Some(tls) = &self.tls {
+            cfg = cfg.with_etcd_tls(tls.client());
+        }
+        if let (true, Some(auth)) = (as_root, &self.auth) {
+            cfg = cfg.with_etcd_user("root", auth.etcd_root_password.clone());
+        }
+        crate::lease::etcd_connect_options(&cfg)
+            .map_err(|e| DevStackError::io("etcd TLS files", std::io::Error::other(e)))
     }
 
     /// The etcd member `i` (0-based), for fault injection.
@@ -340,11 +404,12 @@ impl DevStack {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let mut last_error = String::from("no member answered");
         while tokio::time::Instant::now() < deadline {
+            let options = self.etcd_admin_options(true)?;
             for endpoint in self.etcd_endpoints() {
-                match etcd_status(&endpoint).await {
+                match etcd_status(&endpoint, &options).await {
                     Ok((_, leader)) if leader != 0 => {
                         for (i, ep) in self.etcd_endpoints().iter().enumerate() {
-                            if let Ok((id, _)) = etcd_status(ep).await {
+                            if let Ok((id, _)) = etcd_status(ep, &options).await {
                                 if id == leader {
                                     return Ok(i);
                                 }
@@ -386,12 +451,36 @@ impl DevStack {
         self.database_url_for(DATABASE)
     }
 
-    /// The URL of database `db` on the stack's PostgreSQL.
+    /// The URL of database `db` on the stack's PostgreSQL, as the superuser.
     pub fn database_url_for(&self, db: &str) -> String {
-        format!(
-            "postgres://postgres@127.0.0.1:{}/{db}?sslmode=disable",
-            self.postgres_port
-        )
+        let password = self.auth.as_ref().map(|a| &a.postgres_password);
+        self.database_url_as("postgres", password, db)
+    }
+
+    /// The URL of database `db` as `user` (with `password`): `sslmode=disable`,
+    /// or with `tls` `sslmode=verify-full` with the stack's CA and client
+    /// certificate.
+    pub fn database_url_as(
+        &self,
+        user: &str,
+        password: Option<&crate::security::Secret>,
+        db: &str,
+    ) -> String {
+        let userinfo = match password {
+            Some(p) => format!("{user}:{}", p.expose()),
+            None => user.to_string(),
+        };
+        let port = self.postgres_port;
+        let ssl = match &self.tls {
+            None => "sslmode=disable".to_string(),
+            Some(t) => format!(
+                "sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+                t.ca_file.display(),
+                t.client_cert.display(),
+                t.client_key.display()
+            ),
+        };
+        format!("postgres://{userinfo}@127.0.0.1:{port}/{db}?{ssl}")
     }
 
     /// The PostgreSQL server (postmaster and its backends), for fault injection.
@@ -419,13 +508,14 @@ impl DevStack {
         self.etcd_peer_ports = peer.to_vec();
         let token = self.etcd_token();
         let cluster = self.etcd_cluster();
+        let scheme = self.scheme();
         for i in 0..members {
             let data = self.dir().join(format!("etcd{i}"));
-            let args = vec![
+            let mut args = vec![
                 format!("--name=m{i}"),
                 format!("--data-dir={}", data.display()),
-                format!("--listen-client-urls=http://127.0.0.1:{}", client[i]),
-                format!("--advertise-client-urls=http://127.0.0.1:{}", client[i]),
+                format!("--listen-client-urls={scheme}://127.0.0.1:{}", client[i]),
+                format!("--advertise-client-urls={scheme}://127.0.0.1:{}", client[i]),
                 format!("--listen-peer-urls=http://127.0.0.1:{}", peer[i]),
                 format!("--initial-advertise-peer-urls=http://127.0.0.1:{}", peer[i]),
                 format!("--initial-cluster={cluster}"),
@@ -434,6 +524,14 @@ impl DevStack {
                 "--logger=zap".into(),
                 "--log-level=warn".into(),
             ];
+            if let Some(tls) = &self.tls {
+                args.extend([
+                    format!("--cert-file={}", tls.server_cert.display()),
+                    format!("--key-file={}", tls.server_key.display()),
+                    format!("--trusted-ca-file={}", tls.ca_file.display()),
+                    "--client-cert-auth".into(),
+                ]);
+            }
             let spec = Spec {
                 name: format!("etcd-{i}"),
                 program: "etcd".into(),
@@ -462,11 +560,12 @@ impl DevStack {
 
     async fn wait_etcd(&self, timeout: Duration) -> Result<(), DevStackError> {
         let endpoints = self.etcd_endpoints();
+        let options = self.etcd_admin_options(false)?;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut last_error;
         loop {
             let attempt = async {
-                let mut client = etcd_client::Client::connect(&endpoints, None)
+                let mut client = etcd_client::Client::connect(&endpoints, Some(options.clone()))
                     .await
                     .map_err(|e| e.to_string())?;
                 client
@@ -512,6 +611,16 @@ impl DevStack {
             run_as: None,
             log: self.dir().join("nats.log"),
         };
+        let mut spec = spec;
+        if self.tls.is_some() || self.auth.is_some() {
+            let conf = self.dir().join("nats.conf");
+            std::fs::write(
+                &conf,
+                secure::nats_conf(self.tls.as_ref(), self.auth.as_ref()),
+            )
+            .map_err(|e| DevStackError::io("write nats.conf", e))?;
+            spec.args.extend(["-c".into(), conf.display().to_string()]);
+        }
         self.nats = Some(ServerProcess::start(spec)?);
         self.nats_port = port;
         Ok(())
@@ -523,7 +632,11 @@ impl DevStack {
         let mut last_error;
         loop {
             let attempt = async {
-                let client = async_nats::connect(&url).await.map_err(|e| e.to_string())?;
+                let client = self
+                    .nats_admin_options()
+                    .connect(&url)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 // A raw account-info request: typed `query_account` does not parse
                 // nats-server 2.9's answer with every async-nats version.
                 let reply = client
@@ -553,15 +666,29 @@ impl DevStack {
         }
     }
 
-    fn start_postgres(&mut self, opts: &DevStackOptions) -> Result<(), DevStackError> {
-        let pg_dir = self.dir().join("pg");
-        let data = pg_dir.join("data");
-        std::fs::create_dir_all(&pg_dir).map_err(|e| DevStackError::io("create pg dir", e))?;
-        let run_as = postgres_user()?;
-        if let Some((uid, gid)) = run_as {
-            std::os::unix::fs::chown(&pg_dir, Some(uid), Some(gid))
-                .map_err(|e| DevStackError::io("chown pg dir to postgres", e))?;
+    fn nats_admin_options(&self) -> async_nats::ConnectOptions {
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some(tls) = &self.tls {
+            options = options
+                .require_tls(true)
+                .add_root_certificates(tls.ca_file.clone())
+                .add_client_certificate(tls.client_cert.clone(), tls.client_key.clone());
         }
+        if let Some(auth) = &self.auth {
+            options =
+                options.user_and_password("admin".into(), auth.etcd_root_password.expose().into());
+        }
+        options
+    }
+
+    /// `initdb` as the server's user (with `auth`: the superuser's password from
+    /// a file removed afterwards).
+    fn initdb(
+        &self,
+        pg_dir: &Path,
+        data: &Path,
+        run_as: Option<(u32, u32)>,
+    ) -> Result<(), DevStackError> {
         let initdb = Path::new(PG_BIN).join("initdb");
         let mut cmd = std::process::Command::new("setpriv");
         if let Some((uid, gid)) = run_as {
@@ -576,7 +703,7 @@ impl DevStack {
         cmd.arg("--")
             .arg(&initdb)
             .arg("-D")
-            .arg(&data)
+            .arg(data)
             .args([
                 "-U",
                 "postgres",
@@ -587,6 +714,13 @@ impl DevStack {
                 "--no-instructions",
             ])
             .env("LC_ALL", "C");
+        if let Some(auth) = &self.auth {
+            let pwfile = pg_dir.join("pwfile");
+            std::fs::write(&pwfile, auth.postgres_password.expose())
+                .map_err(|e| DevStackError::io("write pwfile", e))?;
+            chown_to(&pwfile, run_as)?;
+            cmd.arg(format!("--pwfile={}", pwfile.display()));
+        }
         let out = cmd
             .output()
             .map_err(|e| DevStackError::io("run initdb", e))?;
@@ -600,6 +734,21 @@ impl DevStack {
                 ),
             });
         }
+        Ok(())
+    }
+
+    fn start_postgres(&mut self, opts: &DevStackOptions) -> Result<(), DevStackError> {
+        let pg_dir = self.dir().join("pg");
+        let data = pg_dir.join("data");
+        std::fs::create_dir_all(&pg_dir).map_err(|e| DevStackError::io("create pg dir", e))?;
+        let run_as = postgres_user()?;
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(&pg_dir, Some(uid), Some(gid))
+                .map_err(|e| DevStackError::io("chown pg dir to postgres", e))?;
+        }
+        self.initdb(&pg_dir, &data, run_as)?;
+        let _ = std::fs::remove_file(pg_dir.join("pwfile"));
+        let secured = self.secure_postgres(&pg_dir, &data, run_as)?;
         let port = free_ports(1)?[0];
         let fsync = if opts.postgres_fsync { "on" } else { "off" };
         let spec = Spec {
@@ -620,7 +769,10 @@ impl DevStack {
                 format!("fsync={fsync}"),
                 "-c".into(),
                 "shared_buffers=128MB".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(secured)
+            .collect(),
             run_as,
             log: pg_dir.join("postgres.log"),
         };
@@ -628,6 +780,64 @@ impl DevStack {
         std::fs::write(&spec.log, b"").map_err(|e| DevStackError::io("create pg log", e))?;
         self.postgres = Some(ServerProcess::start(spec)?);
         self.postgres_port = port;
+        Ok(())
+    }
+
+    /// With `tls` or `auth`: writes `pg_hba.conf` (`hostssl` + client
+    /// certificate, SCRAM) and copies the server's certificate where the server
+    /// user can read it; returns the server's extra `-c` arguments.
+    fn secure_postgres(
+        &self,
+        pg_dir: &Path,
+        data: &Path,
+        run_as: Option<(u32, u32)>,
+    ) -> Result<Vec<String>, DevStackError> {
+        if self.tls.is_none() && self.auth.is_none() {
+            return Ok(Vec::new());
+        }
+        let hba = data.join("pg_hba.conf");
+        std::fs::write(
+            &hba,
+            secure::pg_hba(self.tls.is_some(), self.auth.is_some()),
+        )
+        .map_err(|e| DevStackError::io("write pg_hba.conf", e))?;
+        chown_to(&hba, run_as)?;
+        let mut args = vec!["-c".to_string(), "password_encryption=scram-sha-256".into()];
+        let Some(tls) = &self.tls else {
+            return Ok(args);
+        };
+        for (src, name, setting) in [
+            (&tls.server_cert, "server.pem", "ssl_cert_file"),
+            (&tls.server_key, "server.key", "ssl_key_file"),
+            (&tls.ca_file, "ca.pem", "ssl_ca_file"),
+        ] {
+            let dst = pg_dir.join(name);
+            std::fs::copy(src, &dst).map_err(|e| DevStackError::io("copy pg tls file", e))?;
+            chown_to(&dst, run_as)?;
+            set_mode(&dst, 0o600)?;
+            args.extend(["-c".to_string(), format!("{setting}={}", dst.display())]);
+        }
+        args.extend(["-c".to_string(), "ssl=on".into()]);
+        Ok(args)
+    }
+
+    /// With `auth`: the least-privilege roles (`tenure_migrator`,
+    /// `tenure_worker`, `tenure_admin`).
+    async fn create_roles(&self) -> Result<(), DevStackError> {
+        use sqlx::Connection;
+        let Some(auth) = &self.auth else {
+            return Ok(());
+        };
+        let mut conn = sqlx::PgConnection::connect(&self.database_url())
+            .await
+            .map_err(|e| DevStackError::io("connect to postgres", std::io::Error::other(e)))?;
+        for stmt in secure::pg_roles_sql(auth, DATABASE) {
+            sqlx::query(&stmt)
+                .execute(&mut conn)
+                .await
+                .map_err(|e| DevStackError::io("create roles", std::io::Error::other(e)))?;
+        }
+        let _ = conn.close().await;
         Ok(())
     }
 
@@ -691,9 +901,12 @@ impl DevStack {
     }
 }
 
-async fn etcd_status(endpoint: &str) -> Result<(u64, u64), String> {
+async fn etcd_status(
+    endpoint: &str,
+    options: &etcd_client::ConnectOptions,
+) -> Result<(u64, u64), String> {
     let attempt = async {
-        let mut client = etcd_client::Client::connect([endpoint], None)
+        let mut client = etcd_client::Client::connect([endpoint], Some(options.clone()))
             .await
             .map_err(|e| e.to_string())?;
         let status = client.status().await.map_err(|e| e.to_string())?;
@@ -749,6 +962,14 @@ fn postgres_user() -> Result<Option<(u32, u32)>, DevStackError> {
             binary: "user `postgres`".into(),
             package: "postgresql",
         }),
+    }
+}
+
+fn chown_to(path: &Path, owner: Option<(u32, u32)>) -> Result<(), DevStackError> {
+    match owner {
+        Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .map_err(|e| DevStackError::io(format!("chown {}", path.display()), e)),
+        None => Ok(()),
     }
 }
 

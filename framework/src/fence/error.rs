@@ -169,6 +169,10 @@ pub enum FenceError {
         /// What is wrong.
         reason: String,
     },
+    /// PostgreSQL refused us: TLS, the password or `pg_hba.conf`, or a privilege
+    /// the role lacks (`postgresql 127.0.0.1:5432: authentication failed: ...`).
+    #[error(transparent)]
+    Access(#[from] crate::security::AccessError),
     /// A database error: I/O, timeout, contention, constraint. Not a fence verdict.
     #[error("database error: {0}")]
     Db(#[source] sqlx::Error),
@@ -208,7 +212,9 @@ impl FenceError {
     }
 
     /// Classifies a database error: the guard's SQLSTATE becomes
-    /// [`GuardRefused`](FenceError::GuardRefused), anything else [`Db`](FenceError::Db).
+    /// [`GuardRefused`](FenceError::GuardRefused), a TLS, authentication or
+    /// privilege failure [`Access`](FenceError::Access), anything else
+    /// [`Db`](FenceError::Db).
     /// Use it on errors of a step's own writes (made through
     /// [`FencedTx::conn`](super::FencedTx::conn)); `From<sqlx::Error>` does the same.
     pub fn from_sqlx(err: sqlx::Error) -> Self {
@@ -221,6 +227,8 @@ impl FenceError {
                 message,
                 source: err,
             }
+        } else if let Some(refusal) = super::access::refusal(&err) {
+            FenceError::Access(refusal)
         } else {
             FenceError::Db(err)
         }

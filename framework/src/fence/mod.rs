@@ -75,6 +75,7 @@
 //! # The guard and its escape hatch
 //! See [`FenceStore::install_guard`] and [`FenceStore::bypass_guard`].
 
+mod access;
 mod error;
 mod gate;
 mod guard;
@@ -86,13 +87,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use sqlx::migrate::{Migrate, MigrateError};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::{Connection, Executor, PgConnection, Postgres};
 use tracing::Instrument;
 
 use crate::config::Config;
 use crate::types::{FencingToken, JobId, ObservedFence, StepIndex};
 
+pub use access::{connect_options, pool_options};
 pub use error::{FenceError, GUARD_SQLSTATE, is_guard_refusal};
 pub use gate::{
     Admitted, FenceMarks, GateError, MemoryFenceMarks, MemoryTx, PgFenceMarks, StaleToken,
@@ -123,30 +125,23 @@ pub struct FenceStore {
 
 impl FenceStore {
     /// Connects a pool to [`Config::database_url`] (`max_in_flight + 4` connections:
-    /// each running step holds one) for the schema [`Config::schema`]. Does not
+    /// each running step holds one; see [`pool_options`]) for the schema
+    /// [`Config::schema`], or uses [`Config::database_pool`] when set. Does not
     /// migrate: call [`migrate`](FenceStore::migrate).
     ///
     /// # Errors
-    /// [`FenceError::InvalidName`] for a bad schema name, [`FenceError::Db`] if
-    /// PostgreSQL cannot be reached.
+    /// [`FenceError::InvalidName`] for a bad schema name, [`FenceError::Access`]
+    /// when PostgreSQL refuses the TLS handshake or the credentials,
+    /// [`FenceError::Db`] if it cannot be reached.
     pub async fn connect(cfg: &Config) -> Result<Self, FenceError> {
         guard::check_schema(&cfg.schema)?;
-        let max = u32::try_from(cfg.max_in_flight.saturating_add(4)).unwrap_or(u32::MAX);
-        let options: sqlx::postgres::PgConnectOptions = cfg.database_url.parse()?;
-        // A paused or partitioned owner's open transaction must not hold the job
-        // row (or user rows) hostage: PostgreSQL ends it once it sits idle for
-        // longer than the lease could survive, and lock waits are bounded too.
-        let options = options.options([
-            (
-                "idle_in_transaction_session_timeout",
-                cfg.idle_in_transaction_timeout().as_millis().to_string(),
-            ),
-            ("lock_timeout", cfg.lock_timeout().as_millis().to_string()),
-        ]);
-        let pool = PgPoolOptions::new()
-            .max_connections(max)
-            .connect_with(options)
-            .await?;
+        let pool = match &cfg.database_pool {
+            Some(pool) => pool.clone(),
+            None => pool_options(cfg)
+                .connect_with(connect_options(cfg)?)
+                .await
+                .map_err(|e| with_address(cfg, e))?,
+        };
         let store = Self::new(pool, &cfg.schema)?;
         #[cfg(feature = "testing")]
         let store = if cfg.unsafe_no_fencing {
@@ -235,6 +230,39 @@ impl FenceStore {
             .bind(schema)
             .execute(&mut *conn)
             .await?;
+        Ok(())
+    }
+
+    /// Grants `role` what running jobs needs on this store's schema, and nothing
+    /// more: `USAGE` on the schema, `SELECT, INSERT, UPDATE` on `jobs`,
+    /// `EXECUTE` on `tenure_step_cas`. No DDL, no `DELETE`, no guard bypass (see
+    /// `guide::production`, least-privilege roles). Run it as the migrator
+    /// (the schema's owner) after [`migrate`](Self::migrate). Idempotent.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: tenure::fence::FenceStore) -> Result<(), tenure::fence::FenceError> {
+    /// store.migrate().await?;
+    /// store.grant_worker("tenure_worker").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`FenceError::InvalidName`] for a role that is not a plain identifier;
+    /// [`FenceError::Access`] when the caller may not grant.
+    pub async fn grant_worker(&self, role: &str) -> Result<(), FenceError> {
+        let role = guard::quote_table(role)?;
+        let s = &self.schema;
+        let mut tx = self.pool.begin().await?;
+        for stmt in [
+            format!("GRANT USAGE ON SCHEMA \"{s}\" TO {role}"),
+            format!("GRANT SELECT, INSERT, UPDATE ON \"{s}\".jobs TO {role}"),
+            format!(
+                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_step_cas(uuid, bigint, integer, jsonb, boolean) TO {role}"
+            ),
+        ] {
+            tx.execute(stmt.as_str()).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -758,31 +786,34 @@ impl FenceStore {
         Ok(yes)
     }
 
-    /// The escape hatch: switches every Tenure guard off for the rest of the
-    /// current transaction on `conn` (a migration, an operator's fix), by setting
-    /// `tenure.guard_bypass` to the current transaction id, transaction-locally.
+    /// The escape hatch: switches this store's guards off for the rest of the
+    /// current transaction on `conn` (a migration, an operator's fix), by calling
+    /// `<schema>.tenure_bypass_guard()`, which records the current transaction id.
     ///
-    /// It cannot be hit by accident: the guard compares the setting with the id of
-    /// the transaction it runs in, so even a session-wide `SET tenure.guard_bypass`
-    /// left on a pooled connection opens nothing in any later transaction. Call it
-    /// inside an explicit transaction (outside one it only covers itself). The same
-    /// in plain SQL, e.g. in a migration script:
-    /// `SELECT set_config('tenure.guard_bypass', txid_current()::text, true);`
+    /// It is a privilege: the function is `SECURITY DEFINER`, and only its owner
+    /// (the role that ran the migrations), superusers and roles granted
+    /// `EXECUTE` on it may call it; the worker role gets
+    /// [`FenceError::Access`] (permission denied), so application code cannot
+    /// forge its way past a guard. It cannot be hit by accident: the guard compares
+    /// with the id of the transaction it runs in, so nothing stays open for any
+    /// later transaction. Call it inside an explicit transaction. The same in
+    /// plain SQL, e.g. in a migration script:
+    /// `SELECT tenure.tenure_bypass_guard();`
     ///
     /// ```no_run
     /// # async fn demo(store: tenure::fence::FenceStore) -> Result<(), tenure::fence::FenceError> {
     /// let mut tx = store.pool().begin().await?;
-    /// tenure::fence::FenceStore::bypass_guard(&mut tx).await?;
+    /// store.bypass_guard(&mut tx).await?;
     /// sqlx::query("UPDATE ledger SET note = 'fixed by ops' WHERE id = 7").execute(&mut *tx).await?;
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
-    /// [`FenceError::Db`].
-    pub async fn bypass_guard(conn: &mut PgConnection) -> Result<(), FenceError> {
-        tracing::warn!("tenure guard bypassed for this transaction");
-        conn.execute("SELECT set_config('tenure.guard_bypass', txid_current()::text, true)")
+    /// [`FenceError::Access`] for a role without the grant; [`FenceError::Db`].
+    pub async fn bypass_guard(&self, conn: &mut PgConnection) -> Result<(), FenceError> {
+        tracing::warn!(schema = %self.schema, "tenure guard bypassed for this transaction");
+        conn.execute(format!("SELECT \"{}\".tenure_bypass_guard()", self.schema).as_str())
             .await?;
         Ok(())
     }
@@ -856,6 +887,17 @@ impl FenceStore {
             Some(_) => ClaimVerdict::Retry,
         };
         Ok(verdict)
+    }
+}
+
+/// A connect error, with the server's address when it is a refusal.
+fn with_address(cfg: &Config, err: sqlx::Error) -> FenceError {
+    match FenceError::from(err) {
+        FenceError::Access(mut refusal) => {
+            refusal.address = crate::security::address_of(&cfg.database_url);
+            FenceError::Access(refusal)
+        }
+        other => other,
     }
 }
 

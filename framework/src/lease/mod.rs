@@ -54,7 +54,10 @@
 //! [`LeaseError::LockLostBeforeVerify`]. The lock alone proves nothing at the
 //! resource: the resource must compare the token.
 
+mod access;
 mod health;
+
+pub use access::connect_options as etcd_connect_options;
 mod keeper;
 
 use std::fmt;
@@ -70,6 +73,7 @@ use tracing::Instrument;
 
 use crate::config::{Config, ConfigError};
 use crate::retry::Backoff;
+use crate::security::AccessError;
 use crate::types::{FencingToken, JobId, LeaseId};
 
 use health::HealthClock;
@@ -156,6 +160,10 @@ pub enum LeaseError {
         #[source]
         source: etcd_client::Error,
     },
+    /// etcd refused us: TLS, the user or password, or a key outside the user's
+    /// role (`etcd 127.0.0.1:2379: TLS handshake failed: unknown CA`).
+    #[error(transparent)]
+    Access(#[from] AccessError),
     /// etcd did not grant a lease.
     #[error("etcd did not grant a lease of {ttl:?}: {source}")]
     Grant {
@@ -333,6 +341,7 @@ impl JobLock {
 /// the lease (it expires after the TTL); [`Session::close`] revokes it.
 pub struct Session {
     client: etcd_client::Client,
+    endpoints: Arc<[String]>,
     lease: LeaseId,
     ttl: Duration,
     jobs_prefix: String,
@@ -426,12 +435,13 @@ impl Session {
     async fn establish_inner(cfg: &Config) -> Result<Session, LeaseError> {
         cfg.validate()?;
         let timeout = cfg.etcd_request_timeout;
-        let options = etcd_client::ConnectOptions::new().with_connect_timeout(timeout);
+        let endpoints: Arc<[String]> = cfg.etcd_endpoints.clone().into();
+        let options = access::connect_options(cfg)?;
         let client = bounded("connect", timeout, || {
             etcd_client::Client::connect(&cfg.etcd_endpoints, Some(options.clone()))
         })
         .await
-        .map_err(|e| match e {
+        .map_err(|e| match named_at_connect(cfg, e) {
             LeaseError::Etcd { source, .. } => LeaseError::Connect {
                 endpoints: cfg.etcd_endpoints.join(","),
                 source,
@@ -446,7 +456,7 @@ impl Session {
             async move { c.grant(ttl_secs, None).await }
         })
         .await
-        .map_err(|e| match e {
+        .map_err(|e| match named_at_connect(cfg, e) {
             LeaseError::Etcd { source, .. } => LeaseError::Grant {
                 ttl: cfg.lease_ttl,
                 source,
@@ -474,7 +484,7 @@ impl Session {
             Ok(pair) => pair,
             Err(e) => {
                 let _ = revoke(&lease_client, lease, timeout).await;
-                return Err(match e {
+                return Err(match named(&endpoints, e) {
                     LeaseError::Etcd { source, .. } => LeaseError::KeepAlive {
                         lease_id: lease,
                         source,
@@ -522,6 +532,7 @@ impl Session {
 
         Ok(Session {
             client,
+            endpoints,
             lease,
             ttl: cfg.lease_ttl,
             jobs_prefix: format!("{}jobs/", cfg.etcd_prefix()),
@@ -693,6 +704,7 @@ impl Session {
             async move { kv.txn(txn).await }
         })
         .await
+        .map_err(|e| named(&self.endpoints, e))
     }
 
     /// Creates the lock of `job_id` under this session's lease if nobody holds it
@@ -1348,6 +1360,30 @@ where
             Ok(Err(source)) => return Err(LeaseError::Etcd { op, source }),
             Err(_) => return Err(LeaseError::Timeout { op, after }),
         }
+    }
+}
+
+/// `e` as [`LeaseError::Access`] when etcd refused us (TLS, credentials,
+/// permission); unchanged otherwise.
+fn named(endpoints: &[String], e: LeaseError) -> LeaseError {
+    match e {
+        LeaseError::Etcd { op, source } => match access::refusal(endpoints, &source) {
+            Some(refusal) => LeaseError::Access(refusal),
+            None => LeaseError::Etcd { op, source },
+        },
+        other => other,
+    }
+}
+
+/// As [`named`], and a connection closed while the session is being
+/// established is a TLS refusal (see `access::closed_at_connect`).
+fn named_at_connect(cfg: &Config, e: LeaseError) -> LeaseError {
+    match named(&cfg.etcd_endpoints, e) {
+        LeaseError::Etcd { op, source } => match access::closed_at_connect(cfg, &source) {
+            Some(refusal) => LeaseError::Access(refusal),
+            None => LeaseError::Etcd { op, source },
+        },
+        other => other,
     }
 }
 

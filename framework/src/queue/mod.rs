@@ -60,6 +60,7 @@
 //! # Ok(()) }
 //! ```
 
+mod access;
 mod delivery;
 mod dlq;
 pub mod headers;
@@ -100,6 +101,10 @@ pub enum QueueError {
         #[source]
         source: async_nats::ConnectError,
     },
+    /// NATS refused us: TLS or credentials (`nats 127.0.0.1:4222: authentication
+    /// failed: ...`).
+    #[error(transparent)]
+    Access(#[from] crate::security::AccessError),
     /// A stream or consumer of the namespace does not exist, and the call only
     /// binds to existing ones ([`Queue::connect`]): no worker has provisioned the
     /// namespace yet, or the namespace or NATS URL is not the workers'.

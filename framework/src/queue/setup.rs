@@ -118,7 +118,7 @@ async fn connect_nats(
     let (state_tx, state_rx) = watch::channel(false);
     let state_tx = Arc::new(state_tx);
     let events_tx = Arc::clone(&state_tx);
-    let client = ConnectOptions::new()
+    let options = ConnectOptions::new()
         .name(format!("tenure-{}", cfg.worker_id))
         .connection_timeout(cfg.nats_request_timeout)
         .request_timeout(Some(cfg.nats_request_timeout))
@@ -137,12 +137,17 @@ async fn connect_nats(
                     other => tracing::warn!(event = %other, "NATS event"),
                 }
             }
-        })
+        });
+    let client = super::access::secure(cfg, options)
+        .await?
         .connect(cfg.nats_url.as_str())
         .await
-        .map_err(|source| QueueError::Connect {
-            url: cfg.nats_url.clone(),
-            source,
+        .map_err(|source| match super::access::refusal(cfg, &source) {
+            Some(refusal) => QueueError::Access(refusal),
+            None => QueueError::Connect {
+                url: crate::security::redact_url(&cfg.nats_url, false),
+                source,
+            },
         })?;
     state_tx.send_replace(client.connection_state() == async_nats::connection::State::Connected);
     Ok((client, state_rx))

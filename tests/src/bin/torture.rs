@@ -49,7 +49,6 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tenure::devstack::DevStack;
-use tenure::fence::FenceStore;
 use tenure::runtime::{Worker, WorkerObserver};
 use tenure::{Client, Config, FencingToken, JobId, StepCtx, StepError, StepIndex};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
@@ -876,7 +875,7 @@ async fn setup_schema(client: &Client, s: &str, guard: bool) -> anyhow::Result<(
     .execute(pool)
     .await?;
     let mut tx = pool.begin().await?;
-    FenceStore::bypass_guard(&mut tx).await?;
+    client.store().bypass_guard(&mut tx).await?;
     for a in 0..ACCOUNTS {
         sqlx::query(&format!("INSERT INTO {s}.accounts VALUES ($1, $2)"))
             .bind(a)

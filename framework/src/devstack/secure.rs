@@ -1,0 +1,299 @@
+//! The secured dev stack (`DevStackOptions { tls: true, auth: true }`): a
+//! throwaway CA and certificates made at start (rcgen), and the users, roles
+//! and permissions of each server.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    date_time_ymd,
+};
+
+use super::DevStackError;
+use crate::security::{NatsAuth, Secret, TlsFiles};
+
+/// The certificates of a secured dev stack, as PEM files in its directory.
+#[derive(Debug, Clone)]
+pub struct DevTls {
+    /// The stack's CA (signs every certificate below).
+    pub ca_file: PathBuf,
+    /// Server certificate and key (`localhost`, `127.0.0.1`), used by all three servers.
+    pub server_cert: PathBuf,
+    /// The server certificate's key.
+    pub server_key: PathBuf,
+    /// A client certificate signed by the CA (mutual TLS).
+    pub client_cert: PathBuf,
+    /// Its key.
+    pub client_key: PathBuf,
+    /// A client certificate signed by the CA that expired in 2020.
+    pub expired_client_cert: PathBuf,
+    /// Its key.
+    pub expired_client_key: PathBuf,
+    /// Another CA, which signed nothing the servers use (a "wrong CA").
+    pub other_ca_file: PathBuf,
+}
+
+impl DevTls {
+    /// TLS settings trusting the stack's CA, with the valid client certificate.
+    pub fn client(&self) -> TlsFiles {
+        TlsFiles::new(&self.ca_file).with_client_cert(&self.client_cert, &self.client_key)
+    }
+}
+
+/// The users and passwords of a secured dev stack (`auth: true`).
+#[derive(Debug, Clone)]
+pub struct DevAuth {
+    /// The namespace the limited users may use (etcd prefix `<ns>/`, NATS subjects).
+    pub namespace: String,
+    /// etcd `root` password.
+    pub etcd_root_password: Secret,
+    /// etcd user limited to the namespace's prefix: `tenure`.
+    pub etcd_user: String,
+    /// Its password.
+    pub etcd_password: Secret,
+    /// NATS user limited to the namespace's subjects and JetStream API calls.
+    pub nats_user: String,
+    /// Its password.
+    pub nats_password: Secret,
+    /// PostgreSQL superuser (`postgres`) password.
+    pub postgres_password: Secret,
+    /// PostgreSQL migrator role (owns Tenure's schema): `tenure_migrator`.
+    pub migrator_password: Secret,
+    /// PostgreSQL worker role (DML on job rows only): `tenure_worker`.
+    pub worker_password: Secret,
+}
+
+impl DevAuth {
+    pub(crate) fn new(namespace: &str) -> Self {
+        let pw = || Secret::new(format!("pw-{:016x}", rand::random::<u64>()));
+        DevAuth {
+            namespace: namespace.to_string(),
+            etcd_root_password: pw(),
+            etcd_user: "tenure".into(),
+            etcd_password: pw(),
+            nats_user: "tenure".into(),
+            nats_password: pw(),
+            postgres_password: pw(),
+            migrator_password: pw(),
+            worker_password: pw(),
+        }
+    }
+
+    /// NATS user and password of the limited user.
+    pub fn nats_auth(&self) -> NatsAuth {
+        NatsAuth::UserPassword {
+            user: self.nats_user.clone(),
+            password: self.nats_password.clone(),
+        }
+    }
+}
+
+fn cert_error(what: &str, e: rcgen::Error) -> DevStackError {
+    DevStackError::io(what, std::io::Error::other(e))
+}
+
+fn ca(name: &str) -> Result<(KeyPair, CertificateParams), DevStackError> {
+    let key = KeyPair::generate().map_err(|e| cert_error("generate CA key", e))?;
+    let mut params =
+        CertificateParams::new(Vec::<String>::new()).map_err(|e| cert_error("CA params", e))?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    Ok((key, params))
+}
+
+/// Writes a leaf certificate signed by `issuer` and its key; `expired` makes one
+/// valid only in 2019.
+fn leaf(
+    dir: &Path,
+    name: &str,
+    issuer: &Issuer<'_, KeyPair>,
+    server: bool,
+    expired: bool,
+) -> Result<(PathBuf, PathBuf), DevStackError> {
+    let key = KeyPair::generate().map_err(|e| cert_error("generate key", e))?;
+    let sans = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let mut params = CertificateParams::new(sans).map_err(|e| cert_error("cert params", e))?;
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.extended_key_usages = if server {
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ]
+    } else {
+        vec![ExtendedKeyUsagePurpose::ClientAuth]
+    };
+    if expired {
+        params.not_before = date_time_ymd(2019, 1, 1);
+        params.not_after = date_time_ymd(2020, 1, 1);
+    }
+    let cert = params
+        .signed_by(&key, issuer)
+        .map_err(|e| cert_error("sign cert", e))?;
+    let (cert_path, key_path) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    write(&cert_path, &cert.pem())?;
+    write(&key_path, &key.serialize_pem())?;
+    Ok((cert_path, key_path))
+}
+
+fn write(path: &Path, text: &str) -> Result<(), DevStackError> {
+    std::fs::write(path, text)
+        .map_err(|e| DevStackError::io(format!("write {}", path.display()), e))
+}
+
+/// Makes the CA and certificates in `dir/tls`.
+pub(crate) fn make_tls(dir: &Path) -> Result<DevTls, DevStackError> {
+    let dir = dir.join("tls");
+    std::fs::create_dir_all(&dir).map_err(|e| DevStackError::io("create tls dir", e))?;
+    let (ca_key, ca_params) = ca("tenure dev CA")?;
+    let ca_cert = ca_params
+        .self_signed(&ca_key)
+        .map_err(|e| cert_error("self-sign CA", e))?;
+    let ca_file = dir.join("ca.pem");
+    write(&ca_file, &ca_cert.pem())?;
+    let issuer = Issuer::new(ca_params, ca_key);
+    let (server_cert, server_key) = leaf(&dir, "server", &issuer, true, false)?;
+    let (client_cert, client_key) = leaf(&dir, "client", &issuer, false, false)?;
+    let (expired_client_cert, expired_client_key) =
+        leaf(&dir, "expired-client", &issuer, false, true)?;
+    let (other_key, other_params) = ca("another CA")?;
+    let other = other_params
+        .self_signed(&other_key)
+        .map_err(|e| cert_error("self-sign other CA", e))?;
+    let other_ca_file = dir.join("other-ca.pem");
+    write(&other_ca_file, &other.pem())?;
+    Ok(DevTls {
+        ca_file,
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+        expired_client_cert,
+        expired_client_key,
+        other_ca_file,
+    })
+}
+
+/// The NATS server configuration: TLS with client certificates, and the users.
+pub(crate) fn nats_conf(tls: Option<&DevTls>, auth: Option<&DevAuth>) -> String {
+    let mut conf = String::new();
+    if let Some(t) = tls {
+        conf += &format!(
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  timeout: 2\n}}\n",
+            t.server_cert.display(),
+            t.server_key.display(),
+            t.ca_file.display()
+        );
+    }
+    if let Some(a) = auth {
+        conf += &format!(
+            "authorization {{\n  users = [\n    {{ user: \"admin\", password: \"{admin}\" }}\n    {{ user: \"{user}\", password: \"{pw}\", permissions: {perms} }}\n  ]\n}}\n",
+            admin = a.etcd_root_password.expose(),
+            user = a.nats_user,
+            pw = a.nats_password.expose(),
+            perms = nats_permissions(&a.namespace),
+        );
+    }
+    conf
+}
+
+/// What a Tenure worker of `namespace` publishes and subscribes to: its own
+/// subjects, the JetStream API calls on its three streams, acks, inboxes.
+fn nats_permissions(namespace: &str) -> String {
+    let upper = namespace.to_ascii_uppercase();
+    let mut publish = vec![format!("{namespace}.>"), "$JS.API.INFO".to_string()];
+    for kind in ["JOBS", "DLQ", "ADVISORIES"] {
+        let stream = format!("TENURE_{upper}_{kind}");
+        publish.extend([
+            format!("$JS.API.STREAM.*.{stream}"),
+            format!("$JS.API.STREAM.MSG.*.{stream}"),
+            format!("$JS.API.CONSUMER.*.{stream}"),
+            format!("$JS.API.CONSUMER.*.{stream}.>"),
+            format!("$JS.API.CONSUMER.*.*.{stream}.>"),
+            format!("$JS.API.DIRECT.GET.{stream}"),
+            format!("$JS.API.DIRECT.GET.{stream}.>"),
+            format!("$JS.ACK.{stream}.>"),
+        ]);
+    }
+    let quoted = |v: &[String]| {
+        v.iter()
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let subscribe = ["_INBOX.>".to_string(), format!("{namespace}.>")];
+    format!(
+        "{{ publish: [{}], subscribe: [{}] }}",
+        quoted(&publish),
+        quoted(&subscribe)
+    )
+}
+
+/// etcd: `root` (role root) and `tenure` (role `tenure`: read-write on the
+/// namespace's prefix only), then `auth enable`.
+pub(crate) async fn etcd_enable_auth(
+    endpoints: &[String],
+    options: etcd_client::ConnectOptions,
+    auth: &DevAuth,
+) -> Result<(), DevStackError> {
+    let fail =
+        |what: &str, e: etcd_client::Error| DevStackError::io(what, std::io::Error::other(e));
+    let client = etcd_client::Client::connect(endpoints, Some(options))
+        .await
+        .map_err(|e| fail("connect to etcd", e))?;
+    let mut a = client.auth_client();
+    a.user_add("root", auth.etcd_root_password.expose(), None)
+        .await
+        .map_err(|e| fail("etcd user add root", e))?;
+    a.user_grant_role("root", "root")
+        .await
+        .map_err(|e| fail("etcd grant root", e))?;
+    a.role_add("tenure")
+        .await
+        .map_err(|e| fail("etcd role add", e))?;
+    let prefix = format!("{}/", auth.namespace);
+    let perm = etcd_client::Permission::read_write(prefix).with_prefix();
+    a.role_grant_permission("tenure", perm)
+        .await
+        .map_err(|e| fail("etcd role grant-permission", e))?;
+    a.user_add(auth.etcd_user.clone(), auth.etcd_password.expose(), None)
+        .await
+        .map_err(|e| fail("etcd user add tenure", e))?;
+    a.user_grant_role(auth.etcd_user.clone(), "tenure")
+        .await
+        .map_err(|e| fail("etcd grant tenure", e))?;
+    a.auth_enable()
+        .await
+        .map_err(|e| fail("etcd auth enable", e))?;
+    Ok(())
+}
+
+/// pg_hba.conf of a secured PostgreSQL: TLS only (`hostssl`), a client
+/// certificate signed by the CA (with `tls`), SCRAM passwords (with `auth`);
+/// everything else, plaintext included, is refused.
+pub(crate) fn pg_hba(tls: bool, auth: bool) -> String {
+    let host = if tls { "hostssl" } else { "host" };
+    let method = if auth { "scram-sha-256" } else { "trust" };
+    let cert = if tls { " clientcert=verify-ca" } else { "" };
+    format!("local all all trust\n{host} all all 127.0.0.1/32 {method}{cert}\n")
+}
+
+/// The roles of the least-privilege setup (see `guide::production`): run as the
+/// superuser on database `db`.
+pub(crate) fn pg_roles_sql(auth: &DevAuth, db: &str) -> Vec<String> {
+    vec![
+        format!(
+            "CREATE ROLE tenure_migrator LOGIN PASSWORD '{}'",
+            auth.migrator_password.expose()
+        ),
+        format!(
+            "CREATE ROLE tenure_worker LOGIN PASSWORD '{}'",
+            auth.worker_password.expose()
+        ),
+        "CREATE ROLE tenure_admin NOLOGIN".into(),
+        format!("GRANT CONNECT, CREATE ON DATABASE {db} TO tenure_migrator"),
+        format!("GRANT CONNECT ON DATABASE {db} TO tenure_worker"),
+    ]
+}

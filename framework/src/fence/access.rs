@@ -1,0 +1,143 @@
+//! Reaching PostgreSQL securely: TLS through the URL (`sslmode`, `sslrootcert`,
+//! `sslcert`, `sslkey`; rustls), a password kept out of the URL, an existing
+//! pool; naming a refusal as an [`AccessError`].
+
+use std::time::Duration;
+
+use sqlx::Executor;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::Config;
+use crate::security::{AccessError, AccessStep, Server, error_chain, tls_failure};
+
+/// The connect options of [`Config::database_url`] (and
+/// [`Config::database_password`]).
+///
+/// ```
+/// let cfg = tenure::Config::new("payments")
+///     .with_database_url("postgres://worker@db:5432/app?sslmode=verify-full&sslrootcert=/etc/ca.pem");
+/// let options = tenure::fence::connect_options(&cfg)?;
+/// assert_eq!(options.get_host(), "db");
+/// # Ok::<(), tenure::fence::FenceError>(())
+/// ```
+///
+/// # Errors
+/// [`FenceError::Db`](super::FenceError::Db) for a URL that does not parse.
+pub fn connect_options(cfg: &Config) -> Result<PgConnectOptions, super::FenceError> {
+    let options: PgConnectOptions = cfg.database_url.parse()?;
+    Ok(match &cfg.database_password {
+        Some(password) => options.password(password.expose()),
+        None => options,
+    })
+}
+
+/// Pool options with Tenure's per-connection settings applied in `after_connect`:
+/// `idle_in_transaction_session_timeout` = [`Config::idle_in_transaction_timeout`]
+/// and `lock_timeout` = [`Config::lock_timeout`], and `max_in_flight + 4`
+/// connections. Build the pool you hand to [`Config::with_database_pool`] from it.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let cfg = tenure::Config::from_env()?;
+/// let pool = tenure::fence::pool_options(&cfg)
+///     .connect_with(tenure::fence::connect_options(&cfg)?)
+///     .await?;
+/// let cfg = cfg.with_database_pool(pool);
+/// # Ok(()) }
+/// ```
+pub fn pool_options(cfg: &Config) -> PgPoolOptions {
+    let max = u32::try_from(cfg.max_in_flight.saturating_add(4)).unwrap_or(u32::MAX);
+    let settings = session_settings(cfg.idle_in_transaction_timeout(), cfg.lock_timeout());
+    PgPoolOptions::new()
+        .max_connections(max)
+        .after_connect(move |conn, _meta| {
+            let settings = settings.clone();
+            Box::pin(async move {
+                conn.execute(settings.as_str()).await?;
+                Ok(())
+            })
+        })
+}
+
+/// A paused or partitioned owner's open transaction must not hold the job row
+/// (or user rows) hostage: PostgreSQL ends it once it sits idle for longer than
+/// the lease could survive, and lock waits are bounded too.
+fn session_settings(idle: Duration, lock: Duration) -> String {
+    format!(
+        "SET idle_in_transaction_session_timeout = {}; SET lock_timeout = {}",
+        idle.as_millis(),
+        lock.as_millis()
+    )
+}
+
+/// The refusal `err` shows (TLS, password, `pg_hba.conf`, a privilege), if any.
+pub(crate) fn refusal(err: &sqlx::Error) -> Option<AccessError> {
+    let (step, detail) = match err {
+        sqlx::Error::Tls(e) => {
+            let text = format!("{} {e:?}", error_chain(e.as_ref()));
+            let plain = tls_failure(&text).map_or_else(|| error_chain(e.as_ref()), str::to_string);
+            (AccessStep::Tls, plain)
+        }
+        sqlx::Error::Database(d) => by_sqlstate(d.code().as_deref(), d.message())?,
+        sqlx::Error::Io(e) => (
+            AccessStep::Tls,
+            tls_failure(&format!("{e} {e:?}"))?.to_string(),
+        ),
+        _ => return None,
+    };
+    Some(AccessError {
+        server: Server::Postgres,
+        address: String::new(),
+        step,
+        detail,
+    })
+}
+
+fn by_sqlstate(code: Option<&str>, message: &str) -> Option<(AccessStep, String)> {
+    let step = match code? {
+        "28P01" => AccessStep::Authenticate,
+        "28000" if message.contains("no encryption") => {
+            return Some((
+                AccessStep::Tls,
+                format!("the server requires TLS ({message})"),
+            ));
+        }
+        "28000" if message.contains("certificate") => AccessStep::Tls,
+        "28000" => AccessStep::Authenticate,
+        "42501" => AccessStep::Authorize,
+        _ => return None,
+    };
+    Some((step, message.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_are_named() {
+        assert!(matches!(
+            by_sqlstate(
+                Some("28P01"),
+                "password authentication failed for user \"w\""
+            ),
+            Some((AccessStep::Authenticate, _))
+        ));
+        assert!(matches!(
+            by_sqlstate(
+                Some("28000"),
+                "no pg_hba.conf entry for host \"127.0.0.1\", user \"w\", database \"d\", no encryption"
+            ),
+            Some((AccessStep::Tls, _))
+        ));
+        assert!(matches!(
+            by_sqlstate(Some("42501"), "must be owner of table ledger"),
+            Some((AccessStep::Authorize, _))
+        ));
+        assert!(by_sqlstate(Some("23505"), "duplicate key").is_none());
+        assert_eq!(
+            session_settings(Duration::from_secs(5), Duration::from_secs(10)),
+            "SET idle_in_transaction_session_timeout = 5000; SET lock_timeout = 10000"
+        );
+    }
+}

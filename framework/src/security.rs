@@ -1,0 +1,349 @@
+//! TLS and credentials for the three servers, and the one error every module
+//! returns when a server refuses us ([`AccessError`]).
+//!
+//! This module talks to nothing: [`Config`](crate::Config) carries these values,
+//! and `lease` (etcd), `queue` (NATS) and `fence` (PostgreSQL) apply them. A
+//! [`Secret`] never prints: `Debug` and `Display` show `***`.
+//!
+//! ```
+//! use tenure::security::{NatsAuth, Secret, TlsFiles};
+//! let cfg = tenure::Config::new("payments")
+//!     .with_etcd_endpoints(["https://etcd-1:2379"])
+//!     .with_etcd_tls(TlsFiles::new("/etc/tenure/ca.pem").with_client_cert("/etc/tenure/w.pem", "/etc/tenure/w.key"))
+//!     .with_etcd_user("tenure_worker", Secret::new("s3cret"))
+//!     .with_nats_auth(NatsAuth::Token(Secret::new("t0ken")));
+//! assert!(!format!("{cfg:?}").contains("s3cret"));
+//! assert!(!format!("{cfg:?}").contains("t0ken"));
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A password, token or key seed. `Debug` and `Display` print `***`; read it
+/// with [`Secret::expose`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    ///
+    /// ```
+    /// let s = tenure::security::Secret::new("hunter2");
+    /// assert_eq!(format!("{s:?} {s}"), "*** ***");
+    /// assert_eq!(s.expose(), "hunter2");
+    /// ```
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The secret itself, to hand to a client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// TLS to one server: the CA bundle that signs the server's certificate (PEM;
+/// `None`: the system's roots) and, for mutual TLS, a client certificate and key
+/// (PEM). Paths only: the files are read when connecting.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA bundle (PEM) trusted for the server's certificate.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain (PEM), for mutual TLS.
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM), for mutual TLS.
+    pub key_file: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// TLS trusting the CA bundle at `ca_file`.
+    ///
+    /// ```
+    /// let tls = tenure::security::TlsFiles::new("/etc/tenure/ca.pem");
+    /// assert!(tls.cert_file.is_none());
+    /// ```
+    pub fn new(ca_file: impl Into<PathBuf>) -> Self {
+        TlsFiles {
+            ca_file: Some(ca_file.into()),
+            ..TlsFiles::default()
+        }
+    }
+
+    /// TLS trusting the system's root certificates.
+    pub fn system_roots() -> Self {
+        TlsFiles::default()
+    }
+
+    /// Adds a client certificate and its key (mutual TLS).
+    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.cert_file = Some(cert.into());
+        self.key_file = Some(key.into());
+        self
+    }
+
+    /// Reads `path` for `server` (an [`AccessError`] naming the file, never its
+    /// content, when it cannot).
+    pub(crate) fn read(server: Server, address: &str, path: &Path) -> Result<Vec<u8>, AccessError> {
+        std::fs::read(path).map_err(|e| AccessError {
+            server,
+            address: address.to_string(),
+            step: AccessStep::ReadCredentials,
+            detail: format!("{}: {e}", path.display()),
+        })
+    }
+}
+
+/// How Tenure authenticates to NATS (besides a client certificate).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NatsAuth {
+    /// Nothing (or what the URL carries).
+    #[default]
+    None,
+    /// A user and password.
+    UserPassword {
+        /// The user.
+        user: String,
+        /// The password.
+        password: Secret,
+    },
+    /// A token.
+    Token(Secret),
+    /// A `.creds` file (JWT and nkey seed), as `nsc` writes it.
+    CredsFile(PathBuf),
+    /// An nkey seed (`SU...`).
+    NKey(Secret),
+}
+
+/// The server a failure is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Server {
+    /// etcd (leases and locks).
+    Etcd,
+    /// NATS JetStream (delivery).
+    Nats,
+    /// PostgreSQL (job rows).
+    Postgres,
+}
+
+impl fmt::Display for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Server::Etcd => "etcd",
+            Server::Nats => "nats",
+            Server::Postgres => "postgresql",
+        })
+    }
+}
+
+/// Which step of reaching a server failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AccessStep {
+    /// A CA, certificate, key or credentials file could not be read or parsed.
+    ReadCredentials,
+    /// TLS: the server's certificate is not trusted, ours was refused or is
+    /// missing, or one side does not speak TLS.
+    Tls,
+    /// The user, password, token or key was refused.
+    Authenticate,
+    /// Authenticated, but the operation is not permitted to this user or role.
+    Authorize,
+}
+
+impl fmt::Display for AccessStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AccessStep::ReadCredentials => "reading credentials failed",
+            AccessStep::Tls => "TLS handshake failed",
+            AccessStep::Authenticate => "authentication failed",
+            AccessStep::Authorize => "permission denied",
+        })
+    }
+}
+
+/// A server refused us: TLS, authentication or permission. Names the server,
+/// its address and the step, never a secret:
+/// `etcd 127.0.0.1:2379: TLS handshake failed: unknown CA`.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{server}{}: {step}: {detail}", at(address))]
+pub struct AccessError {
+    /// The server.
+    pub server: Server,
+    /// Its address (`host:port`, without credentials); empty when the error
+    /// came from a pooled connection whose address the error does not carry.
+    pub address: String,
+    /// What failed.
+    pub step: AccessStep,
+    /// Why, as far as the client library tells.
+    pub detail: String,
+}
+
+fn at(address: &str) -> String {
+    if address.is_empty() {
+        String::new()
+    } else {
+        format!(" {address}")
+    }
+}
+
+/// Every message of an error and its sources, joined by `": "`.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(s) = next {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = s.source();
+    }
+    parts.join(": ")
+}
+
+/// A TLS failure named plainly, from the text (Display or Debug, with sources)
+/// of a client library's error; `None` when the text shows no TLS failure.
+pub(crate) fn tls_failure(text: &str) -> Option<&'static str> {
+    const MARKERS: [(&str, &str); 12] = [
+        ("UnknownIssuer", "unknown CA"),
+        ("Expired", "certificate expired"),
+        ("NotValidForName", "certificate not valid for this host"),
+        (
+            "CertificateRequired",
+            "the server requires a client certificate",
+        ),
+        (
+            "certificate required",
+            "the server requires a client certificate",
+        ),
+        (
+            "UnknownCA",
+            "the server does not trust the client certificate",
+        ),
+        (
+            "BadCertificate",
+            "the server refused the client certificate",
+        ),
+        (
+            "bad certificate",
+            "the server refused the client certificate",
+        ),
+        ("invalid peer certificate", "invalid server certificate"),
+        ("InvalidContentType", "the server does not speak TLS"),
+        ("CorruptMessage", "the server does not speak TLS"),
+        ("HandshakeFailure", "handshake failure"),
+    ];
+    MARKERS
+        .iter()
+        .find(|(marker, _)| text.contains(marker))
+        .map(|(_, plain)| *plain)
+}
+
+/// `host:port` of a URL, without scheme, credentials, path or query.
+pub(crate) fn address_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.split(['/', '?']).next().unwrap_or(rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    rest.to_string()
+}
+
+/// `url` with its password (`user:password@`, `?password=`) replaced by `***`;
+/// with `keep_user` false the whole user part goes (a NATS URL's lone user part
+/// may be a token).
+pub(crate) fn redact_url(url: &str, keep_user: bool) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_string();
+    };
+    let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+    let userinfo = match (keep_user, userinfo.contains(':')) {
+        (false, _) => "***".to_string(),
+        (true, true) => format!("{user}:***"),
+        (true, false) => userinfo.to_string(),
+    };
+    let tail = redact_query(tail);
+    format!("{scheme}://{userinfo}@{host}{tail}")
+}
+
+/// A URL tail with `password=` query values replaced by `***`.
+fn redact_query(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_string();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{path}?{}", pairs.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_passwords() {
+        assert_eq!(
+            redact_url("postgres://w:pw@db:5432/app?sslmode=verify-full", true),
+            "postgres://w:***@db:5432/app?sslmode=verify-full"
+        );
+        assert_eq!(
+            redact_url("postgres://w@db/app?password=pw&sslmode=require", true),
+            "postgres://w@db/app?password=***&sslmode=require"
+        );
+        assert_eq!(
+            redact_url("nats://t0ken@h:4222", false),
+            "nats://***@h:4222"
+        );
+        assert_eq!(
+            redact_url("nats://127.0.0.1:4222", false),
+            "nats://127.0.0.1:4222"
+        );
+    }
+
+    #[test]
+    fn addresses_are_host_and_port() {
+        assert_eq!(address_of("postgres://w:pw@db:5432/app?x=1"), "db:5432");
+        assert_eq!(address_of("https://127.0.0.1:2379"), "127.0.0.1:2379");
+        assert_eq!(address_of("127.0.0.1:2379"), "127.0.0.1:2379");
+    }
+
+    #[test]
+    fn access_errors_name_server_and_step() {
+        let e = AccessError {
+            server: Server::Etcd,
+            address: "127.0.0.1:2379".into(),
+            step: AccessStep::Tls,
+            detail: "unknown CA".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "etcd 127.0.0.1:2379: TLS handshake failed: unknown CA"
+        );
+        assert_eq!(
+            tls_failure("invalid peer certificate: UnknownIssuer"),
+            Some("unknown CA")
+        );
+        assert_eq!(tls_failure("connection refused"), None);
+    }
+}

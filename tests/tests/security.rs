@@ -1,0 +1,325 @@
+//! Tenure against a secured dev stack: TLS with client certificates and
+//! authentication on etcd, NATS and PostgreSQL, least-privilege PostgreSQL
+//! roles. Every refusal must come fast, typed, and name the server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use tenure::devstack::{DevStack, DevStackOptions};
+use tenure::fence::{FenceError, FenceStore, JobStatus};
+use tenure::lease::{LeaseError, Session};
+use tenure::queue::{Queue, QueueError};
+use tenure::runtime::Worker;
+use tenure::security::{AccessError, AccessStep, NatsAuth, Secret, Server, TlsFiles};
+use tenure::{Client, Config, JobId};
+use tenure_tests::{ThreeStep, Work, prepare_schema, wait_until};
+
+/// The namespace the stack's limited etcd and NATS users may use.
+const NS: &str = "sec";
+/// A refusal must come well before any timeout.
+const FAST: Duration = Duration::from_secs(5);
+
+fn stack() -> &'static DevStack {
+    DevStack::shared_with(DevStackOptions {
+        tls: true,
+        auth: true,
+        namespace: NS.into(),
+        ..DevStackOptions::default()
+    })
+    .expect("secured dev stack")
+}
+
+/// A configuration for the secured stack as PostgreSQL role `role`.
+fn secured(stack: &DevStack, role: &str, password: &Secret) -> Config {
+    let (tls, auth) = (stack.tls().expect("tls"), stack.auth().expect("auth"));
+    Config::new(NS)
+        .with_schema(NS)
+        .with_lease_ttl(Duration::from_secs(3))
+        .with_etcd_endpoints(stack.etcd_endpoints())
+        .with_etcd_tls(tls.client())
+        .with_etcd_user(&auth.etcd_user, auth.etcd_password.clone())
+        .with_nats_url(stack.nats_url())
+        .with_nats_tls(tls.client())
+        .with_nats_auth(auth.nats_auth())
+        .with_database_url(stack.database_url_as(role, Some(password), "tenure"))
+}
+
+fn worker_cfg(stack: &DevStack) -> Config {
+    let auth = stack.auth().expect("auth");
+    secured(stack, "tenure_worker", &auth.worker_password)
+}
+
+fn migrator_cfg(stack: &DevStack) -> Config {
+    let auth = stack.auth().expect("auth");
+    secured(stack, "tenure_migrator", &auth.migrator_password)
+}
+
+/// Asserts `refusal` is about `server` at `step`, came within [`FAST`], and
+/// shows no secret.
+fn assert_refused(refusal: &AccessError, server: Server, step: AccessStep, started: Instant) {
+    assert_eq!((refusal.server, refusal.step), (server, step), "{refusal}");
+    assert!(
+        started.elapsed() < FAST,
+        "took {:?}: {refusal}",
+        started.elapsed()
+    );
+    let text = refusal.to_string();
+    assert!(text.starts_with(&server.to_string()), "{text}");
+    assert!(!text.contains("pw-"), "a secret leaked: {text}");
+    eprintln!("refused as expected: {text}");
+}
+
+async fn etcd_refusal(cfg: Config) -> (AccessError, Instant) {
+    let started = Instant::now();
+    match Session::establish(&cfg).await {
+        Err(LeaseError::Access(refusal)) => (refusal, started),
+        other => panic!("expected an etcd refusal, got {other:?}"),
+    }
+}
+
+async fn nats_refusal(cfg: Config) -> (AccessError, Instant) {
+    let started = Instant::now();
+    match Queue::connect(&cfg).await {
+        Err(QueueError::Access(refusal)) => (refusal, started),
+        other => panic!("expected a NATS refusal, got {other:?}"),
+    }
+}
+
+async fn pg_refusal(cfg: Config) -> (AccessError, Instant) {
+    let started = Instant::now();
+    match FenceStore::connect(&cfg).await {
+        Err(FenceError::Access(refusal)) => (refusal, started),
+        other => panic!("expected a PostgreSQL refusal, got {other:?}"),
+    }
+}
+
+/// Replaces the TLS query of the stack's URL for `role` with `ssl`.
+fn pg_url_with(stack: &DevStack, ssl: &str) -> String {
+    let auth = stack.auth().expect("auth");
+    let url = stack.database_url_as("tenure_worker", Some(&auth.worker_password), "tenure");
+    let base = url.split('?').next().unwrap_or(&url).to_string();
+    format!("{base}?{ssl}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_three_step_job_runs_over_tls_with_auth_as_the_worker_role() {
+    let stack = stack();
+    let migrator = Client::connect(&migrator_cfg(stack))
+        .await
+        .expect("migrator");
+    prepare_schema(&migrator).await;
+    migrator
+        .store()
+        .grant_worker("tenure_worker")
+        .await
+        .expect("grant");
+    sqlx::query(&format!(
+        "GRANT SELECT, INSERT ON {NS}.step_log TO tenure_worker"
+    ))
+    .execute(migrator.store().pool())
+    .await
+    .expect("grant step_log");
+
+    // The worker runs on the application's own pool, built with Tenure's
+    // per-connection settings.
+    let cfg = worker_cfg(stack);
+    let pool = tenure::fence::pool_options(&cfg)
+        .connect_with(tenure::fence::connect_options(&cfg).expect("options"))
+        .await
+        .expect("the application's pool");
+    let lock_timeout: String = sqlx::query_scalar("SHOW lock_timeout")
+        .fetch_one(&pool)
+        .await
+        .expect("show");
+    assert_eq!(lock_timeout, "6s", "after_connect applies 2 x TTL");
+    let worker = Worker::builder(
+        cfg.clone()
+            .with_database_pool(pool)
+            .with_worker_id("secure-w"),
+    )
+    .register(ThreeStep {
+        worker: "secure-w".into(),
+        schema: NS.into(),
+    })
+    .start()
+    .await
+    .expect("worker over TLS as tenure_worker");
+    let client = Client::connect(&cfg)
+        .await
+        .expect("producer as tenure_worker");
+    let job = client
+        .enqueue::<ThreeStep>(
+            "secured-1",
+            &Work {
+                n: 1,
+                ..Work::default()
+            },
+        )
+        .await
+        .expect("enqueue");
+    let done = wait_until(Duration::from_secs(60), || async {
+        matches!(client.job(job.job_id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+    })
+    .await;
+    assert!(
+        done,
+        "the job did not finish: {:?}",
+        client.job(job.job_id).await
+    );
+    let steps: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {NS}.step_log WHERE job_id = $1"
+    ))
+    .bind(job.job_id.as_uuid())
+    .fetch_one(migrator.store().pool())
+    .await
+    .expect("count steps");
+    assert_eq!(steps, 3);
+    worker.shutdown().await.expect("shutdown");
+
+    // The worker role cannot do DDL on a guarded table, nor bypass its guard.
+    let store = client.store();
+    let table = format!("{NS}.step_log");
+    let started = Instant::now();
+    match store.remove_guard(&table).await {
+        Err(FenceError::Access(r)) => {
+            assert_refused(&r, Server::Postgres, AccessStep::Authorize, started)
+        }
+        other => panic!("the worker removed a guard: {other:?}"),
+    }
+    for ddl in [
+        format!("ALTER TABLE {table} DISABLE TRIGGER ALL"),
+        format!("DROP TABLE {table}"),
+        "SET session_replication_role = replica".to_string(),
+    ] {
+        let started = Instant::now();
+        let err = sqlx::query(&ddl)
+            .execute(store.pool())
+            .await
+            .expect_err(&ddl);
+        match FenceError::from(err) {
+            FenceError::Access(r) => {
+                assert_refused(&r, Server::Postgres, AccessStep::Authorize, started)
+            }
+            other => panic!("{ddl}: {other:?}"),
+        }
+    }
+    let mut tx = store.pool().begin().await.expect("begin");
+    let started = Instant::now();
+    match store.bypass_guard(&mut tx).await {
+        Err(FenceError::Access(r)) => {
+            assert_refused(&r, Server::Postgres, AccessStep::Authorize, started)
+        }
+        other => panic!("the worker bypassed the guard: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_ca_is_refused_by_each_server() {
+    let stack = stack();
+    let tls = stack.tls().expect("tls");
+    let wrong =
+        TlsFiles::new(&tls.other_ca_file).with_client_cert(&tls.client_cert, &tls.client_key);
+    let (r, t) = etcd_refusal(worker_cfg(stack).with_etcd_tls(wrong.clone())).await;
+    assert_refused(&r, Server::Etcd, AccessStep::Tls, t);
+    assert_eq!(r.detail, "unknown CA");
+    let (r, t) = nats_refusal(worker_cfg(stack).with_nats_tls(wrong)).await;
+    assert_refused(&r, Server::Nats, AccessStep::Tls, t);
+    let ssl = format!(
+        "sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+        tls.other_ca_file.display(),
+        tls.client_cert.display(),
+        tls.client_key.display()
+    );
+    let (r, t) = pg_refusal(worker_cfg(stack).with_database_url(pg_url_with(stack, &ssl))).await;
+    assert_refused(&r, Server::Postgres, AccessStep::Tls, t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absent_or_expired_client_certificate_is_refused_by_each_server() {
+    let stack = stack();
+    let tls = stack.tls().expect("tls");
+    let absent = TlsFiles::new(&tls.ca_file);
+    let expired = TlsFiles::new(&tls.ca_file)
+        .with_client_cert(&tls.expired_client_cert, &tls.expired_client_key);
+    for files in [absent, expired] {
+        let (r, t) = etcd_refusal(worker_cfg(stack).with_etcd_tls(files.clone())).await;
+        assert_refused(&r, Server::Etcd, AccessStep::Tls, t);
+        let (r, t) = nats_refusal(worker_cfg(stack).with_nats_tls(files.clone())).await;
+        assert_refused(&r, Server::Nats, AccessStep::Tls, t);
+        let mut ssl = format!("sslmode=verify-full&sslrootcert={}", tls.ca_file.display());
+        if let (Some(c), Some(k)) = (&files.cert_file, &files.key_file) {
+            ssl += &format!("&sslcert={}&sslkey={}", c.display(), k.display());
+        }
+        let (r, t) =
+            pg_refusal(worker_cfg(stack).with_database_url(pg_url_with(stack, &ssl))).await;
+        assert_refused(&r, Server::Postgres, AccessStep::Tls, t);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_refused_by_each_server() {
+    let stack = stack();
+    let auth = stack.auth().expect("auth");
+    let wrong = Secret::new("pw-wrong");
+    let (r, t) =
+        etcd_refusal(worker_cfg(stack).with_etcd_user(&auth.etcd_user, wrong.clone())).await;
+    assert_refused(&r, Server::Etcd, AccessStep::Authenticate, t);
+    let nats = NatsAuth::UserPassword {
+        user: auth.nats_user.clone(),
+        password: wrong.clone(),
+    };
+    let (r, t) = nats_refusal(worker_cfg(stack).with_nats_auth(nats)).await;
+    assert_refused(&r, Server::Nats, AccessStep::Authenticate, t);
+    let url = stack.database_url_as("tenure_worker", Some(&wrong), "tenure");
+    let (r, t) = pg_refusal(worker_cfg(stack).with_database_url(url)).await;
+    assert_refused(&r, Server::Postgres, AccessStep::Authenticate, t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_is_refused_by_each_server() {
+    let stack = stack();
+    let auth = stack.auth().expect("auth");
+    let mut cfg = worker_cfg(stack);
+    cfg.etcd_tls = None;
+    cfg.nats_tls = None;
+    cfg.etcd_endpoints = stack
+        .etcd_endpoints()
+        .iter()
+        .map(|e| e.replace("https://", "http://"))
+        .collect();
+    let (r, t) = etcd_refusal(cfg.clone()).await;
+    assert_refused(&r, Server::Etcd, AccessStep::Tls, t);
+    let (r, t) = nats_refusal(cfg.clone()).await;
+    assert_refused(&r, Server::Nats, AccessStep::Tls, t);
+    let url = stack.database_url_as("tenure_worker", Some(&auth.worker_password), "tenure");
+    let url = format!("{}?sslmode=disable", url.split('?').next().unwrap_or(&url));
+    let (r, t) = pg_refusal(cfg.with_database_url(url)).await;
+    assert_refused(&r, Server::Postgres, AccessStep::Tls, t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_user_cannot_write_outside_its_prefix() {
+    let stack = stack();
+    // The `tenure` user's role covers `sec/` only; namespace `other` is outside.
+    let cfg = worker_cfg(stack).with_namespace("other");
+    let session = Session::establish(&cfg)
+        .await
+        .expect("a lease needs no key");
+    let started = Instant::now();
+    match session.acquire(JobId::from_key("t", "outside")).await {
+        Err(LeaseError::Access(r)) => {
+            assert_refused(&r, Server::Etcd, AccessStep::Authorize, started)
+        }
+        other => panic!("wrote outside the prefix: {other:?}"),
+    }
+    let _ = session.close().await;
+}
+
+#[test]
+fn debug_of_a_secured_config_shows_no_secret() {
+    let stack = stack();
+    let text = format!("{:?}", worker_cfg(stack));
+    assert!(!text.contains("pw-"), "{text}");
+    assert!(text.contains("***"), "{text}");
+}
