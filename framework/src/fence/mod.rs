@@ -159,6 +159,13 @@ impl FenceStore {
     /// A store on an existing pool, for schema `schema` (`[a-z0-9_]`, 1-48 chars,
     /// not starting with a digit).
     ///
+    /// The pool must apply Tenure's per-connection settings: build it with
+    /// [`pool_options`] (its `after_connect` sets `idle_in_transaction_session_timeout`
+    /// and `lock_timeout` from the lease TTL), as [`FenceStore::connect`] does.
+    /// Without them a paused owner's open step transaction holds the job row
+    /// until its pause ends, and the next owner's claim waits that long (the
+    /// fence still refuses the old owner; only liveness suffers).
+    ///
     /// ```no_run
     /// # async fn demo(pool: sqlx::PgPool) -> Result<(), tenure::fence::FenceError> {
     /// let store = tenure::fence::FenceStore::new(pool, "tenure")?;
