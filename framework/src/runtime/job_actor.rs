@@ -198,16 +198,8 @@ impl JobRun {
             JobStatus::Dead => {
                 // The row went dead but the message was not dead-lettered yet (a
                 // crash in between): finish that now.
-                let reason = row.last_error.clone().unwrap_or_else(|| "dead".into());
-                self.dead_letter_unowned(
-                    delivery,
-                    job_id,
-                    &row.job_type,
-                    "dead",
-                    reason,
-                    Some(&row),
-                )
-                .await;
+                self.dead_letter_dead_row(delivery, job_id, Some(&row))
+                    .await;
                 return Err(Stop::Quiet);
             }
             _ => {}
@@ -792,7 +784,9 @@ impl JobRun {
             if status == JobStatus::Dead {
                 // Marked dead since admission (the broker gave up, an operator):
                 // dead-letter it as admission would.
-                self.dead_letter_dead_row(delivery, job_id).await;
+                let row = self.shared.store.job(job_id).await.ok().flatten();
+                self.dead_letter_dead_row(delivery, job_id, row.as_ref())
+                    .await;
             } else {
                 ack(delivery).await;
             }
@@ -941,15 +935,14 @@ impl JobRun {
         }
     }
 
-    /// Dead-letters a delivery whose row is `dead` (read again for the reason).
-    async fn dead_letter_dead_row(&self, delivery: Delivery, job_id: JobId) {
-        let row = self.shared.store.job(job_id).await.ok().flatten();
+    /// Dead-letters a delivery whose row is `dead`, with the row's last error
+    /// as the reason (`row` is `None` if it could not be read).
+    async fn dead_letter_dead_row(&self, delivery: Delivery, job_id: JobId, row: Option<&JobRow>) {
         let reason = row
-            .as_ref()
             .and_then(|r| r.last_error.clone())
             .unwrap_or_else(|| "dead".into());
-        let job_type = row.as_ref().map_or("unknown", |r| r.job_type.as_str());
-        self.dead_letter_unowned(delivery, job_id, job_type, "dead", reason, row.as_ref())
+        let job_type = row.map_or("unknown", |r| r.job_type.as_str());
+        self.dead_letter_unowned(delivery, job_id, job_type, "dead", reason, row)
             .await;
     }
 
@@ -1014,22 +1007,27 @@ enum ClaimRefusal {
 /// The health watch of a process that was frozen has not caught up yet; the
 /// monotonic lost deadline has.
 fn claim_refusal(now: Instant, lost_deadline: Instant, health: Health) -> ClaimRefusal {
-    if health == Health::Lost || now >= lost_deadline {
+    if health_at(now, lost_deadline, health) == Health::Lost {
         ClaimRefusal::NewerOwner
     } else {
         ClaimRefusal::Regression
     }
 }
 
-/// The session's health as of now: `Lost` once its lost deadline has passed,
-/// even if the keepalive task has not said so yet (a process that was frozen
-/// past its lease wakes with a stale health watch).
-fn lease_health_now(session: &Session) -> Health {
-    if Instant::now() >= session.lost_deadline() {
+/// A session's health at `now`: `Lost` once its lost deadline has passed, even
+/// if the keepalive task has not said so yet (a process that was frozen past its
+/// lease wakes with a stale health watch).
+fn health_at(now: Instant, lost_deadline: Instant, health: Health) -> Health {
+    if now >= lost_deadline {
         Health::Lost
     } else {
-        session.health()
+        health
     }
+}
+
+/// [`health_at`] now, for `session`.
+fn lease_health_now(session: &Session) -> Health {
+    health_at(Instant::now(), session.lost_deadline(), session.health())
 }
 
 /// Whether a step's error says a newer owner holds the job, and where it showed.
