@@ -43,7 +43,7 @@ install_missing() {
   local sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -q
+  $sudo apt-get update -q -o DPkg::Lock::Timeout=600
   # Do not let the postgresql package start a system cluster: the dev stack runs
   # its own servers on free loopback ports.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -51,7 +51,8 @@ install_missing() {
     $sudo chmod +x /usr/sbin/policy-rc.d
     trap "$sudo rm -f /usr/sbin/policy-rc.d" EXIT
   fi
-  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # Another apt (a second checkout setting up) holds the lock: wait for it.
+  $sudo apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=600 "${missing[@]}"
 }
 
 failures=0

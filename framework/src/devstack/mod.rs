@@ -27,10 +27,10 @@
 //! PostgreSQL schema). Tests that inject faults start a stack of their own.
 
 mod process;
+mod ready;
 mod restore;
 mod secure;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +38,7 @@ use std::time::Duration;
 
 pub use process::ServerProcess;
 use process::Spec;
+use ready::{Probe, free_ports, poll_ready};
 pub use secure::{DevAuth, DevTls};
 
 /// Errors of the dev stack.
@@ -62,7 +63,10 @@ pub enum DevStackError {
         source: std::io::Error,
     },
     /// A server did not become ready in time.
-    #[error("{server} did not become ready within {timeout:?}: {last_error} (log: {log})")]
+    #[error(
+        "{server} did not become ready within {timeout:?}: {last_error} (log: {log})\n\
+         last lines of its log:\n{log_tail}"
+    )]
     NotReady {
         /// Which server.
         server: String,
@@ -72,6 +76,16 @@ pub enum DevStackError {
         last_error: String,
         /// The server's log file.
         log: String,
+        /// The last lines of that log.
+        log_tail: String,
+    },
+    /// A server exited while the stack waited for it to become ready.
+    #[error("{server} exited while starting; last lines of its log:\n{log_tail}")]
+    Exited {
+        /// Which server process (`etcd-0`, `nats`, `postgres`).
+        server: String,
+        /// The last lines of its log.
+        log_tail: String,
     },
     /// A command (initdb) failed.
     #[error("`{command}` failed: {output}")]
@@ -87,6 +101,13 @@ pub enum DevStackError {
 }
 
 impl DevStackError {
+    /// Whether a server could not bind its port because another process took
+    /// it after the stack chose it: starting again with new ports helps.
+    pub fn is_port_clash(&self) -> bool {
+        matches!(self, DevStackError::Exited { log_tail, .. }
+            if log_tail.to_ascii_lowercase().contains("address already in use"))
+    }
+
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         DevStackError::Io {
             what: what.into(),
@@ -197,6 +218,50 @@ impl DevStack {
     pub async fn start_with(opts: DevStackOptions) -> Result<Self, DevStackError> {
         check_binaries(&opts)?;
         reap_stale_dirs();
+        const ATTEMPTS: usize = 3;
+        for _ in 1..ATTEMPTS {
+            match Self::start_once(&opts).await {
+                Err(e) if e.is_port_clash() => continue,
+                started => return started,
+            }
+        }
+        Self::start_once(&opts).await
+    }
+
+    /// One try of [`DevStack::start_with`], in a new directory with new ports.
+    async fn start_once(opts: &DevStackOptions) -> Result<Self, DevStackError> {
+        let mut stack = Self::empty(opts)?;
+        if opts.tls {
+            stack.tls = Some(secure::make_tls(stack.dir())?);
+        }
+        if opts.postgres {
+            stack.start_postgres(opts)?;
+        }
+        if opts.etcd {
+            stack.start_etcd(opts.etcd_members)?;
+        }
+        if opts.nats {
+            stack.start_nats()?;
+        }
+        if opts.etcd {
+            stack.wait_etcd(opts.ready_timeout, true).await?;
+            if let Some(auth) = &stack.auth {
+                let options = stack.etcd_admin_options(false)?;
+                secure::etcd_enable_auth(&stack.etcd_endpoints(), options, auth).await?;
+            }
+        }
+        if opts.nats {
+            stack.wait_nats(opts.ready_timeout, true).await?;
+        }
+        if opts.postgres {
+            stack.wait_postgres(opts.ready_timeout, true).await?;
+            stack.create_roles().await?;
+        }
+        Ok(stack)
+    }
+
+    /// A stack with its directory and credentials but no server yet.
+    fn empty(opts: &DevStackOptions) -> Result<Self, DevStackError> {
         let dir = tempfile::Builder::new()
             .prefix(DIR_PREFIX)
             .tempdir()
@@ -204,8 +269,7 @@ impl DevStack {
         std::fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
             .map_err(|e| DevStackError::io("write owner file", e))?;
         set_mode(dir.path(), 0o755)?;
-
-        let mut stack = DevStack {
+        Ok(DevStack {
             etcd: Vec::new(),
             etcd_client_ports: Vec::new(),
             etcd_peer_ports: Vec::new(),
@@ -216,34 +280,7 @@ impl DevStack {
             tls: None,
             auth: opts.auth.then(|| DevAuth::new(&opts.namespace)),
             dir,
-        };
-        if opts.tls {
-            stack.tls = Some(secure::make_tls(stack.dir())?);
-        }
-        if opts.postgres {
-            stack.start_postgres(&opts)?;
-        }
-        if opts.etcd {
-            stack.start_etcd(opts.etcd_members)?;
-        }
-        if opts.nats {
-            stack.start_nats()?;
-        }
-        if opts.etcd {
-            stack.wait_etcd(opts.ready_timeout).await?;
-            if let Some(auth) = &stack.auth {
-                let options = stack.etcd_admin_options(false)?;
-                secure::etcd_enable_auth(&stack.etcd_endpoints(), options, auth).await?;
-            }
-        }
-        if opts.nats {
-            stack.wait_nats(opts.ready_timeout).await?;
-        }
-        if opts.postgres {
-            stack.wait_postgres(opts.ready_timeout).await?;
-            stack.create_roles().await?;
-        }
-        Ok(stack)
+        })
     }
 
     /// One stack per process (test binary), started on first use and never
@@ -324,13 +361,13 @@ impl DevStack {
     /// [`DevStackError::NotReady`] after `timeout` per server.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(), DevStackError> {
         if !self.etcd.is_empty() {
-            self.wait_etcd(timeout).await?;
+            self.wait_etcd(timeout, false).await?;
         }
         if self.nats.is_some() {
-            self.wait_nats(timeout).await?;
+            self.wait_nats(timeout, false).await?;
         }
         if self.postgres.is_some() {
-            self.wait_postgres(timeout).await?;
+            self.wait_postgres(timeout, false).await?;
         }
         Ok(())
     }
@@ -427,6 +464,7 @@ impl DevStack {
             timeout: Duration::from_secs(5),
             last_error,
             log: self.dir().display().to_string(),
+            log_tail: ready::log_tail(&self.dir().join("etcd0.log")),
         })
     }
 
@@ -558,41 +596,40 @@ impl DevStack {
         format!("tenure-{}", self.dir().display()).replace('/', "-")
     }
 
-    async fn wait_etcd(&self, timeout: Duration) -> Result<(), DevStackError> {
+    /// Waits until an etcd write commits; with `starting`, fails at once if a
+    /// member exits.
+    async fn wait_etcd(&self, timeout: Duration, starting: bool) -> Result<(), DevStackError> {
         let endpoints = self.etcd_endpoints();
         let options = self.etcd_admin_options(false)?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut last_error;
-        loop {
-            let attempt = async {
-                let mut client = etcd_client::Client::connect(&endpoints, Some(options.clone()))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                client
-                    .put("__tenure_devstack_ready", "1", None)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok::<_, String>(())
-            };
-            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => last_error = e,
-                Err(_) => last_error = "write timed out".into(),
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(DevStackError::NotReady {
-                    server: "etcd".into(),
-                    timeout,
-                    last_error,
-                    log: self.dir().join("etcd0.log").display().to_string(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let probe = Probe {
+            server: "etcd",
+            log: self.dir().join("etcd0.log"),
+            attempt_timeout: Duration::from_secs(2),
+            timeout,
+            must_run: if starting {
+                self.etcd.iter().collect()
+            } else {
+                Vec::new()
+            },
+        };
+        poll_ready(probe, || async {
+            let mut client = etcd_client::Client::connect(&endpoints, Some(options.clone()))
+                .await
+                .map_err(|e| e.to_string())?;
+            client
+                .put("__tenure_devstack_ready", "1", None)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        })
+        .await
     }
 
     fn start_nats(&mut self) -> Result<(), DevStackError> {
-        let port = free_ports(1)?[0];
+        self.start_nats_on(free_ports(1)?[0])
+    }
+
+    fn start_nats_on(&mut self, port: u16) -> Result<(), DevStackError> {
         let store = self.dir().join("nats");
         let spec = Spec {
             name: "nats".into(),
@@ -626,44 +663,36 @@ impl DevStack {
         Ok(())
     }
 
-    async fn wait_nats(&self, timeout: Duration) -> Result<(), DevStackError> {
+    /// Waits until JetStream answers; with `starting`, fails at once if the
+    /// server exits.
+    async fn wait_nats(&self, timeout: Duration, starting: bool) -> Result<(), DevStackError> {
         let url = self.nats_url();
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut last_error;
-        loop {
-            let attempt = async {
-                let client = self
-                    .nats_admin_options()
-                    .connect(&url)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                // A raw account-info request: typed `query_account` does not parse
-                // nats-server 2.9's answer with every async-nats version.
-                let reply = client
-                    .request("$JS.API.INFO", bytes::Bytes::new())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let text = String::from_utf8_lossy(&reply.payload);
-                if text.contains("\"error\"") {
-                    return Err(format!("JetStream not ready: {text}"));
-                }
-                Ok::<_, String>(())
-            };
-            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => last_error = e,
-                Err(_) => last_error = "JetStream account info timed out".into(),
+        let probe = Probe {
+            server: "nats",
+            log: self.dir().join("nats.log"),
+            attempt_timeout: Duration::from_secs(2),
+            timeout,
+            must_run: self.nats.iter().filter(|_| starting).collect(),
+        };
+        poll_ready(probe, || async {
+            let client = self
+                .nats_admin_options()
+                .connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            // A raw account-info request: typed `query_account` does not parse
+            // nats-server 2.9's answer with every async-nats version.
+            let reply = client
+                .request("$JS.API.INFO", bytes::Bytes::new())
+                .await
+                .map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&reply.payload);
+            if text.contains("\"error\"") {
+                return Err(format!("JetStream not ready: {text}"));
             }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(DevStackError::NotReady {
-                    server: "nats".into(),
-                    timeout,
-                    last_error,
-                    log: self.dir().join("nats.log").display().to_string(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            Ok(())
+        })
+        .await
     }
 
     fn nats_admin_options(&self) -> async_nats::ConnectOptions {
@@ -841,46 +870,38 @@ impl DevStack {
         Ok(())
     }
 
-    async fn wait_postgres(&self, timeout: Duration) -> Result<(), DevStackError> {
+    /// Waits until PostgreSQL accepts a connection and creates the stack's
+    /// database; with `starting`, fails at once if the server exits.
+    async fn wait_postgres(&self, timeout: Duration, starting: bool) -> Result<(), DevStackError> {
         use sqlx::Connection;
         let admin = self.database_url_for("postgres");
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut last_error;
-        loop {
-            let attempt = async {
-                let mut conn = sqlx::PgConnection::connect(&admin)
+        let probe = Probe {
+            server: "postgres",
+            log: self.dir().join("pg/postgres.log"),
+            attempt_timeout: Duration::from_secs(5),
+            timeout,
+            must_run: self.postgres.iter().filter(|_| starting).collect(),
+        };
+        poll_ready(probe, || async {
+            let mut conn = sqlx::PgConnection::connect(&admin)
+                .await
+                .map_err(|e| e.to_string())?;
+            let exists: Option<i32> =
+                sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+                    .bind(DATABASE)
+                    .fetch_optional(&mut conn)
                     .await
                     .map_err(|e| e.to_string())?;
-                let exists: Option<i32> =
-                    sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-                        .bind(DATABASE)
-                        .fetch_optional(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                if exists.is_none() {
-                    sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
-                        .execute(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                let _ = conn.close().await;
-                Ok::<_, String>(())
-            };
-            match tokio::time::timeout(Duration::from_secs(5), attempt).await {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => last_error = e,
-                Err(_) => last_error = "connect timed out".into(),
+            if exists.is_none() {
+                sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
+                    .execute(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(DevStackError::NotReady {
-                    server: "postgres".into(),
-                    timeout,
-                    last_error,
-                    log: self.dir().join("pg/postgres.log").display().to_string(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            let _ = conn.close().await;
+            Ok(())
+        })
+        .await
     }
 
     /// Creates a fresh database on the stack's PostgreSQL and returns its URL.
@@ -979,19 +1000,6 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), DevStackError> {
         .map_err(|e| DevStackError::io(format!("chmod {}", path.display()), e))
 }
 
-/// Free loopback ports: bound all at once (so they are distinct), then released.
-fn free_ports(n: usize) -> Result<Vec<u16>, DevStackError> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| DevStackError::io("bind a free loopback port", e))?;
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| DevStackError::io("read a bound port", e))
-}
-
 /// Removes dev-stack directories whose owning process is gone (a crashed test).
 ///
 /// Their servers are already dead (`PDEATHSIG`); as a second line of defence any
@@ -1041,5 +1049,26 @@ fn kill_processes_naming(dir: &Path) {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CI failure this guards against: a port chosen for a server is taken
+    /// before the server binds it. The server exits; the stack must say so at
+    /// once, with the log's reason, as a clash it can retry (it used to wait 30 s
+    /// and report a timeout).
+    #[tokio::test]
+    async fn a_server_whose_port_is_taken_is_a_port_clash_reported_at_once() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let opts = DevStackOptions::default();
+        let mut stack = DevStack::empty(&opts).unwrap();
+        stack.start_nats_on(port).unwrap();
+        let err = stack.wait_nats(Duration::from_secs(60), true).await;
+        let err = err.expect_err("nats cannot have started on a taken port");
+        assert!(err.is_port_clash(), "{err}");
     }
 }

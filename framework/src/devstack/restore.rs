@@ -82,7 +82,7 @@ impl DevStack {
             ])?;
             member.restart()?;
         }
-        self.wait_etcd(timeout).await
+        self.wait_etcd(timeout, false).await
     }
 
     /// Writes to etcd until its revision is above `past`: after a restore, what
@@ -98,6 +98,7 @@ impl DevStack {
             timeout: Duration::ZERO,
             last_error: e.to_string(),
             log: self.dir().join("etcd0.log").display().to_string(),
+            log_tail: String::new(),
         };
         let client = etcd_client::Client::connect(&endpoints, None)
             .await
