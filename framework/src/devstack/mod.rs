@@ -1053,6 +1053,7 @@ fn kill_processes_naming(dir: &Path) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -125,6 +125,7 @@ fn quiet_range() -> (u16, u16) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 
