@@ -24,9 +24,11 @@ mod fetcher;
 mod job_actor;
 mod keeper;
 mod locks;
+mod outcome;
 mod registry;
 mod slots;
 mod stage;
+mod steps;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,491 @@
+//! How a delivery ends: every ending of a job is one [`Outcome`], and
+//! [`JobRun::settle`] performs its side effects (ack, nak or dead-letter of the
+//! message, deletion of our lock, bookkeeping on the job row, metrics, the
+//! observer) in this one place.
+//!
+//! The phases of `job_actor` and `steps` decide; they do no message or lock
+//! side effects of their own. What a delivery holds when it ends (nothing, a
+//! lock, or a claim on the row) is its [`Held`]; settling undoes it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::job_actor::{Holding, JobRun};
+use super::locks::ReleaseMode;
+use super::registry::DynJob;
+use super::slots::RunSlot;
+use crate::fence::{FenceError, JobRow};
+use crate::lease::{JobLock, Session};
+use crate::queue::{DeadLetterInfo, Delivery};
+use crate::telemetry::StaleAt;
+use crate::{FencingToken, JobId, ObservedFence, StepIndex, retry};
+
+/// Every way a delivery can end.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// The last step committed (`status = done`): counted, acked, our lock
+    /// deleted in the background.
+    Done,
+    /// The row is already terminal (a redelivery of a finished job): acked, a
+    /// lock we hold deleted in the background.
+    Ack,
+    /// Not now: a lock we hold is deleted at once (the next attempt needs it),
+    /// then the message is nak'ed, redelivered after `delay`.
+    Retry { delay: Duration },
+    /// Another session holds the job's lock: counted, nak'ed with `delay`.
+    Contended { delay: Duration },
+    /// Our own lease holds the lock but no job actor of this worker does (a
+    /// create whose answer was lost, a release that gave up): the stranded lock
+    /// is deleted and the message nak'ed.
+    Stranded {
+        session: Arc<Session>,
+        job_id: JobId,
+    },
+    /// A retryable failure of an attempt we own: counted on the row (fenced),
+    /// then [`Retry`](Outcome::Retry) with backoff, or
+    /// [`DeadLetter`](Outcome::DeadLetter) past the job's retry limit.
+    Fail { reason: String },
+    /// We stop a job we own (the worker drains, the step was cancelled): the
+    /// release is recorded on the row, so the next claim is no takeover, then
+    /// [`Retry`](Outcome::Retry) at once.
+    Release,
+    /// Dead-lettered: a row we own is marked dead (fenced) first, an unknown
+    /// job type's row unfenced; the DLQ publish terminates the message; a lock
+    /// we hold is deleted in the background.
+    DeadLetter { code: DeadCode, reason: String },
+    /// A newer owner fenced us out: counted and reported, nothing acked. A lock
+    /// never claimed (refused at the claim) is deleted; after a claim it is
+    /// left alone (the newer owner's claim means our key is gone).
+    Stale {
+        at: StaleAt,
+        step: Option<StepIndex>,
+        error: String,
+    },
+    /// Our fresh lock met a fence at or above its token: etcd's revisions went
+    /// backwards. The alarm is raised and the job handed back unrun
+    /// ([`Retry`](Outcome::Retry) with backoff).
+    Regression { error: String },
+    /// We may no longer hold the job (the lease was lost, or not healthy at a
+    /// commit): a lock we hold is deleted at once; the message is neither acked
+    /// nor nak'ed, so the broker redelivers it after AckWait to the next owner.
+    LeaveToNextOwner,
+}
+
+/// Why a job was dead-lettered: the code in the DLQ reason and the metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DeadCode {
+    /// The message has no valid job id, or its header contradicts the row.
+    BadMessage,
+    /// The message was not enqueued through Tenure.
+    NoJobRow,
+    /// No job of the row's type is registered in this worker.
+    UnknownJobType,
+    /// The row is already dead (a crash between marking and publishing).
+    Dead,
+    /// The job lost its owner more than `max_takeovers` times.
+    MaxTakeovers,
+    /// A step returned a permanent error (or wrote around the fence).
+    PermanentError,
+    /// The job failed more than its retry limit.
+    MaxRetries,
+}
+
+impl DeadCode {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            DeadCode::BadMessage => "bad_message",
+            DeadCode::NoJobRow => "no_job_row",
+            DeadCode::UnknownJobType => "unknown_job_type",
+            DeadCode::Dead => "dead",
+            DeadCode::MaxTakeovers => "max_takeovers",
+            DeadCode::PermanentError => "permanent_error",
+            DeadCode::MaxRetries => "max_retries",
+        }
+    }
+}
+
+/// What a delivery holds when it ends.
+pub(super) enum Held {
+    /// Nothing of ours: no lock (yet), no claim.
+    Nothing,
+    /// Our job lock, not claimed at the resource.
+    Lock {
+        session: Arc<Session>,
+        lock: JobLock,
+    },
+    /// Our claim on the job row (and our lock, until it is deleted).
+    Claim(Owned),
+}
+
+impl Held {
+    /// The lock we hold, taken (so it is deleted once).
+    fn take_lock(&mut self) -> Option<(Arc<Session>, JobLock)> {
+        match std::mem::replace(self, Held::Nothing) {
+            Held::Nothing => None,
+            Held::Lock { session, lock } => Some((session, lock)),
+            Held::Claim(mut owned) => {
+                let lock = owned.lock.take().map(|l| (owned.session.clone(), l));
+                *self = Held::Claim(owned);
+                lock
+            }
+        }
+    }
+}
+
+/// A job this delivery claimed.
+pub(super) struct Owned {
+    pub(super) job_id: JobId,
+    pub(super) job: Arc<dyn DynJob>,
+    pub(super) session: Arc<Session>,
+    pub(super) lock: Option<JobLock>,
+    pub(super) token: FencingToken,
+    pub(super) takeovers: u32,
+    pub(super) attempts: u32,
+}
+
+/// One delivery on its way through the phases: the message, what is known of
+/// its job, and what it holds.
+pub(super) struct Attempt {
+    delivery: Delivery,
+    /// The job type for metrics: `unknown` until admission trusts the row's.
+    pub(super) job_type: String,
+    /// The job row as admission read it (for an unowned dead-letter's details).
+    pub(super) row: Option<JobRow>,
+    pub(super) held: Held,
+    /// This job actor's entry in the worker's holding map, until settled.
+    pub(super) holding: Option<Holding>,
+    /// The run slot, until settled.
+    pub(super) run_slot: Option<RunSlot>,
+}
+
+impl Attempt {
+    pub(super) fn new(delivery: Delivery) -> Self {
+        Attempt {
+            delivery,
+            job_type: "unknown".into(),
+            row: None,
+            held: Held::Nothing,
+            holding: None,
+            run_slot: None,
+        }
+    }
+
+    /// The message, until settling acks, naks or dead-letters it.
+    pub(super) fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+}
+
+impl JobRun {
+    /// Ends the delivery as `outcome` says. The bookkeeping outcomes (`Fail`,
+    /// `Release`, `Regression`, and the dead mark of a `DeadLetter` we own)
+    /// first turn into the ending they lead to.
+    pub(super) async fn settle(&self, mut a: Attempt, outcome: Outcome) {
+        let mut outcome = outcome;
+        loop {
+            outcome = match outcome {
+                Outcome::Fail { reason } => self.record_failure(&mut a, reason).await,
+                Outcome::Release => self.record_release(&a).await,
+                Outcome::Regression { error } => {
+                    self.regression_alarm(&a, &error);
+                    let delay = retry::jittered(&self.shared.cfg.retry_backoff, 0);
+                    Outcome::Retry { delay }
+                }
+                Outcome::DeadLetter { code, reason } => {
+                    match self.mark_dead(&a, code, &reason).await {
+                        Ok(()) => return self.dead_letter(a, code, reason).await,
+                        Err(next) => next,
+                    }
+                }
+                ending => return self.end(a, ending).await,
+            };
+        }
+    }
+
+    /// Performs an ending: the message acked, nak'ed or left, our lock deleted
+    /// or left, the metrics and the observer told.
+    async fn end(&self, mut a: Attempt, ending: Outcome) {
+        let sh = &self.shared;
+        match ending {
+            Outcome::Done => {
+                sh.metrics.completed(&a.job_type);
+                self.ack(a).await;
+            }
+            Outcome::Ack => self.ack(a).await,
+            Outcome::Retry { delay } => {
+                self.release(&mut a.held, ReleaseMode::Prompt).await;
+                retry_later(a.delivery, delay).await;
+            }
+            Outcome::Contended { delay } => {
+                sh.metrics.contention(&a.job_type);
+                retry_later(a.delivery, delay).await;
+            }
+            Outcome::Stranded { session, job_id } => {
+                if let Err(e) = session.release_stranded(job_id).await {
+                    tracing::warn!(error = %e, "deleting a lock stranded under our own lease failed");
+                }
+                let delay = retry::jittered(&sh.cfg.contention_backoff, 0);
+                retry_later(a.delivery, delay).await;
+            }
+            Outcome::Stale { at, step, error } => self.stale(&mut a, at, step, &error).await,
+            Outcome::LeaveToNextOwner => self.release(&mut a.held, ReleaseMode::Prompt).await,
+            bookkeeping @ (Outcome::Fail { .. }
+            | Outcome::Release
+            | Outcome::Regression { .. }
+            | Outcome::DeadLetter { .. }) => {
+                tracing::error!(outcome = ?bookkeeping, "bug: a bookkeeping outcome reached end(); leaving the message to AckWait");
+            }
+        }
+    }
+
+    async fn ack(&self, a: Attempt) {
+        let Attempt {
+            delivery, mut held, ..
+        } = a;
+        if let Err(e) = delivery.ack().await {
+            tracing::warn!(error = %e, "ack failed; the redelivery finds the row terminal and acks again");
+        }
+        self.release(&mut held, ReleaseMode::Deferred).await;
+    }
+
+    /// Deletes the lock we hold, if any (once: later calls find none).
+    async fn release(&self, held: &mut Held, mode: ReleaseMode) {
+        if let Some((session, lock)) = held.take_lock() {
+            self.shared.locks.release(session, lock, mode).await;
+        }
+    }
+
+    /// Records a retryable failure on the row, and says what follows.
+    async fn record_failure(&self, a: &mut Attempt, reason: String) -> Outcome {
+        let sh = &self.shared;
+        let Held::Claim(owned) = &mut a.held else {
+            return Outcome::Retry {
+                delay: retry::jittered(&sh.cfg.retry_backoff, 0),
+            };
+        };
+        let recorded = self
+            .with_claim(owned, || {
+                sh.store.record_failure(owned.job_id, owned.token, &reason)
+            })
+            .await;
+        let attempts = match recorded {
+            Ok(attempts) => attempts,
+            Err(e) if e.is_fenced_out() => return stale_bookkeeping(e),
+            Err(e) => {
+                tracing::warn!(error = %e, %reason, "recording the failure failed; retrying later");
+                let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+                return Outcome::Retry { delay };
+            }
+        };
+        owned.attempts = attempts;
+        let limit = owned.job.retries().unwrap_or(sh.cfg.max_retries);
+        if attempts > limit {
+            let reason =
+                format!("failed {attempts} times (retries = {limit}); last error: {reason}");
+            return Outcome::DeadLetter {
+                code: DeadCode::MaxRetries,
+                reason,
+            };
+        }
+        sh.metrics.retried(&a.job_type);
+        let delay = retry::jittered(&sh.cfg.retry_backoff, attempts.saturating_sub(1));
+        tracing::info!(attempts, ?delay, %reason, "step failed; retrying");
+        Outcome::Retry { delay }
+    }
+
+    /// Records a voluntary release on the row (best effort), then hands back.
+    async fn record_release(&self, a: &Attempt) -> Outcome {
+        let sh = &self.shared;
+        if let Held::Claim(owned) = &a.held {
+            let recorded = self
+                .with_claim(owned, || sh.store.record_release(owned.job_id, owned.token))
+                .await;
+            if let Err(e) = recorded {
+                tracing::warn!(error = %e, "recording the voluntary release failed");
+            }
+        }
+        tracing::info!("released the job voluntarily (shutdown)");
+        Outcome::Retry {
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// Marks the row dead before the DLQ publish, so a crash in between leaves
+    /// a dead row whose redelivery is dead-lettered at admission: fenced if we
+    /// own it, unfenced for a type no worker here knows (nobody owns it).
+    /// `Err` is the ending instead of the dead-letter.
+    async fn mark_dead(&self, a: &Attempt, code: DeadCode, reason: &str) -> Result<(), Outcome> {
+        let sh = &self.shared;
+        let Held::Claim(owned) = &a.held else {
+            self.mark_unknown_type_dead(a, code, reason).await;
+            return Ok(());
+        };
+        let marked = self
+            .with_claim(owned, || {
+                sh.store.mark_dead(owned.job_id, owned.token, reason)
+            })
+            .await;
+        match marked {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_fenced_out() => Err(stale_bookkeeping(e)),
+            Err(e) => {
+                tracing::warn!(error = %e, "marking the job dead failed; retrying later");
+                let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
+                Err(Outcome::Retry { delay })
+            }
+        }
+    }
+
+    /// Publishes to the DLQ (which terminates the message), then deletes a
+    /// lock we hold in the background.
+    async fn dead_letter(&self, a: Attempt, code: DeadCode, reason: String) {
+        let sh = &self.shared;
+        let info = match &a.held {
+            Held::Claim(owned) => {
+                let last = Some(owned.token.observed());
+                info(code, &reason, last, owned.takeovers, owned.attempts)
+            }
+            _ => {
+                let row = a.row.as_ref();
+                let last = row.and_then(|r| ObservedFence::new(r.fence));
+                let (takeovers, attempts) = row.map_or((0, 0), |r| (r.takeovers, r.attempts));
+                info(code, &reason, last, takeovers, attempts)
+            }
+        };
+        sh.metrics.dead_lettered(&a.job_type, code.as_str());
+        tracing::warn!(reason = %reason, code = code.as_str(), "job dead-lettered");
+        let Attempt {
+            delivery, mut held, ..
+        } = a;
+        if let Err(e) = delivery.dead_letter(info).await {
+            tracing::error!(error = %e, "DLQ publish failed; the redelivery will dead-letter it again");
+        }
+        self.release(&mut held, ReleaseMode::Deferred).await;
+    }
+
+    /// A row of a type no worker here knows is marked dead (unfenced: nobody
+    /// owns it), so its redeliveries are dead-lettered at admission.
+    async fn mark_unknown_type_dead(&self, a: &Attempt, code: DeadCode, reason: &str) {
+        if code != DeadCode::UnknownJobType {
+            return;
+        }
+        if let Some(row) = &a.row {
+            if let Err(e) = self.shared.store.mark_dead_unfenced(row.id, reason).await {
+                tracing::warn!(error = %e, "marking the job dead failed");
+            }
+        }
+    }
+
+    /// Counts and reports a stale owner's refused write; nothing is acked.
+    async fn stale(&self, a: &mut Attempt, at: StaleAt, step: Option<StepIndex>, error: &str) {
+        let sh = &self.shared;
+        sh.metrics.stale_rejected(&a.job_type, at);
+        if let Held::Lock { .. } = a.held {
+            tracing::info!(
+                error,
+                "fenced out at claim: this worker stalled past its lease after \
+                 acquiring, and a newer owner claimed the job"
+            );
+            self.release(&mut a.held, ReleaseMode::Prompt).await;
+            return;
+        }
+        tracing::warn!(
+            error,
+            step = ?step,
+            at = at.as_str(),
+            "write refused: fenced out by a newer owner; not acking"
+        );
+        if let (Held::Claim(owned), Some(step), Some(h)) = (&a.held, step, &sh.hooks) {
+            h.stale_rejected(owned.job_id, step, owned.token);
+        }
+    }
+
+    /// A fresh, verified lock of a live session met a fence at or above its
+    /// token: etcd's revisions went backwards. Counted, logged as an alert and
+    /// reported to the observer.
+    fn regression_alarm(&self, a: &Attempt, error: &str) {
+        self.shared.metrics.token_regression(&a.job_type);
+        tracing::error!(
+            error,
+            "ALERT: fencing token regression (etcd revisions went backwards: a snapshot \
+             restore without --bump-revision?); the job is handed back, not run"
+        );
+        if let (Held::Lock { lock, .. }, Some(h)) = (&a.held, &self.shared.hooks) {
+            h.token_regression(lock.job_id(), lock.token());
+        }
+    }
+
+    /// Runs one of our fenced bookkeeping writes (`record_failure`, `mark_dead`,
+    /// `record_release`). If it finds that our claim never became durable (the
+    /// transaction that carried it was lost: a commit error other than the
+    /// fence's, a panic after `ctx.db()`, a connection PostgreSQL ended), the
+    /// claim is applied again on its own and the write runs once more, so every
+    /// attempt is counted. A newer owner's fence refuses the re-claim as it
+    /// would any write.
+    async fn with_claim<T, F, Fut>(&self, owned: &Owned, write: F) -> Result<T, FenceError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, FenceError>>,
+    {
+        match write().await {
+            Err(FenceError::NotClaimed { .. }) => {
+                tracing::info!("the transaction that carried the claim was lost; claiming again");
+                self.shared.store.claim(owned.job_id, owned.token).await?;
+                write().await
+            }
+            other => other,
+        }
+    }
+}
+
+/// A bookkeeping write of ours (a failure, a dead mark) refused by a newer
+/// owner's fence.
+fn stale_bookkeeping(e: FenceError) -> Outcome {
+    Outcome::Stale {
+        at: StaleAt::StepCommit,
+        step: None,
+        error: e.to_string(),
+    }
+}
+
+fn info(
+    code: DeadCode,
+    reason: &str,
+    last_token: Option<ObservedFence>,
+    takeovers: u32,
+    attempts: u32,
+) -> DeadLetterInfo {
+    DeadLetterInfo {
+        reason: format!("{}: {reason}", code.as_str()),
+        last_token,
+        takeovers,
+        attempts,
+    }
+}
+
+async fn retry_later(delivery: Delivery, delay: Duration) {
+    if let Err(e) = delivery.retry_after(delay).await {
+        tracing::warn!(error = %e, "nak failed; the broker redelivers after AckWait");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_codes_are_the_documented_strings() {
+        let all = [
+            (DeadCode::BadMessage, "bad_message"),
+            (DeadCode::NoJobRow, "no_job_row"),
+            (DeadCode::UnknownJobType, "unknown_job_type"),
+            (DeadCode::Dead, "dead"),
+            (DeadCode::MaxTakeovers, "max_takeovers"),
+            (DeadCode::PermanentError, "permanent_error"),
+            (DeadCode::MaxRetries, "max_retries"),
+        ];
+        for (code, text) in all {
+            assert_eq!(code.as_str(), text);
+        }
+    }
+}

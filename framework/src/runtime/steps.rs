@@ -1,0 +1,400 @@
+//! Phase 5: the steps of a claimed job, each in a `StageActor`, each committed with
+//! its checkpoint through a fenced transaction, after the pre-commit check (phase 6).
+//! A step that ends the delivery returns its [`Outcome`]; `settle` does the
+//! rest.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::job_actor::{JobRun, lease_health_now};
+use super::outcome::{DeadCode, Outcome, Owned};
+use super::stage::{StageOutcome, run_stage};
+use crate::StepIndex;
+use crate::fence::{Claim, FenceError, FencedTx, JobStatus};
+use crate::job::{StepCtx, StepError, StepErrorKind, TxSlot, new_slot, take_tx};
+use crate::lease::Health;
+use crate::queue::Delivery;
+use crate::telemetry::{StaleAt, spans};
+
+/// The step about to run.
+#[derive(Clone, Copy)]
+struct StepAt {
+    index: StepIndex,
+    name: &'static str,
+    last: bool,
+}
+
+/// What a committed step hands to the next: its output and the fenced
+/// transaction its commit opened for the next step.
+type Committed = (serde_json::Value, Option<TxSlot>);
+
+impl JobRun {
+    /// Runs the steps from the claim's first uncommitted one: `Ok` once the
+    /// last one committed (the job row is `done`).
+    pub(super) async fn run_steps(
+        &self,
+        owned: &Owned,
+        delivery: &Delivery,
+        claim: Claim,
+        claim_tx: FencedTx,
+    ) -> Result<(), Outcome> {
+        let steps = owned.job.steps();
+        let n = u32::try_from(steps.len()).unwrap_or(u32::MAX);
+        let first = claim.step.get();
+        let mut input = if first == 0 {
+            claim.input
+        } else {
+            claim.checkpoint.unwrap_or(serde_json::Value::Null)
+        };
+        // The claim's transaction goes to the first step, which takes it on its
+        // first `ctx.db()`. A step that does other work first must not keep the
+        // job row locked (and the transaction idle towards
+        // `idle_in_transaction_session_timeout`) nor a pooled connection: after
+        // `open_tx_window` the claim is committed alone and the step opens its own
+        // transaction.
+        let mut tx_slot = Some(new_slot(claim_tx));
+        for k in first..n {
+            if self.shared.draining.is_cancelled() && k > first {
+                // The transaction opened for this step holds the job row.
+                if let Some(tx) = tx_slot.take().and_then(|slot| take_tx(&slot)) {
+                    let _ = tx.rollback().await;
+                }
+                return Err(Outcome::Release);
+            }
+            let step = StepAt {
+                index: StepIndex::new(k),
+                name: steps.get(k as usize).map_or("?", |s| s.name),
+                last: k + 1 == n,
+            };
+            (input, tx_slot) = self
+                .run_step(owned, delivery, step, input, tx_slot.take())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs one step and commits it (or says how the delivery ends).
+    async fn run_step(
+        &self,
+        owned: &Owned,
+        delivery: &Delivery,
+        step: StepAt,
+        input: serde_json::Value,
+        tx_slot: Option<TxSlot>,
+    ) -> Result<Committed, Outcome> {
+        let sh = &self.shared;
+        let started = Instant::now();
+        let cancel = sh.stop_jobs.child_token();
+        let claim_lost = CancellationToken::new();
+        let ctx = StepCtx {
+            job_id: owned.job_id,
+            job_type: owned.job.name(),
+            step: step.index,
+            step_name: step.name,
+            token: owned.token,
+            attempt: owned.attempts,
+            cancel: cancel.clone(),
+            deadline: owned.session.lost_deadline(),
+            store: Some(sh.store.clone()),
+            tx: None,
+            open_tx: tx_slot.clone(),
+            claim_lost: claim_lost.clone(),
+        };
+        let committer = tx_slot.as_ref().map(|slot| {
+            let lost = [claim_lost.clone(), cancel.clone()];
+            end_unused_later(slot.clone(), open_tx_window(&sh.cfg), lost)
+        });
+        let span = tracing::info_span!(spans::STEP, step = %step.index, name = step.name, token = owned.token.get());
+        let mut outcome = self
+            .drive_stage(owned, delivery, ctx, step.index, input, &cancel)
+            .instrument(span)
+            .await;
+        // The transaction opened for this step, if the step did not take it.
+        let leftover = tx_slot.and_then(|slot| take_tx(&slot));
+        drop(committer);
+        if let Some(tx) = leftover {
+            match outcome.ctx.as_mut() {
+                Some(ctx) if ctx.tx.is_none() => ctx.tx = Some(tx),
+                // Rolling back a claim's transaction re-applies the claim on its own.
+                _ => {
+                    let _ = tx.rollback().await;
+                }
+            }
+        }
+        match (outcome.result, outcome.ctx) {
+            (Ok(out), Some(ctx)) => self.commit(owned, ctx, step, out, started).await,
+            (Ok(_), None) => Err(Outcome::Fail {
+                reason: "step lost its context".into(),
+            }),
+            (Err(err), ctx) => Err(self.step_failed(owned, ctx, step, err).await),
+        }
+    }
+
+    /// Commits a step's output as its checkpoint, after the pre-commit check.
+    /// Not the last step: the same round trip opens the next step's fenced
+    /// transaction.
+    async fn commit(
+        &self,
+        owned: &Owned,
+        mut ctx: StepCtx,
+        step: StepAt,
+        out: serde_json::Value,
+        started: Instant,
+    ) -> Result<Committed, Outcome> {
+        let sh = &self.shared;
+        // A step that did no database work still commits its checkpoint
+        // through a fenced transaction.
+        let tx = match ctx.tx.take() {
+            Some(tx) => tx,
+            None => match sh
+                .store
+                .begin_step(owned.job_id, owned.token, step.index)
+                .await
+            {
+                Ok(tx) => tx,
+                Err(e) if e.is_fenced_out() => return Err(stale(StaleAt::Admission, step, &e)),
+                Err(e) => {
+                    let reason = format!("database: {e}");
+                    return Err(Outcome::Fail { reason });
+                }
+            },
+        };
+        let health = self.health_at_commit(owned).await;
+        if health != Health::Healthy {
+            let _ = tx.rollback().await;
+            tracing::warn!(?health, step = %step.index, "lease not healthy at commit; rolled back, leaving the job to the next owner");
+            return Err(Outcome::LeaveToNextOwner);
+        }
+        let span =
+            tracing::info_span!(spans::COMMIT, step = %step.index, token = owned.token.get());
+        let committed = if step.last {
+            tx.commit_step(&out, true)
+                .instrument(span)
+                .await
+                .map(|()| None)
+        } else {
+            let next = StepIndex::new(step.index.get() + 1);
+            tx.commit_step_and_begin(&out, next).instrument(span).await
+        };
+        match committed {
+            Ok(next) => {
+                let took = started.elapsed().as_secs_f64();
+                sh.metrics.step_done(owned.job.name(), step.name, took);
+                if let Some(h) = &sh.hooks {
+                    h.step_committed(owned.job_id, step.index, owned.token);
+                }
+                Ok((out, next.map(new_slot)))
+            }
+            Err(e) if e.is_fenced_out() => Err(stale(StaleAt::StepCommit, step, &e)),
+            Err(e) => {
+                tracing::warn!(error = %e, step = %step.index, "commit failed");
+                let reason = format!("commit: {e}");
+                Err(Outcome::Fail { reason })
+            }
+        }
+    }
+
+    /// Phase 6, the pre-commit check (an optimisation: the fence is the guarantee).
+    /// `Degraded` is transient (one late keepalive ack on a loaded machine):
+    /// wait until it turns `Healthy` or `Lost`, at most until the session's lost
+    /// deadline (< TTL, so below the idle-in-transaction timeout), instead of
+    /// dropping a job we still hold.
+    async fn health_at_commit(&self, owned: &Owned) -> Health {
+        let mut health = lease_health_now(&owned.session);
+        if health == Health::Degraded {
+            let mut watch = owned.session.watch_health();
+            let settled = async {
+                let _ = watch.wait_for(|h| *h != Health::Degraded).await;
+            };
+            let _ = tokio::time::timeout_at(owned.session.lost_deadline(), settled).await;
+            health = lease_health_now(&owned.session);
+        }
+        #[cfg(feature = "testing")]
+        if self.shared.cfg.unsafe_no_fencing {
+            return Health::Healthy; // TEST ONLY: the negative control skips this check.
+        }
+        health
+    }
+
+    /// How a step that returned an error ends the delivery.
+    async fn step_failed(
+        &self,
+        owned: &Owned,
+        ctx: Option<StepCtx>,
+        step: StepAt,
+        err: StepError,
+    ) -> Outcome {
+        if let Some(tx) = ctx.and_then(|mut c| c.tx.take()) {
+            let _ = tx.rollback().await;
+        }
+        let (index, name) = (step.index, step.name);
+        if let Some(at) = stale_cause(&err) {
+            if at == StaleAt::Guard && self.still_current(owned).await {
+                let reason = format!(
+                    "step {index} ({name}) wrote to a guarded table outside \
+                     ctx.db() while it owned the job: {}",
+                    err.message()
+                );
+                let code = DeadCode::PermanentError;
+                return Outcome::DeadLetter { code, reason };
+            }
+            return stale(at, step, &err);
+        }
+        let reason = format!("step {index} ({name}): {}", err.message());
+        match err.kind() {
+            StepErrorKind::Cancelled if owned.session.health() == Health::Lost => {
+                tracing::warn!(step = %index, "step cancelled: lease lost; the next owner takes over");
+                Outcome::LeaveToNextOwner
+            }
+            StepErrorKind::Cancelled => Outcome::Release,
+            StepErrorKind::Permanent => Outcome::DeadLetter {
+                code: DeadCode::PermanentError,
+                reason,
+            },
+            _ => Outcome::Fail { reason },
+        }
+    }
+
+    /// Runs the stage while sending progress acks (only while `Healthy`) and
+    /// cancelling the step when the session is lost.
+    async fn drive_stage(
+        &self,
+        owned: &Owned,
+        delivery: &Delivery,
+        ctx: StepCtx,
+        step: StepIndex,
+        input: serde_json::Value,
+        cancel: &CancellationToken,
+    ) -> StageOutcome {
+        let stage = run_stage(self.me.clone(), owned.job.clone(), step, ctx, input);
+        tokio::pin!(stage);
+        let period = (self.shared.cfg.ack_wait() / 3).max(Duration::from_millis(100));
+        let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
+        let lost = owned.session.cancellation();
+        let mut lost_seen = false;
+        loop {
+            tokio::select! {
+                outcome = &mut stage => return outcome,
+                () = lost.cancelled(), if !lost_seen => {
+                    lost_seen = true;
+                    tracing::warn!(step = %step, "lease lost: cancelling the running step");
+                    cancel.cancel();
+                }
+                _ = ticker.tick() => {
+                    if owned.session.health() == Health::Healthy {
+                        if let Err(e) = delivery.progress().await {
+                            tracing::debug!(error = %e, "progress ack failed");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the job row still names us as its live owner (fence = our token,
+    /// running, not released).
+    async fn still_current(&self, owned: &Owned) -> bool {
+        matches!(
+            self.shared.store.job(owned.job_id).await,
+            Ok(Some(r)) if r.fence == owned.token.get()
+                && r.status == JobStatus::Running
+                && !r.released
+        )
+    }
+}
+
+/// A write of this step refused by a newer owner's fence, at `at`.
+fn stale(at: StaleAt, step: StepAt, error: &dyn std::fmt::Display) -> Outcome {
+    Outcome::Stale {
+        at,
+        step: Some(step.index),
+        error: error.to_string(),
+    }
+}
+
+/// Whether a step's error says a newer owner holds the job, and where it showed.
+fn stale_cause(err: &crate::job::StepError) -> Option<StaleAt> {
+    if let Some(e) = err.downcast_ref::<FenceError>() {
+        if matches!(e, FenceError::GuardRefused { .. }) {
+            return Some(StaleAt::Guard);
+        }
+        if e.is_fenced_out() {
+            return Some(StaleAt::Admission);
+        }
+    }
+    if err
+        .downcast_ref::<sqlx::Error>()
+        .is_some_and(crate::fence::is_guard_refusal)
+    {
+        return Some(StaleAt::Guard);
+    }
+    None
+}
+
+/// The longest a transaction opened for a step (the claim's, or the one the
+/// previous step's commit opened) waits for the step to take it.
+///
+/// A step that writes to the database asks for it at once (well under a
+/// millisecond after the claim); one that works elsewhere first should not hold
+/// a pooled connection, the job row lock and an idle transaction meanwhile. With
+/// a thousand jobs in flight whose first steps wait on something else, a longer
+/// window would hold a thousand connections (the benchmark's RSS run found that
+/// at PostgreSQL's `max_connections`).
+const OPEN_TX_WINDOW_MAX: Duration = Duration::from_millis(50);
+
+/// How long a step may take before it asks for its database: the transaction
+/// opened for it (and the job row lock) stays open that long at most before it
+/// is ended (a claim committed alone, a plain admission rolled back). Never more
+/// than a quarter of the TTL, far below `idle_in_transaction_session_timeout`
+/// (one TTL).
+fn open_tx_window(cfg: &crate::Config) -> Duration {
+    (cfg.lease_ttl / 4).min(OPEN_TX_WINDOW_MAX)
+}
+
+/// Ends the transaction opened for a step after `window`, unless the step took
+/// it first or the returned guard is dropped (the step ended, or the job actor's
+/// future was dropped): a claim is committed alone, a plain admission rolled
+/// back. The task never outlives `window` plus one commit.
+///
+/// If the claim cannot be committed, both `claim_lost` tokens are cancelled (the
+/// step's `claim_lost`, which makes `StepCtx::db` open no fenced transaction
+/// under this token, and its cancellation): after an etcd restore another
+/// acquisition may hold the same token and claim the row, and an admission under
+/// an equal token would let two owners in. The attempt ends as a voluntary
+/// release, whose bookkeeping claims again strictly (or meets the other owner).
+fn end_unused_later(
+    slot: TxSlot,
+    window: Duration,
+    claim_lost: [CancellationToken; 2],
+) -> tokio_util::sync::DropGuard {
+    let done = CancellationToken::new();
+    let stop = done.clone();
+    tokio::spawn(
+        async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(window) => {
+                    match take_tx(&slot) {
+                        Some(tx) if tx.carries_claim() => {
+                            tracing::debug!("the step did not take its transaction within the window; committing the claim alone");
+                            if let Err(e) = tx.commit_claim().await {
+                                tracing::warn!(error = %e, "committing the claim alone failed; cancelling the step");
+                                claim_lost.iter().for_each(CancellationToken::cancel);
+                            }
+                        }
+                        Some(tx) => {
+                            tracing::debug!("the step did not take its transaction within the window; rolling it back");
+                            let _ = tx.rollback().await;
+                        }
+                        None => {}
+                    }
+                }
+            }
+        }
+        .in_current_span(),
+    );
+    done.drop_guard()
+}
