@@ -44,6 +44,7 @@
 //! than at TTL expiry.
 //!
 //! [`WatchdogPolicy::AbortProcess`]: crate::config::WatchdogPolicy::AbortProcess
+//! [`CancellationToken`]: tokio_util::sync::CancellationToken
 //!
 //! # Fencing
 //! The token is the lock key's `create_revision`: etcd's one global, durable,
@@ -53,6 +54,8 @@
 //! 11456: a put on a lease being revoked); otherwise the acquisition fails with
 //! [`LeaseError::LockLostBeforeVerify`]. The lock alone proves nothing at the
 //! resource: the resource must compare the token.
+//!
+//! [`FencingToken`]: crate::FencingToken
 
 mod access;
 mod batch;
