@@ -8,7 +8,7 @@ use sqlx::Executor;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::config::Config;
-use crate::security::{AccessError, AccessStep, Server, error_chain, tls_failure};
+use crate::security::{AccessError, AccessStep, Server};
 
 /// The connect options of [`Config::database_url`] (and
 /// [`Config::database_password`]).
@@ -70,44 +70,16 @@ fn session_settings(idle: Duration, lock: Duration) -> String {
     )
 }
 
-/// The refusal `err` shows (TLS, password, `pg_hba.conf`, a privilege), if any.
-pub(crate) fn refusal(err: &sqlx::Error) -> Option<AccessError> {
-    let (step, detail) = match err {
-        sqlx::Error::Tls(e) => {
-            let text = format!("{} {e:?}", error_chain(e.as_ref()));
-            let plain = tls_failure(&text).map_or_else(|| error_chain(e.as_ref()), str::to_string);
-            (AccessStep::Tls, plain)
-        }
-        sqlx::Error::Database(d) => by_sqlstate(d.code().as_deref(), d.message())?,
-        sqlx::Error::Io(e) => (
-            AccessStep::Tls,
-            tls_failure(&format!("{e} {e:?}"))?.to_string(),
-        ),
-        _ => return None,
-    };
-    Some(AccessError {
+/// PostgreSQL's refusal of us, as [`error::classify`](super::error::classify)
+/// read it (`PgFailure::Refused`); the address is filled in where it is known
+/// (a connect).
+pub(super) fn refusal(step: AccessStep, detail: String) -> AccessError {
+    AccessError {
         server: Server::Postgres,
         address: String::new(),
         step,
         detail,
-    })
-}
-
-fn by_sqlstate(code: Option<&str>, message: &str) -> Option<(AccessStep, String)> {
-    let step = match code? {
-        "28P01" => AccessStep::Authenticate,
-        "28000" if message.contains("no encryption") => {
-            return Some((
-                AccessStep::Tls,
-                format!("the server requires TLS ({message})"),
-            ));
-        }
-        "28000" if message.contains("certificate") => AccessStep::Tls,
-        "28000" => AccessStep::Authenticate,
-        "42501" => AccessStep::Authorize,
-        _ => return None,
-    };
-    Some((step, message.to_string()))
+    }
 }
 
 #[cfg(test)]
@@ -115,26 +87,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sqlstates_are_named() {
-        assert!(matches!(
-            by_sqlstate(
-                Some("28P01"),
-                "password authentication failed for user \"w\""
-            ),
-            Some((AccessStep::Authenticate, _))
-        ));
-        assert!(matches!(
-            by_sqlstate(
-                Some("28000"),
-                "no pg_hba.conf entry for host \"127.0.0.1\", user \"w\", database \"d\", no encryption"
-            ),
-            Some((AccessStep::Tls, _))
-        ));
-        assert!(matches!(
-            by_sqlstate(Some("42501"), "must be owner of table ledger"),
-            Some((AccessStep::Authorize, _))
-        ));
-        assert!(by_sqlstate(Some("23505"), "duplicate key").is_none());
+    fn session_settings_bound_idle_transactions_and_lock_waits() {
         assert_eq!(
             session_settings(Duration::from_secs(5), Duration::from_secs(10)),
             "SET idle_in_transaction_session_timeout = 5000; SET lock_timeout = 10000"

@@ -1,8 +1,11 @@
-//! [`FenceError`]: everything the fence can refuse, kept apart by cause.
+//! [`FenceError`]: everything the fence can refuse, kept apart by cause, and
+//! [`classify`]: the one place where a database error's SQLSTATE or text is read.
 
+use crate::security::{AccessStep, error_chain, tls_failure};
 use crate::types::{JobId, ObservedFence, StepIndex};
 
 use super::row::JobStatus;
+use super::sql::CAS_REFUSED_SQLSTATE;
 
 /// The SQLSTATE the guard trigger raises when it refuses a write
 /// (see [`FenceStore::install_guard`](super::FenceStore::install_guard)).
@@ -18,9 +21,76 @@ pub const GUARD_SQLSTATE: &str = "TF001";
 /// assert!(!tenure::fence::is_guard_refusal(&err));
 /// ```
 pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
-    err.as_database_error()
-        .and_then(|d| d.code())
-        .is_some_and(|c| c == GUARD_SQLSTATE)
+    classify(err) == PgFailure::GuardRefused
+}
+
+/// What a database error means to the fence, as far as it acts on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum PgFailure {
+    /// The guard trigger refused a write (SQLSTATE [`GUARD_SQLSTATE`]).
+    GuardRefused,
+    /// `tenure_step_cas` matched no row (SQLSTATE `TF002`): the step commit was
+    /// refused, and the rest of its simple-query string skipped.
+    CasRefused,
+    /// PostgreSQL refused us: TLS, the password or `pg_hba.conf`, a privilege.
+    Refused {
+        /// Where it was refused.
+        step: AccessStep,
+        /// The reason, plainly (the server's message for a SQLSTATE).
+        detail: String,
+    },
+    /// Anything else: I/O, timeout, contention, a constraint.
+    Other,
+}
+
+/// Reads `err` once and names what it means to the fence. Every look at a
+/// database error's SQLSTATE or text happens here: Tenure's own SQLSTATEs
+/// (`TF001` from the guard, `TF002` from the step CAS), the SQLSTATEs and messages
+/// of a refused login or privilege, and the TLS failure in a TLS or I/O error's
+/// text. The three kinds cannot meet in one error (a SQLSTATE comes only with
+/// a database error, and each SQLSTATE names one kind).
+pub(super) fn classify(err: &sqlx::Error) -> PgFailure {
+    let code = err.as_database_error().and_then(|d| d.code());
+    match code.as_deref() {
+        Some(GUARD_SQLSTATE) => return PgFailure::GuardRefused,
+        Some(CAS_REFUSED_SQLSTATE) => return PgFailure::CasRefused,
+        _ => {}
+    }
+    let refused = match err {
+        sqlx::Error::Tls(e) => {
+            let text = format!("{} {e:?}", error_chain(e.as_ref()));
+            let plain = tls_failure(&text).map_or_else(|| error_chain(e.as_ref()), str::to_string);
+            Some((AccessStep::Tls, plain))
+        }
+        sqlx::Error::Database(d) => by_sqlstate(d.code().as_deref(), d.message()),
+        sqlx::Error::Io(e) => {
+            tls_failure(&format!("{e} {e:?}")).map(|plain| (AccessStep::Tls, plain.to_string()))
+        }
+        _ => None,
+    };
+    match refused {
+        Some((step, detail)) => PgFailure::Refused { step, detail },
+        None => PgFailure::Other,
+    }
+}
+
+/// The refusal a SQLSTATE (and, for `28000`, the message) names. Part of
+/// [`classify`].
+fn by_sqlstate(code: Option<&str>, message: &str) -> Option<(AccessStep, String)> {
+    let step = match code? {
+        "28P01" => AccessStep::Authenticate,
+        "28000" if message.contains("no encryption") => {
+            return Some((
+                AccessStep::Tls,
+                format!("the server requires TLS ({message})"),
+            ));
+        }
+        "28000" if message.contains("certificate") => AccessStep::Tls,
+        "28000" => AccessStep::Authenticate,
+        "42501" => AccessStep::Authorize,
+        _ => return None,
+    };
+    Some((step, message.to_string()))
 }
 
 /// Errors of the fence. Tokens in an error are reports ([`ObservedFence`]): an
@@ -218,19 +288,21 @@ impl FenceError {
     /// Use it on errors of a step's own writes (made through
     /// [`FencedTx::conn`](super::FencedTx::conn)); `From<sqlx::Error>` does the same.
     pub fn from_sqlx(err: sqlx::Error) -> Self {
-        if is_guard_refusal(&err) {
-            let message = err
-                .as_database_error()
-                .map(|d| d.message().to_string())
-                .unwrap_or_default();
-            FenceError::GuardRefused {
-                message,
-                source: err,
+        match classify(&err) {
+            PgFailure::GuardRefused => {
+                let message = err
+                    .as_database_error()
+                    .map(|d| d.message().to_string())
+                    .unwrap_or_default();
+                FenceError::GuardRefused {
+                    message,
+                    source: err,
+                }
             }
-        } else if let Some(refusal) = super::access::refusal(&err) {
-            FenceError::Access(refusal)
-        } else {
-            FenceError::Db(err)
+            PgFailure::Refused { step, detail } => {
+                FenceError::Access(super::access::refusal(step, detail))
+            }
+            PgFailure::CasRefused | PgFailure::Other => FenceError::Db(err),
         }
     }
 }
@@ -244,5 +316,162 @@ impl From<sqlx::Error> for FenceError {
 impl From<sqlx::migrate::MigrateError> for FenceError {
     fn from(err: sqlx::migrate::MigrateError) -> Self {
         FenceError::Migrate(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::fmt;
+
+    use super::*;
+
+    /// A database error as PostgreSQL would send it: a SQLSTATE and a message.
+    #[derive(Debug)]
+    struct Pg {
+        code: &'static str,
+        message: &'static str,
+    }
+
+    impl fmt::Display for Pg {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.message)
+        }
+    }
+
+    impl std::error::Error for Pg {}
+
+    impl sqlx::error::DatabaseError for Pg {
+        fn message(&self) -> &str {
+            self.message
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.code))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn pg(code: &'static str, message: &'static str) -> sqlx::Error {
+        sqlx::Error::Database(Box::new(Pg { code, message }))
+    }
+
+    #[test]
+    fn tenures_own_sqlstates_are_named() {
+        let guard = pg(
+            "TF001",
+            "tenure guard: ledger written outside a fenced transaction",
+        );
+        assert_eq!(classify(&guard), PgFailure::GuardRefused);
+        assert!(is_guard_refusal(&guard));
+        assert!(matches!(
+            FenceError::from(guard),
+            FenceError::GuardRefused { message, .. } if message.starts_with("tenure guard")
+        ));
+        let cas = pg("TF002", "tenure_step_cas: no row");
+        assert_eq!(classify(&cas), PgFailure::CasRefused);
+        assert!(!is_guard_refusal(&cas));
+        // Outside a step commit a CAS refusal is a plain database error.
+        assert!(matches!(FenceError::from(cas), FenceError::Db(_)));
+    }
+
+    #[test]
+    fn refusals_are_named() {
+        assert!(matches!(
+            classify(&pg(
+                "28P01",
+                "password authentication failed for user \"w\""
+            )),
+            PgFailure::Refused {
+                step: AccessStep::Authenticate,
+                ..
+            }
+        ));
+        assert_eq!(
+            classify(&pg(
+                "28000",
+                "no pg_hba.conf entry for host \"127.0.0.1\", user \"w\", database \"d\", no encryption"
+            )),
+            PgFailure::Refused {
+                step: AccessStep::Tls,
+                detail: "the server requires TLS (no pg_hba.conf entry for host \"127.0.0.1\", user \"w\", database \"d\", no encryption)".into()
+            }
+        );
+        assert!(matches!(
+            classify(&pg(
+                "28000",
+                "certificate authentication failed for user \"w\""
+            )),
+            PgFailure::Refused {
+                step: AccessStep::Tls,
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(&pg("28000", "role \"w\" is not permitted to log in")),
+            PgFailure::Refused {
+                step: AccessStep::Authenticate,
+                ..
+            }
+        ));
+        let denied = pg("42501", "permission denied for table jobs");
+        assert_eq!(
+            classify(&denied),
+            PgFailure::Refused {
+                step: AccessStep::Authorize,
+                detail: "permission denied for table jobs".into()
+            }
+        );
+        assert!(matches!(FenceError::from(denied), FenceError::Access(_)));
+        let io = std::io::Error::other("received fatal alert: UnknownCA");
+        assert_eq!(
+            classify(&sqlx::Error::Io(io)),
+            PgFailure::Refused {
+                step: AccessStep::Tls,
+                detail: "the server does not trust the client certificate".into()
+            }
+        );
+        let tls = sqlx::Error::Tls("invalid peer certificate: UnknownIssuer".into());
+        assert_eq!(
+            classify(&tls),
+            PgFailure::Refused {
+                step: AccessStep::Tls,
+                detail: "unknown CA".into()
+            }
+        );
+        // A TLS error the markers do not know keeps its own words.
+        let tls = sqlx::Error::Tls("handshake eof".into());
+        assert_eq!(
+            classify(&tls),
+            PgFailure::Refused {
+                step: AccessStep::Tls,
+                detail: "handshake eof".into()
+            }
+        );
+    }
+
+    #[test]
+    fn everything_else_is_a_database_error() {
+        for err in [
+            pg("23505", "duplicate key value violates unique constraint"),
+            pg("40001", "could not serialize access"),
+            pg("55P03", "canceling statement due to lock timeout"),
+            sqlx::Error::Io(std::io::Error::other("connection reset by peer")),
+            sqlx::Error::RowNotFound,
+            sqlx::Error::PoolTimedOut,
+        ] {
+            assert_eq!(classify(&err), PgFailure::Other, "{err:?}");
+            assert!(matches!(FenceError::from(err), FenceError::Db(_)));
+        }
     }
 }

@@ -8,16 +8,8 @@ use tracing::Instrument;
 use crate::types::{FencingToken, JobId, StepIndex};
 
 use super::FenceStore;
-use super::error::FenceError;
+use super::error::{FenceError, PgFailure, classify};
 use super::row::step_to_sql;
-use super::sql::CAS_REFUSED_SQLSTATE;
-
-/// Whether `e` is `tenure_step_cas` refusing (its CAS matched no row).
-fn cas_refused(e: &sqlx::Error) -> bool {
-    e.as_database_error()
-        .and_then(|d| d.code())
-        .is_some_and(|c| c == CAS_REFUSED_SQLSTATE)
-}
 
 /// A step's fenced transaction.
 ///
@@ -160,7 +152,7 @@ impl FencedTx {
             let conn: &mut sqlx::PgConnection = &mut self.tx;
             match sqlx::Executor::execute(conn, chained.as_str()).await {
                 Ok(_) => Ok(()),
-                Err(e) if cas_refused(&e) => Err(self.refused().await),
+                Err(e) if classify(&e) == PgFailure::CasRefused => Err(self.refused().await),
                 Err(e) => Err(FenceError::Db(e)),
             }
         }
@@ -235,7 +227,7 @@ impl FencedTx {
                     let _ = self.tx.rollback().await;
                     Ok(None)
                 }
-                Err(e) if cas_refused(&e) => Err(self.refused().await),
+                Err(e) if classify(&e) == PgFailure::CasRefused => Err(self.refused().await),
                 Err(e) => {
                     let (store, job_id, token) = (self.store.clone(), self.job_id, self.token);
                     drop(self.tx);

@@ -13,7 +13,18 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Health;
+/// The health of a session, as the keeper sees it on the monotonic clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Health {
+    /// A keepalive was acknowledged within the last TTL/3.
+    Healthy,
+    /// No keepalive acknowledged for TTL/3 (but less than 70% of the TTL): stop
+    /// taking new jobs; running ones continue, and a commit must not start.
+    Degraded,
+    /// The lease must be presumed gone. Terminal. The session's cancellation token
+    /// is cancelled.
+    Lost,
+}
 
 /// A change of state computed by the clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,114 @@
+//! Job rows without a token: creating a row once, reading rows, and the
+//! diagnosis read behind every refusal.
+
+use sqlx::{Executor, Postgres};
+use tracing::Instrument;
+
+use crate::types::JobId;
+
+use super::FenceStore;
+use super::claims::CLAIM_RETRIES;
+use super::error::FenceError;
+use super::row::{Diag, Inserted, JobRow, JobStatus, diag_from, job_row};
+
+impl FenceStore {
+    /// Inserts a `pending` job row. Idempotent: the same id with the same job type and
+    /// input (compared as `jsonb`, so key order does not matter) is
+    /// [`Inserted::Existing`] and changes nothing.
+    ///
+    /// # Errors
+    /// [`FenceError::PayloadConflict`] when the id exists with another job type or
+    /// input (never overwritten); [`FenceError::Db`].
+    pub async fn insert_job(
+        &self,
+        id: JobId,
+        job_type: &str,
+        input: &serde_json::Value,
+    ) -> Result<Inserted, FenceError> {
+        let span = tracing::info_span!("tenure.fence.insert_job", job_id = %id, job_type);
+        async {
+            for _ in 0..CLAIM_RETRIES {
+                let done = sqlx::query(&self.sql.insert)
+                    .bind(id.as_uuid())
+                    .bind(job_type)
+                    .bind(input)
+                    .execute(&self.pool)
+                    .await?;
+                if done.rows_affected() == 1 {
+                    return Ok(Inserted::New);
+                }
+                // ON CONFLICT DO NOTHING waited for a concurrent inserter to finish,
+                // so the row is visible now (unless it was deleted meanwhile: retry).
+                let same: Option<bool> = sqlx::query_scalar(&self.sql.same_payload)
+                    .bind(id.as_uuid())
+                    .bind(job_type)
+                    .bind(input)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                match same {
+                    Some(true) => return Ok(Inserted::Existing),
+                    Some(false) => return Err(FenceError::PayloadConflict { job_id: id }),
+                    None => continue,
+                }
+            }
+            Err(FenceError::NotFound(id))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Reads one job row.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`], [`FenceError::Corrupt`].
+    pub async fn job(&self, id: JobId) -> Result<Option<JobRow>, FenceError> {
+        let row = sqlx::query(&self.sql.job)
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(job_row).transpose()
+    }
+
+    /// Reads the job rows of `ids` in one query (ids without a row are simply
+    /// missing from the answer; the order is unspecified).
+    ///
+    /// # Errors
+    /// [`FenceError::Db`], [`FenceError::Corrupt`].
+    pub async fn jobs(&self, ids: &[JobId]) -> Result<Vec<JobRow>, FenceError> {
+        let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
+        let rows = sqlx::query(&self.sql.jobs)
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_row).collect()
+    }
+
+    /// Lists up to `limit` job rows, oldest first, optionally of one status.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`], [`FenceError::Corrupt`].
+    pub async fn list_jobs(
+        &self,
+        status: Option<JobStatus>,
+        limit: i64,
+    ) -> Result<Vec<JobRow>, FenceError> {
+        let rows = sqlx::query(&self.sql.list)
+            .bind(status.map(JobStatus::as_str))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_row).collect()
+    }
+
+    /// The row's fence, step, status and released flag, read on `exec`.
+    pub(super) async fn diag<'e, E>(&self, exec: E, id: JobId) -> Result<Option<Diag>, FenceError>
+    where
+        E: Executor<'e, Database = Postgres>,
+    {
+        let row = sqlx::query(&self.sql.diag)
+            .bind(id.as_uuid())
+            .fetch_optional(exec)
+            .await?;
+        row.as_ref().map(|r| diag_from(id, r)).transpose()
+    }
+}
