@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use crate::runtime::handover::{Asks, Handover};
 use crate::{FencingToken, JobId, StepIndex};
 
 /// A boxed, `Send` future, as returned by [`Job::run_step`].
@@ -291,31 +292,14 @@ pub struct StepCtx {
     pub(crate) deadline: tokio::time::Instant,
     pub(crate) store: Option<crate::fence::FenceStore>,
     pub(crate) tx: Option<crate::fence::FencedTx>,
-    /// This step's fenced transaction, already open: the claim's (first step)
-    /// or the one the previous step's commit opened in the same round trip.
-    /// [`db`](StepCtx::db) takes it over (see `runtime::job_actor`).
-    pub(crate) open_tx: Option<TxSlot>,
-    /// Cancelled when this attempt's claim could not be made durable (see
-    /// `runtime::job_actor::end_unused_later`): [`db`](StepCtx::db) then opens
-    /// no fenced transaction under this token.
-    pub(crate) claim_lost: CancellationToken,
-}
-
-/// A step's already open transaction, shared between the step (which takes it on
-/// its first [`StepCtx::db`]) and the runtime (which ends it if the step does not
-/// take it soon: a claim is committed alone, a plain admission rolled back).
-pub(crate) type TxSlot = std::sync::Arc<std::sync::Mutex<Option<crate::fence::FencedTx>>>;
-
-/// A slot holding `tx`.
-pub(crate) fn new_slot(tx: crate::fence::FencedTx) -> TxSlot {
-    std::sync::Arc::new(std::sync::Mutex::new(Some(tx)))
-}
-
-/// Takes the transaction out of a slot, if it is still there.
-pub(crate) fn take_tx(slot: &TxSlot) -> Option<crate::fence::FencedTx> {
-    slot.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
+    /// Where to ask for this step's fenced transaction, already open: the
+    /// claim's (first step) or the one the previous step's commit opened in the
+    /// same round trip. [`db`](StepCtx::db) asks once (see
+    /// `runtime::handover`); `None` in a detached context.
+    pub(crate) handover: Option<Asks<crate::fence::FencedTx>>,
+    /// The runtime could not make this attempt's claim durable:
+    /// [`db`](StepCtx::db) opens no fenced transaction under this token.
+    pub(crate) claim_lost: bool,
 }
 
 /// Header carrying the job id next to [`FENCE_TOKEN_HEADER`]
@@ -340,8 +324,8 @@ impl StepCtx {
             deadline: tokio::time::Instant::now() + std::time::Duration::from_secs(3600),
             store: None,
             tx: None,
-            open_tx: None,
-            claim_lost: CancellationToken::new(),
+            handover: None,
+            claim_lost: false,
         }
     }
 
@@ -450,16 +434,18 @@ impl StepCtx {
     /// Everything written through the returned connection commits if and only if
     /// the step's checkpoint does, under this owner's fence.
     pub async fn db(&mut self) -> Result<&mut sqlx::PgConnection, StepError> {
-        if self.tx.is_none() && self.claim_lost.is_cancelled() {
+        if self.tx.is_none() {
+            match self.ask_for_open_tx().await {
+                Handover::Tx(tx) => self.tx = Some(tx),
+                Handover::ClaimLost => self.claim_lost = true,
+                Handover::Ended => {}
+            }
+        }
+        if self.tx.is_none() && self.claim_lost {
             // After an etcd restore another acquisition may hold this very token
             // and have claimed the row: an admission under it would let two
             // owners in. The attempt ends; its bookkeeping claims strictly.
             return Err(StepError::cancelled());
-        }
-        if self.tx.is_none() {
-            // The transaction opened for this step, if the runtime has not
-            // ended it yet.
-            self.tx = self.open_tx.take().and_then(|slot| take_tx(&slot));
         }
         if self.tx.is_none() {
             let Some(store) = self.store.as_ref() else {
@@ -475,6 +461,18 @@ impl StepCtx {
             Some(tx) => Ok(tx.conn()),
             None => Err(StepError::permanent("the step transaction is gone")),
         }
+    }
+
+    /// Asks the runtime once for the transaction opened for this step.
+    async fn ask_for_open_tx(&mut self) -> Handover<crate::fence::FencedTx> {
+        let Some(asks) = self.handover.take() else {
+            return Handover::Ended;
+        };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        if asks.send(answer).await.is_err() {
+            return Handover::Ended;
+        }
+        answered.await.unwrap_or(Handover::Ended)
     }
 
     /// Runs `fut` unless the step is cancelled first (lease lost, shutdown).

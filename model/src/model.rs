@@ -35,13 +35,14 @@ pub struct Switches {
     /// `tenure_step_cas`). It repeats the admission's check under the same row
     /// lock, so dropping only the admission's check is caught here.
     pub cas_fence: bool,
-    /// The linearizable re-read after a lock create (`lease/mod.rs`,
+    /// The linearizable re-read after a lock create (`lease/batch.rs`,
     /// `Session::finish`). Off: weakening (c).
     pub verify_read: bool,
     /// What a claim on a fresh lock does when the row's fence EQUALS its token.
     pub equal_token: EqualToken,
-    /// A refused claim releases its fresh lock (`JobActor::run_job` step 3:
-    /// `sh.locks.release(session, lock, ReleaseMode::Prompt)`). Off: a
+    /// A refused claim releases its fresh lock (`JobRun::claim_refused` in
+    /// `runtime/job_actor.rs` ends as `Outcome::Stale` or `Regression`, which
+    /// `settle` performs with `ReleaseMode::Prompt`). Off: a
     /// liveness mutation, the negative control of [`crate::liveness`].
     pub release_refused_lock: bool,
 }
@@ -55,12 +56,12 @@ pub enum EqualToken {
     Alarm,
     /// What the code does today: `FenceStore::claim` finds zero rows, then
     /// `claim_refused` sees `fence == token` on a live, unreleased row and
-    /// answers `ClaimVerdict::Ours` (`fence/mod.rs`), so the acquisition runs the
+    /// answers `ClaimVerdict::Ours` (`fence/claims.rs`), so the acquisition runs the
     /// job as if it had raised the fence itself. Weakening (d).
     AcceptAsOurs,
     /// Issue 15 done only in `claim_refused`: `fence == token` at the claim is
     /// an alarm, but a claim whose transaction the server ended still goes on
-    /// to admit its step (`end_unused_later`: "the step's first fenced call
+    /// to admit its step (`end_untaken`, formerly `end_unused_later`: "the step's first fenced call
     /// will tell"), and that admission matches a row whose fence another
     /// acquisition raised to the same token.
     AlarmAtClaimOnly,
@@ -277,8 +278,8 @@ pub struct Undo {
     pub takeovers: u8,
 }
 
-/// Where a worker's job actor is in `JobActor::run_job`
-/// (`runtime/job_actor.rs`).
+/// Where a worker's job actor is in its phases (`JobRun::phases`,
+/// `runtime/job_actor.rs` and `runtime/steps.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Pc {
     /// No delivery.
@@ -362,8 +363,8 @@ pub struct Ghost {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     /// `runtime/fetcher.rs` (the `Fetcher` pulling a message) with the
-    /// admission read `FenceStore::jobs` (`fence/mod.rs`), then
-    /// `JobActor::run_job` step 1 (`runtime/job_actor.rs`): a terminal row is
+    /// admission read `FenceStore::jobs` (`fence/reads.rs`), then
+    /// `JobRun::admit` (`runtime/job_actor.rs`): a terminal row is
     /// acked at once. NATS delivers an unacked message to any idle worker at
     /// any time (at-least-once, including while another worker still has it).
     Fetch {
@@ -372,7 +373,7 @@ pub enum Action {
         /// Job.
         job: u8,
     },
-    /// `Session::write_batch` (`lease/mod.rs`): the create-if-absent Txn
+    /// `Session::write_batch` (`lease/batch.rs`): the create-if-absent Txn
     /// under the worker's session lease. Held: `retry_later` (nak). Expired
     /// lease: etcd refuses the create, unless `phantom` (etcd issue 11456: the
     /// create is answered with a revision although the lease is gone, and no key
@@ -383,23 +384,24 @@ pub enum Action {
         /// The answer is an issue 11456 phantom grant.
         phantom: bool,
     },
-    /// `Session::finish` (`lease/mod.rs`): the linearizable re-read; the key
+    /// `Session::finish` (`lease/batch.rs`): the linearizable re-read; the key
     /// must carry our lease and the create's revision, else
     /// `LockLostBeforeVerify` (undo, nak).
     VerifyGrant {
         /// Worker.
         w: u8,
     },
-    /// `FenceStore::claim_and_begin` (`fence/mod.rs`; SQL `claim_sql` in
+    /// `FenceStore::claim_and_begin` (`fence/claims.rs`; SQL `claim_sql` in
     /// `fence/sql.rs`): waits for the row lock, then `UPDATE .. WHERE fence <
     /// $tok` in a transaction that stays open for the first step. Zero rows:
-    /// `claim_refused` (`fence/mod.rs`), then `JobActor::run_job` step 3
-    /// releases the lock (alarm) without acking.
+    /// `claim_refused` (`fence/claims.rs`), then `JobRun::claim_refused`
+    /// (`runtime/job_actor.rs`): the lock released (alarm) without acking.
     ClaimAndBegin {
         /// Worker.
         w: u8,
     },
-    /// `end_unused_later` (`runtime/job_actor.rs`): the step did not take the
+    /// `end_untaken` (`runtime/steps.rs`, the `Offer` of `runtime/handover.rs`
+    /// expiring): the step did not take the
     /// transaction in time; a claim's is committed alone
     /// (`FencedTx::commit_claim`, `fence/tx.rs`), an admission's rolled back.
     /// Also the poison path's `commit_claim` before `mark_dead`.
@@ -407,7 +409,7 @@ pub enum Action {
         /// Worker.
         w: u8,
     },
-    /// `FenceStore::begin_step` (`fence/mod.rs`): waits for the row lock,
+    /// `FenceStore::begin_step` (`fence/claims.rs`): waits for the row lock,
     /// `SELECT .. WHERE fence = $tok AND step = $k .. FOR UPDATE`.
     BeginStep {
         /// Worker.
@@ -421,8 +423,8 @@ pub enum Action {
         /// Worker.
         w: u8,
     },
-    /// `FenceStore::mark_dead` (`fence/mod.rs`) from
-    /// `JobActor::dead_letter_owned` (`runtime/job_actor.rs`): the poison check
+    /// `FenceStore::mark_dead` (`fence/bookkeeping.rs`) from
+    /// `JobRun::mark_dead` (`runtime/outcome.rs`): the poison check
     /// found `takeovers > max_takeovers`.
     MarkDead {
         /// Worker.
@@ -435,7 +437,7 @@ pub enum Action {
         w: u8,
     },
     /// `LockBatcher::release` (`runtime/locks.rs`) through
-    /// `Session::release_slice` (`lease/mod.rs`): a delete guarded by the
+    /// `Session::release_slice` (`lease/batch.rs`): a delete guarded by the
     /// key's `create_revision`.
     ReleaseLock {
         /// Worker.
@@ -447,7 +449,7 @@ pub enum Action {
         /// Worker.
         w: u8,
     },
-    /// `Session::establish_with_backoff` (`lease/mod.rs`), run by the lease
+    /// `Session::establish_with_backoff` (`lease/session.rs`), run by the lease
     /// keeper after `Lost`: a new session lease. The job actor keeps its token.
     EstablishSession {
         /// Worker.
@@ -477,7 +479,7 @@ impl Action {
             }
             Action::VerifyGrant { w } => ("Session::finish (linearizable re-read)", Some(w)),
             Action::ClaimAndBegin { w } => ("FenceStore::claim_and_begin", Some(w)),
-            Action::EndUnusedTx { w } => ("end_unused_later / FencedTx::commit_claim", Some(w)),
+            Action::EndUnusedTx { w } => ("end_untaken / FencedTx::commit_claim", Some(w)),
             Action::BeginStep { w } => ("FenceStore::begin_step", Some(w)),
             Action::CommitStep { w } => ("FencedTx::commit_step(_and_begin)", Some(w)),
             Action::MarkDead { w } => ("FenceStore::mark_dead", Some(w)),
@@ -557,7 +559,7 @@ impl Tenure {
             && row.status == Status::Live
     }
 
-    /// After a refused fenced statement (`verdict`, `fence/mod.rs`): a newer
+    /// After a refused fenced statement (`verdict`, `fence/claims.rs`): a newer
     /// token means `FencedOut`, which `JobActor::stale` handles by stopping
     /// without ack and leaving the lock alone; anything else fails the attempt
     /// and hands the job back (`fail_attempt` / `hand_back`: lock released,
@@ -710,7 +712,7 @@ impl Tenure {
                     Tx::Aborted { claim } => {
                         // The commit (of a claim) or rollback fails. Today:
                         // "committing the claim alone failed; the step's first
-                        // fenced call will tell" (end_unused_later), so the step
+                        // fenced call will tell" (end_unused_later then), so the step
                         // goes on to begin_step. Fixed protocol: a generation
                         // whose claim did not commit never admits a step; it
                         // hands the job back.

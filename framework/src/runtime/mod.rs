@@ -21,6 +21,7 @@
 //! ```
 
 mod fetcher;
+pub(crate) mod handover;
 mod job_actor;
 mod keeper;
 mod locks;

@@ -5,16 +5,18 @@
 
 use std::time::Duration;
 
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::handover::{Handover, Offer};
 use super::job_actor::{JobRun, lease_health_now};
 use super::outcome::{DeadCode, Outcome, Owned};
 use super::stage::{StageOutcome, run_stage};
 use crate::StepIndex;
 use crate::fence::{Claim, FenceError, FencedTx, JobStatus};
-use crate::job::{StepCtx, StepError, StepErrorKind, TxSlot, new_slot, take_tx};
+use crate::job::{StepCtx, StepError, StepErrorKind};
 use crate::lease::Health;
 use crate::queue::Delivery;
 use crate::telemetry::{StaleAt, spans};
@@ -29,7 +31,7 @@ struct StepAt {
 
 /// What a committed step hands to the next: its output and the fenced
 /// transaction its commit opened for the next step.
-type Committed = (serde_json::Value, Option<TxSlot>);
+type Committed = (serde_json::Value, Option<FencedTx>);
 
 impl JobRun {
     /// Runs the steps from the claim's first uncommitted one: `Ok` once the
@@ -55,11 +57,11 @@ impl JobRun {
         // `idle_in_transaction_session_timeout`) nor a pooled connection: after
         // `open_tx_window` the claim is committed alone and the step opens its own
         // transaction.
-        let mut tx_slot = Some(new_slot(claim_tx));
+        let mut open_tx = Some(claim_tx);
         for k in first..n {
             if self.shared.draining.is_cancelled() && k > first {
                 // The transaction opened for this step holds the job row.
-                if let Some(tx) = tx_slot.take().and_then(|slot| take_tx(&slot)) {
+                if let Some(tx) = open_tx.take() {
                     let _ = tx.rollback().await;
                 }
                 return Err(Outcome::Release);
@@ -69,8 +71,8 @@ impl JobRun {
                 name: steps.get(k as usize).map_or("?", |s| s.name),
                 last: k + 1 == n,
             };
-            (input, tx_slot) = self
-                .run_step(owned, delivery, step, input, tx_slot.take())
+            (input, open_tx) = self
+                .run_step(owned, delivery, step, input, open_tx.take())
                 .await?;
         }
         Ok(())
@@ -83,12 +85,17 @@ impl JobRun {
         delivery: &Delivery,
         step: StepAt,
         input: serde_json::Value,
-        tx_slot: Option<TxSlot>,
+        open_tx: Option<FencedTx>,
     ) -> Result<Committed, Outcome> {
         let sh = &self.shared;
         let started = Instant::now();
-        let cancel = sh.stop_jobs.child_token();
-        let claim_lost = CancellationToken::new();
+        let (asks_tx, asks) = mpsc::channel(1);
+        let window_end = started + open_tx_window(&sh.cfg);
+        let mut desk = Desk {
+            cancel: sh.stop_jobs.child_token(),
+            offer: Offer::new(open_tx, window_end),
+            asks,
+        };
         let ctx = StepCtx {
             job_id: owned.job_id,
             job_type: owned.job.name(),
@@ -96,26 +103,21 @@ impl JobRun {
             step_name: step.name,
             token: owned.token,
             attempt: owned.attempts,
-            cancel: cancel.clone(),
+            cancel: desk.cancel.clone(),
             deadline: owned.session.lost_deadline(),
             store: Some(sh.store.clone()),
             tx: None,
-            open_tx: tx_slot.clone(),
-            claim_lost: claim_lost.clone(),
+            handover: Some(asks_tx),
+            claim_lost: false,
         };
-        let committer = tx_slot.as_ref().map(|slot| {
-            let lost = [claim_lost.clone(), cancel.clone()];
-            end_unused_later(slot.clone(), open_tx_window(&sh.cfg), lost)
-        });
         let span = tracing::info_span!(spans::STEP, step = %step.index, name = step.name, token = owned.token.get());
         let mut outcome = self
-            .drive_stage(owned, delivery, ctx, step.index, input, &cancel)
+            .drive_stage(owned, delivery, ctx, step.index, input, &mut desk)
             .instrument(span)
             .await;
-        // The transaction opened for this step, if the step did not take it.
-        let leftover = tx_slot.and_then(|slot| take_tx(&slot));
-        drop(committer);
-        if let Some(tx) = leftover {
+        // The transaction opened for this step, if the step did not take it:
+        // the checkpoint's commit uses it.
+        if let Some(tx) = desk.offer.leftover() {
             match outcome.ctx.as_mut() {
                 Some(ctx) if ctx.tx.is_none() => ctx.tx = Some(tx),
                 // Rolling back a claim's transaction re-applies the claim on its own.
@@ -186,7 +188,7 @@ impl JobRun {
                 if let Some(h) = &sh.hooks {
                     h.step_committed(owned.job_id, step.index, owned.token);
                 }
-                Ok((out, next.map(new_slot)))
+                Ok((out, next))
             }
             Err(e) if e.is_fenced_out() => Err(stale(StaleAt::StepCommit, step, &e)),
             Err(e) => {
@@ -258,8 +260,10 @@ impl JobRun {
         }
     }
 
-    /// Runs the stage while sending progress acks (only while `Healthy`) and
-    /// cancelling the step when the session is lost.
+    /// Runs the stage while sending progress acks (only while `Healthy`),
+    /// cancelling the step when the session is lost, handing the step its open
+    /// transaction when it asks, and ending that transaction when its window
+    /// passes untaken.
     async fn drive_stage(
         &self,
         owned: &Owned,
@@ -267,7 +271,7 @@ impl JobRun {
         ctx: StepCtx,
         step: StepIndex,
         input: serde_json::Value,
-        cancel: &CancellationToken,
+        desk: &mut Desk,
     ) -> StageOutcome {
         let stage = run_stage(self.me.clone(), owned.job.clone(), step, ctx, input);
         tokio::pin!(stage);
@@ -276,12 +280,21 @@ impl JobRun {
         let lost = owned.session.cancellation();
         let mut lost_seen = false;
         loop {
+            let window = desk.offer.deadline();
             tokio::select! {
                 outcome = &mut stage => return outcome,
+                Some(answer) = desk.asks.recv() => {
+                    if let Err(unanswered) = answer.send(desk.offer.ask()) {
+                        desk.offer.unanswered(unanswered);
+                    }
+                }
+                () = tokio::time::sleep_until(window.unwrap_or_else(Instant::now)), if window.is_some() => {
+                    end_untaken(desk).await;
+                }
                 () = lost.cancelled(), if !lost_seen => {
                     lost_seen = true;
                     tracing::warn!(step = %step, "lease lost: cancelling the running step");
-                    cancel.cancel();
+                    desk.cancel.cancel();
                 }
                 _ = ticker.tick() => {
                     if owned.session.health() == Health::Healthy {
@@ -354,47 +367,40 @@ fn open_tx_window(cfg: &crate::Config) -> Duration {
     (cfg.lease_ttl / 4).min(OPEN_TX_WINDOW_MAX)
 }
 
-/// Ends the transaction opened for a step after `window`, unless the step took
-/// it first or the returned guard is dropped (the step ended, or the job actor's
-/// future was dropped): a claim is committed alone, a plain admission rolled
-/// back. The task never outlives `window` plus one commit.
+/// The stage loop's side of a running step, besides the step itself.
+struct Desk {
+    /// The step's cancellation (shutdown, lease lost, claim lost).
+    cancel: CancellationToken,
+    /// The transaction opened for the step, until it takes it.
+    offer: Offer<FencedTx>,
+    /// The step's requests for that transaction.
+    asks: mpsc::Receiver<oneshot::Sender<Handover<FencedTx>>>,
+}
+
+/// Ends the transaction the step did not take within its window: a claim is
+/// committed alone, a plain admission rolled back.
 ///
-/// If the claim cannot be committed, both `claim_lost` tokens are cancelled (the
-/// step's `claim_lost`, which makes `StepCtx::db` open no fenced transaction
-/// under this token, and its cancellation): after an etcd restore another
-/// acquisition may hold the same token and claim the row, and an admission under
-/// an equal token would let two owners in. The attempt ends as a voluntary
-/// release, whose bookkeeping claims again strictly (or meets the other owner).
-fn end_unused_later(
-    slot: TxSlot,
-    window: Duration,
-    claim_lost: [CancellationToken; 2],
-) -> tokio_util::sync::DropGuard {
-    let done = CancellationToken::new();
-    let stop = done.clone();
-    tokio::spawn(
-        async move {
-            tokio::select! {
-                () = stop.cancelled() => {}
-                () = tokio::time::sleep(window) => {
-                    match take_tx(&slot) {
-                        Some(tx) if tx.carries_claim() => {
-                            tracing::debug!("the step did not take its transaction within the window; committing the claim alone");
-                            if let Err(e) = tx.commit_claim().await {
-                                tracing::warn!(error = %e, "committing the claim alone failed; cancelling the step");
-                                claim_lost.iter().for_each(CancellationToken::cancel);
-                            }
-                        }
-                        Some(tx) => {
-                            tracing::debug!("the step did not take its transaction within the window; rolling it back");
-                            let _ = tx.rollback().await;
-                        }
-                        None => {}
-                    }
-                }
-            }
+/// If the claim cannot be committed, the offer turns `ClaimLost` (so
+/// `StepCtx::db` opens no fenced transaction under this token) and the step is
+/// cancelled: after an etcd restore another acquisition may hold the same token
+/// and claim the row, and an admission under an equal token would let two
+/// owners in. The attempt ends as a voluntary release, whose bookkeeping claims
+/// again strictly (or meets the other owner).
+async fn end_untaken(desk: &mut Desk) {
+    let Some(tx) = desk.offer.expire() else {
+        return;
+    };
+    if tx.carries_claim() {
+        tracing::debug!(
+            "the step did not take its transaction within the window; committing the claim alone"
+        );
+        if let Err(e) = tx.commit_claim().await {
+            tracing::warn!(error = %e, "committing the claim alone failed; cancelling the step");
+            desk.offer.lose_claim();
+            desk.cancel.cancel();
         }
-        .in_current_span(),
-    );
-    done.drop_guard()
+    } else {
+        tracing::debug!("the step did not take its transaction within the window; rolling it back");
+        let _ = tx.rollback().await;
+    }
 }
