@@ -79,6 +79,7 @@ mod access;
 mod error;
 mod gate;
 mod guard;
+mod history;
 mod row;
 mod sql;
 mod tx;
@@ -99,6 +100,10 @@ pub use error::{FenceError, GUARD_SQLSTATE, is_guard_refusal};
 pub use gate::{
     Admitted, FenceMarks, GateError, MemoryFenceMarks, MemoryTx, PgFenceMarks, StaleToken,
     TokenGate,
+};
+pub use history::{
+    JobCursor, JobEvent, JobFilter, MAX_JOB_EVENTS, Overview, TypeStatusCount, WindowCounts,
+    WorkerSeen,
 };
 pub use row::{Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use tx::FencedTx;
@@ -265,6 +270,9 @@ impl FenceStore {
             format!("GRANT SELECT, INSERT, UPDATE ON \"{s}\".jobs TO {role}"),
             format!(
                 "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_step_cas(uuid, bigint, integer, jsonb, boolean) TO {role}"
+            ),
+            format!(
+                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_record_refusal(uuid, bigint, bigint, integer, text) TO {role}"
             ),
         ] {
             tx.execute(stmt.as_str()).await?;
@@ -847,10 +855,12 @@ impl FenceStore {
     where
         E: Executor<'e, Database = Postgres>,
     {
-        match self.diag(exec, id).await {
+        let err = match self.diag(exec, id).await {
             Ok(diag) => verdict(id, token, diag, step),
-            Err(e) => e,
-        }
+            Err(e) => return e,
+        };
+        self.record_refusal(&err, token, step, "step").await;
+        err
     }
 
     async fn claim_refused<'e, E>(
@@ -876,6 +886,7 @@ impl FenceStore {
                     current: ObservedFence::new(d.fence),
                 };
                 log_refusal(&err);
+                self.record_refusal(&err, token, None, "claim").await;
                 ClaimVerdict::Refused(err)
             }
             Some(d) if d.fence == token.get() => {
