@@ -412,7 +412,8 @@ impl FenceStore {
 
     /// Inserts `n` synthetic `done` rows of type `job_type` in one statement
     /// (`INSERT .. SELECT generate_series`), with creation times spread over the
-    /// last `n` seconds and a takeover on every 100th: for benchmarks of the
+    /// last `n` seconds, every 10th `dead` and a takeover on every 100th, then
+    /// `ANALYZE`s the table: for benchmarks of the
     /// operator's reads on large tables. Returns the rows inserted.
     ///
     /// # Errors
@@ -431,6 +432,10 @@ impl FenceStore {
         .bind(n)
         .execute(&self.pool)
         .await?;
+        // Fresh statistics, so that plans are those of a table this size.
+        sqlx::query(&format!("ANALYZE {}", self.table("jobs")))
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected())
     }
 }
