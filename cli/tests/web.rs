@@ -343,6 +343,7 @@ async fn web_view_in_a_real_browser() {
     assert!(workers.contains('A') && workers.contains('B'), "{workers}");
     shot(&browser, "workers").await;
     redrive_from_the_dlq_page(&browser, &base, &client, dead, token).await;
+    api_returns_what_the_cli_prints(&browser, &base, &cfg, frozen).await;
 
     browser.close().await.unwrap();
     drop(driver); // chromedriver, by its pid
@@ -523,4 +524,52 @@ async fn redrive_from_the_dlq_page(
         .await
         .unwrap();
     assert_eq!(redriven.len(), 1);
+}
+
+/// `tenure ... --json` with the servers of `cfg`.
+fn cli_json(cfg: &Config, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args([
+            "--json",
+            "--nats",
+            &cfg.nats_url,
+            "--database-url",
+            &cfg.database_url,
+        ])
+        .args(["--namespace", &cfg.namespace, "--schema", &cfg.schema])
+        .args(args)
+        .env_remove("TENURE_OPERATOR_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+async fn api_json(b: &Browser, url: &str) -> serde_json::Value {
+    b.goto(url).await.unwrap();
+    serde_json::from_str(&text(b, "body").await).unwrap()
+}
+
+/// The JSON behind the pages is what the CLI prints with `--json`.
+async fn api_returns_what_the_cli_prints(b: &Browser, base: &str, cfg: &Config, id: JobId) {
+    let job = id.to_string();
+    assert_eq!(
+        api_json(b, &format!("{base}/api/jobs/{job}")).await,
+        cli_json(cfg, &["job", &job])
+    );
+    assert_eq!(
+        api_json(b, &format!("{base}/api/dlq")).await,
+        cli_json(cfg, &["dlq", "--limit", "500"])
+    );
+    let workers = api_json(b, &format!("{base}/api/workers")).await;
+    assert!(
+        workers
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["worker"] == "A")),
+        "{workers}"
+    );
 }
