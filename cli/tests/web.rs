@@ -324,6 +324,7 @@ async fn web_view_in_a_real_browser() {
 
     let token = "web-test-operator-token";
     let (_serve, base) = spawn_serve(&cfg, token);
+    actions_without_a_session_are_refused(&base, dead);
     let (driver, browser) = browser().await;
 
     job_page_shows_both_owners_and_the_refusal(&browser, &base, frozen).await;
@@ -571,5 +572,56 @@ async fn api_returns_what_the_cli_prints(b: &Browser, base: &str, cfg: &Config, 
             .as_array()
             .is_some_and(|w| w.iter().any(|w| w["worker"] == "A")),
         "{workers}"
+    );
+}
+
+/// A POST over a raw connection: the status line and the body.
+fn post(base: &str, path: &str, headers: &str, body: &str) -> (String, String) {
+    use std::io::Read;
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.lines().next().unwrap_or_default().to_string();
+    (status, out)
+}
+
+/// Without a session, or with a session but without its CSRF token, a redrive is refused.
+fn actions_without_a_session_are_refused(base: &str, dead: JobId) {
+    let form = format!("job_id={dead}&csrf=guess");
+    let (status, body) = post(base, "/dlq/redrive", "", &form);
+    assert!(status.contains(" 403 "), "{status}");
+    assert!(body.contains("log in"), "{body}");
+    let (status, _) = post(base, "/login", "", "token=wrong-token-wrong");
+    assert!(status.contains(" 403 "), "{status}");
+    let (status, login) = post(
+        base,
+        "/login",
+        "Authorization: Bearer web-test-operator-token\r\nAccept: application/json\r\n",
+        "",
+    );
+    assert!(status.contains(" 200 "), "{status}");
+    let cookie = login
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .unwrap()
+        .to_string();
+    let (status, body) = post(
+        base,
+        "/dlq/redrive",
+        &format!("Cookie: {cookie}\r\n"),
+        &form,
+    );
+    assert!(
+        status.contains(" 403 ") && body.contains("CSRF"),
+        "{status}"
     );
 }
