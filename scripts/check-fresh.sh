@@ -31,7 +31,7 @@ fixed_files() {
 # Programs the Rust sources start by name.
 programs() {
   grep -rhoE 'Command::new\("[^"]+"\)|program: "[^"]+"\.into\(\)' \
-    "$root/framework/src" "$root/tests/src" "$root/benches" "$root/examples" "$root/cli/src" 2>/dev/null |
+    "$root/framework/src" "$root/tests/src" "$root/benches" "$root/examples" "$root/cli/src" "$root/cli/tests" 2>/dev/null |
     sed -E 's/.*"([^"]+)".*/\1/' | sort -u
 }
 

@@ -24,6 +24,8 @@ packages=(
   libc6-dev         # crt1.o and libc headers for linking
   util-linux        # setpriv, runuser: servers run as the postgres user
   procps            # kill: the torture test signals its workers by pid
+  chromium          # headless browser: the web view's browser tests (cli/tests/web.rs)
+  chromium-driver   # chromedriver: WebDriver for those tests, on a loopback port
 )
 
 if [ "${1:-}" = "--packages" ]; then
@@ -100,6 +102,16 @@ verify() {
   expect util-linux 'util-linux' setpriv --version
   expect util-linux 'util-linux' runuser --version
   expect procps 'SIG|HUP' /bin/kill -l
+  verify_chromium
+}
+
+# The browser tests drive headless chromium through chromedriver: both answer,
+# and headless chromium renders a page (as root it needs --no-sandbox).
+verify_chromium() {
+  expect chromium '^Chromium [0-9]+\.' chromium --version
+  expect chromium-driver '^ChromeDriver [0-9]+\.' chromedriver --version
+  expect chromium 'tenure-headless-ok' timeout 60 chromium --headless --no-sandbox --disable-gpu \
+    --user-data-dir="$(mktemp -d)" --dump-dom 'data:text/html,<p id=x>tenure-headless-ok</p>'
 }
 
 install_missing

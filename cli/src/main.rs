@@ -6,6 +6,9 @@
 //! tenure dlq [--limit N]                                          list the DLQ
 //! tenure redrive <ID>                                             put a dead job back to work
 //! tenure redrive --reason <CODE>                                  ... every dead letter with that reason
+//! tenure overview                                                 counts per status and type, last hour's rates
+//! tenure workers                                                  workers seen in the job history
+//! tenure serve [--bind 127.0.0.1:8023] [--operator-token T]       the web view (see `web`)
 //! ```
 //!
 //! Servers come from `--etcd/--nats/--database-url/--namespace/--schema` or the
@@ -21,18 +24,22 @@
 //! them, so the CLI's default settings cannot overwrite the workers' (replicas,
 //! AckWait, MaxDeliver). A namespace no worker has started in is an error.
 
-use std::future::Future;
+mod ctx;
+mod data;
+mod web;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand, ValueEnum};
-use serde::Serialize;
-use tenure::fence::{FenceStore, JobRow, JobStatus};
-use tenure::queue::{DeadLetter, Queue};
+use tenure::fence::{JobStatus, WorkerSeen};
 use tenure::security::{NatsAuth, Secret, TlsFiles};
-use tenure::{Client, ClientError, Config, JobId};
+use tenure::{Config, JobId};
+
+use ctx::Ctx;
+use data::{DeadLetterView, JobView, OverviewView, RedriveView};
 
 /// Operator tool for Tenure: jobs, their fencing history, the dead-letter queue.
 #[derive(Debug, Parser)]
@@ -229,6 +236,12 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Jobs per status and type, the last hour's rates, takeovers, stale refusals, DLQ size.
+    Overview,
+    /// Workers seen in the last hour's job history or connected to PostgreSQL now.
+    Workers,
+    /// Serve the operator's web view (read-only without --operator-token).
+    Serve(web::ServeArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -256,80 +269,11 @@ fn parse_job_id(s: &str) -> Result<JobId, String> {
     })
 }
 
-fn parse_secs(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
         _ => Err("expected seconds between 0 and 3600".into()),
     }
-}
-
-/// One job row as printed.
-#[derive(Debug, Serialize)]
-struct JobView {
-    id: String,
-    job_type: String,
-    status: String,
-    fence: i64,
-    step: u32,
-    takeovers: u32,
-    attempts: u32,
-    released: bool,
-    last_error: Option<String>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
-
-impl From<&JobRow> for JobView {
-    fn from(r: &JobRow) -> Self {
-        JobView {
-            id: r.id.to_string(),
-            job_type: r.job_type.clone(),
-            status: r.status.to_string(),
-            fence: r.fence,
-            step: r.step.get(),
-            takeovers: r.takeovers,
-            attempts: r.attempts,
-            released: r.released,
-            last_error: r.last_error.clone(),
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-        }
-    }
-}
-
-/// One DLQ entry as printed.
-#[derive(Debug, Serialize)]
-struct DeadLetterView {
-    dlq_sequence: u64,
-    job_id: Option<String>,
-    job_type: Option<String>,
-    reason: String,
-    deliveries: Option<u64>,
-    attempts: Option<u32>,
-    takeovers: Option<u32>,
-    last_token: Option<i64>,
-}
-
-impl From<&DeadLetter> for DeadLetterView {
-    fn from(d: &DeadLetter) -> Self {
-        DeadLetterView {
-            dlq_sequence: d.dlq_sequence,
-            job_id: d.job_id.map(|j| j.to_string()),
-            job_type: d.job_type.clone(),
-            reason: d.reason.clone(),
-            deliveries: d.deliveries,
-            attempts: d.attempts,
-            takeovers: d.takeovers,
-            last_token: d.last_token.map(|t| t.get()),
-        }
-    }
-}
-
-/// What a redrive did.
-#[derive(Debug, Serialize)]
-struct RedriveView {
-    job_id: String,
-    messages: usize,
 }
 
 fn main() -> ExitCode {
@@ -353,99 +297,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The servers and the bound on each call.
-struct Ctx {
-    cfg: Config,
-    timeout: Duration,
-    json: bool,
-}
-
-impl Ctx {
-    fn postgres(&self) -> String {
-        format!("PostgreSQL at {}", redact(&self.cfg.database_url))
-    }
-
-    fn nats(&self) -> String {
-        format!("NATS at {}", redact(&self.cfg.nats_url))
-    }
-
-    /// Runs `fut` against `server`, bounded by the timeout.
-    async fn call<T, E: std::error::Error>(
-        &self,
-        server: &str,
-        what: &str,
-        fut: impl Future<Output = Result<T, E>>,
-    ) -> anyhow::Result<T> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(anyhow!("{what}: {server}: {}", describe(&e))),
-            Err(_) => Err(anyhow!(
-                "{what}: {server} did not answer within {:?}",
-                self.timeout
-            )),
-        }
-    }
-
-    async fn store(&self) -> anyhow::Result<FenceStore> {
-        let connected = self
-            .call(
-                &self.postgres(),
-                "cannot connect",
-                FenceStore::connect(&self.cfg),
-            )
-            .await;
-        match connected {
-            Ok(store) => Ok(store),
-            // The pool retries refused connections until its deadline; say why.
-            Err(e) => match self.probe_postgres().await {
-                Some(why) => Err(anyhow!("{e} ({why})")),
-                None => Err(e),
-            },
-        }
-    }
-
-    /// Why PostgreSQL's TCP port cannot be reached, if it cannot.
-    async fn probe_postgres(&self) -> Option<String> {
-        let opts: sqlx::postgres::PgConnectOptions = self.cfg.database_url.parse().ok()?;
-        let (host, port) = (opts.get_host().to_string(), opts.get_port());
-        if host.starts_with('/') {
-            return None; // a Unix socket
-        }
-        let attempt = tokio::net::TcpStream::connect((host.as_str(), port));
-        match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok(_)) => None,
-            Ok(Err(e)) => Some(format!("TCP connect to {host}:{port}: {e}")),
-            Err(_) => Some(format!("TCP connect to {host}:{port}: no answer")),
-        }
-    }
-
-    async fn queue(&self) -> anyhow::Result<Queue> {
-        self.call(&self.nats(), "cannot connect", Queue::connect(&self.cfg))
-            .await
-    }
-
-    async fn client(&self) -> anyhow::Result<Client> {
-        // Each server on its own first, so an error names the one that failed.
-        self.store().await?;
-        self.queue().await?;
-        self.call(
-            "PostgreSQL and NATS",
-            "cannot connect",
-            Client::connect(&self.cfg),
-        )
-        .await
-    }
-
-    fn print<T: Serialize>(&self, value: &T, table: impl FnOnce() -> String) -> anyhow::Result<()> {
-        if self.json {
-            println!("{}", serde_json::to_string_pretty(value)?);
-        } else {
-            print!("{}", table());
-        }
-        Ok(())
-    }
-}
-
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let timeout = Duration::from_secs_f64(cli.timeout);
     let cfg = Config::new(cli.namespace)
@@ -466,142 +317,142 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         json: cli.json,
     };
     match cli.command {
+        Command::Serve(args) => web::serve(ctx, args).await,
+        command => run_command(&ctx, command).await,
+    }
+}
+
+async fn run_command(ctx: &Ctx, command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Jobs { status, limit } => {
             let store = ctx.store().await?;
-            let rows = ctx
-                .call(
-                    &ctx.postgres(),
-                    "listing jobs",
-                    store.list_jobs(status.map(Into::into), i64::from(limit)),
-                )
-                .await?;
-            let views: Vec<JobView> = rows.iter().map(JobView::from).collect();
+            let views = data::jobs(ctx, &store, status.map(Into::into), limit).await?;
             ctx.print(&views, || jobs_table(&views))
         }
         Command::Job { id } => {
             let store = ctx.store().await?;
-            let row = ctx
-                .call(&ctx.postgres(), "reading the job", store.job(id))
+            // The DLQ entries too when NATS answers; the row alone otherwise.
+            let queue = match ctx.queue().await {
+                Ok(q) => Some(q),
+                Err(e) => {
+                    eprintln!("note: DLQ entries not read: {e:#}");
+                    None
+                }
+            };
+            let detail = data::job(ctx, &store, queue.as_ref(), id)
                 .await?
                 .ok_or_else(|| anyhow!("no job {id} in schema {:?}", ctx.cfg.schema))?;
-            let view = JobView::from(&row);
-            ctx.print(&view, || job_detail(&view))
+            ctx.print(&detail, || job_detail(&detail.job))
         }
         Command::Dlq { limit } => {
             let queue = ctx.queue().await?;
-            let entries = ctx
-                .call(
-                    &ctx.nats(),
-                    "reading the DLQ",
-                    queue.dead_letters(limit as usize),
-                )
-                .await?;
-            let views: Vec<DeadLetterView> = entries.iter().map(DeadLetterView::from).collect();
+            let views = data::dlq(ctx, &queue, limit as usize).await?;
             ctx.print(&views, || dlq_table(&views))
+        }
+        Command::Overview => {
+            let (store, queue) = (ctx.store().await?, ctx.queue().await?);
+            let view = data::overview(ctx, &store, &queue).await?;
+            ctx.print(&view, || overview_table(&view))
+        }
+        Command::Workers => {
+            let store = ctx.store().await?;
+            let views = data::workers(ctx, &store).await?;
+            ctx.print(&views, || workers_table(&views))
         }
         Command::Redrive { id, reason } => {
             let client = ctx.client().await?;
             let ids = match (id, reason) {
                 (Some(id), _) => vec![id],
-                (None, Some(reason)) => jobs_with_reason(&ctx, client.queue(), &reason).await?,
+                (None, Some(reason)) => {
+                    data::jobs_with_reason(ctx, client.queue(), &reason).await?
+                }
                 (None, None) => return Err(anyhow!("give a job id or --reason")),
             };
-            let mut done = Vec::new();
-            for id in ids {
-                let moved = tokio::time::timeout(ctx.timeout, client.redrive(id)).await;
-                match moved {
-                    Ok(Ok(messages)) => done.push(RedriveView {
-                        job_id: id.to_string(),
-                        messages,
-                    }),
-                    Ok(Err(e @ ClientError::NotDead { .. })) => eprintln!("skipped: {e}"),
-                    Ok(Err(e)) => return Err(anyhow!("redriving {id}: {}", describe(&e))),
-                    Err(_) => {
-                        return Err(anyhow!(
-                            "redriving {id}: no answer within {:?}",
-                            ctx.timeout
-                        ));
-                    }
-                }
+            let mut skipped = Vec::new();
+            let done = data::redrive(ctx, &client, ids, &mut skipped).await?;
+            for s in &skipped {
+                eprintln!("skipped: {s}");
             }
-            ctx.print(&done, || {
-                let mut s = String::new();
-                for r in &done {
-                    s.push_str(&format!(
-                        "redriven {} ({} message{})\n",
-                        r.job_id,
-                        r.messages,
-                        if r.messages == 1 { "" } else { "s" }
-                    ));
-                }
-                if done.is_empty() {
-                    s.push_str("nothing redriven\n");
-                }
-                s
-            })
+            ctx.print(&done, || redrive_lines(&done))
         }
+        Command::Serve(_) => Err(anyhow!("serve is not a one-shot command")),
     }
 }
 
-/// The distinct job ids of DLQ entries whose reason is `reason` or starts with
-/// `reason:` (the runtime writes `<code>: <text>`).
-async fn jobs_with_reason(ctx: &Ctx, queue: &Queue, reason: &str) -> anyhow::Result<Vec<JobId>> {
-    const PAGE: usize = 500;
-    let mut ids = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = ctx
-            .call(
-                &ctx.nats(),
-                "reading the DLQ",
-                queue.dead_letters_after(after, PAGE),
-            )
-            .await?;
-        for d in &page {
-            let matches = d.reason == reason
-                || d.reason
-                    .strip_prefix(reason)
-                    .is_some_and(|rest| rest.starts_with(':'));
-            if let (true, Some(id)) = (matches, d.job_id) {
-                if !ids.contains(&id) {
-                    ids.push(id);
-                }
-            }
-        }
-        match page.last() {
-            Some(last) if page.len() == PAGE => after = last.dlq_sequence,
-            _ => return Ok(ids),
-        }
+fn redrive_lines(done: &[RedriveView]) -> String {
+    let mut s = String::new();
+    for r in done {
+        s.push_str(&format!(
+            "redriven {} ({} message{})\n",
+            r.job_id,
+            r.messages,
+            plural(r.messages)
+        ));
     }
-}
-
-/// The error and its sources, each once.
-fn describe(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
+    if done.is_empty() {
+        s.push_str("nothing redriven\n");
     }
     s
 }
 
-/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else {
-        return url.to_string();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
-    }
+fn overview_table(v: &OverviewView) -> String {
+    let mut s = format!(
+        "pending {}  running {}  done {}  dead {}  total {}  dlq {}\n",
+        v.pending, v.running, v.done, v.dead, v.total, v.dlq_size
+    );
+    let r = &v.rows.recent;
+    s.push_str(&format!(
+        "last {}s: done {}  dead {}  failed attempts {}  takeovers {}  stale refusals {}  ({:.2}/min, failure rate {:.1}%)\n",
+        r.window_secs, r.done, r.dead, r.failed, r.takeovers, r.stale_refusals,
+        v.throughput_per_min, v.failure_rate * 100.0
+    ));
+    let rows: Vec<Vec<String>> = v
+        .rows
+        .by_type_status
+        .iter()
+        .map(|c| {
+            vec![
+                c.job_type.clone(),
+                c.status.clone(),
+                c.count.to_string(),
+                c.takeovers.to_string(),
+            ]
+        })
+        .collect();
+    s.push_str(&table(&["TYPE", "STATUS", "JOBS", "TAKEOVERS"], &rows));
+    s
+}
+
+fn workers_table(views: &[WorkerSeen]) -> String {
+    let rows: Vec<Vec<String>> = views
+        .iter()
+        .map(|w| {
+            vec![
+                w.worker.clone(),
+                w.last_event_at
+                    .as_ref()
+                    .map(time)
+                    .unwrap_or_else(|| "-".into()),
+                w.claims.to_string(),
+                w.steps.to_string(),
+                w.stale_refusals.to_string(),
+                w.jobs_in_flight.to_string(),
+                w.connections.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "WORKER",
+            "LAST EVENT",
+            "CLAIMS",
+            "STEPS",
+            "STALE",
+            "IN FLIGHT",
+            "CONNECTIONS",
+        ],
+        &rows,
+    )
 }
 
 fn time(t: &DateTime<Utc>) -> String {
@@ -748,6 +599,7 @@ fn plural(n: usize) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ctx::redact;
 
     #[test]
     fn redacts_passwords_only() {

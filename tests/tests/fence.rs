@@ -165,8 +165,8 @@ async fn migrations_are_idempotent_concurrent_and_per_schema() {
         .unwrap();
         assert_eq!(
             applied,
-            4,
-            "each of the four migrations recorded once in {}",
+            5,
+            "each of the five migrations recorded once in {}",
             s.schema()
         );
     }

@@ -47,7 +47,8 @@ pub fn connect_options(cfg: &Config) -> Result<PgConnectOptions, super::FenceErr
 /// ```
 pub fn pool_options(cfg: &Config) -> PgPoolOptions {
     let max = u32::try_from(cfg.max_in_flight.saturating_add(4)).unwrap_or(u32::MAX);
-    let settings = session_settings(cfg.idle_in_transaction_timeout(), cfg.lock_timeout());
+    let settings = session_settings(cfg.idle_in_transaction_timeout(), cfg.lock_timeout())
+        + &application_name(&cfg.worker_id);
     PgPoolOptions::new()
         .max_connections(max)
         .after_connect(move |conn, _meta| {
@@ -57,6 +58,21 @@ pub fn pool_options(cfg: &Config) -> PgPoolOptions {
                 Ok(())
             })
         })
+}
+
+/// `; SET application_name = '<worker id>'`: the job history (`job_events`)
+/// names the worker that wrote each change by it, as does `pg_stat_activity`.
+fn application_name(worker_id: &str) -> String {
+    // PostgreSQL truncates application_name to 63 bytes and drops non-ASCII.
+    let printable: String = worker_id
+        .chars()
+        .filter(|c| c.is_ascii() && !c.is_ascii_control())
+        .take(63)
+        .collect();
+    format!(
+        "; SET application_name = {}",
+        super::sql::quote_literal(&printable)
+    )
 }
 
 /// A paused or partitioned owner's open transaction must not hold the job row
@@ -91,6 +107,15 @@ mod tests {
         assert_eq!(
             session_settings(Duration::from_secs(5), Duration::from_secs(10)),
             "SET idle_in_transaction_session_timeout = 5000; SET lock_timeout = 10000"
+        );
+    }
+
+    #[test]
+    fn application_name_is_the_quoted_worker_id() {
+        assert_eq!(application_name("w-1"), "; SET application_name = E'w-1'");
+        assert_eq!(
+            application_name("it's\\\né"),
+            "; SET application_name = E'it''s\\\\'"
         );
     }
 }

@@ -174,10 +174,12 @@ impl FenceStore {
     where
         E: Executor<'e, Database = Postgres>,
     {
-        match self.diag(exec, id).await {
+        let err = match self.diag(exec, id).await {
             Ok(diag) => verdict(id, token, diag, step),
-            Err(e) => e,
-        }
+            Err(e) => return e,
+        };
+        self.record_refusal(&err, token, step, "step").await;
+        err
     }
 
     async fn claim_refused<'e, E>(
@@ -203,6 +205,7 @@ impl FenceStore {
                     current: ObservedFence::new(d.fence),
                 };
                 log_refusal(&err);
+                self.record_refusal(&err, token, None, "claim").await;
                 ClaimVerdict::Refused(err)
             }
             Some(d) if d.fence == token.get() => {

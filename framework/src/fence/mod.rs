@@ -82,6 +82,7 @@ mod error;
 mod gate;
 mod guard;
 mod guard_admin;
+mod history;
 mod reads;
 mod row;
 mod sql;
@@ -93,6 +94,10 @@ pub use error::{FenceError, GUARD_SQLSTATE, is_guard_refusal};
 pub use gate::{
     Admitted, FenceMarks, GateError, MemoryFenceMarks, MemoryTx, PgFenceMarks, StaleToken,
     TokenGate,
+};
+pub use history::{
+    JobCursor, JobEvent, JobFilter, MAX_JOB_EVENTS, Overview, TypeStatusCount, WindowCounts,
+    WorkerSeen,
 };
 pub use row::{Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use store::FenceStore;

@@ -2,7 +2,7 @@
 //! construction. Runtime `query()` only: the build never needs a database.
 
 /// Columns of a full [`JobRow`](super::JobRow).
-const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status, released, \
+pub(crate) const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status, released, \
                            takeovers, attempts, last_error, created_at, updated_at";
 
 /// Columns a claim returns.

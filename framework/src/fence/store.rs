@@ -172,6 +172,9 @@ impl FenceStore {
             format!(
                 "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_step_cas(uuid, bigint, integer, jsonb, boolean) TO {role}"
             ),
+            format!(
+                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_record_refusal(uuid, bigint, bigint, integer, text) TO {role}"
+            ),
         ] {
             tx.execute(stmt.as_str()).await?;
         }

@@ -1,0 +1,397 @@
+//! What the CLI prints with `--json` and what the web view shows: one set of
+//! views and one set of reads, all through `tenure::fence` (job rows and their
+//! history), `tenure::queue` (the DLQ) and `tenure::Client` (redrive). No SQL
+//! here.
+
+use std::time::Duration;
+
+use anyhow::anyhow;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tenure::fence::{
+    FenceStore, JobCursor, JobEvent, JobFilter, JobRow, JobStatus, Overview, WorkerSeen,
+};
+use tenure::queue::{DeadLetter, Queue};
+use tenure::{Client, ClientError, JobId};
+
+use crate::ctx::{Ctx, describe};
+
+/// The window of the overview's rates and of the workers page.
+pub const WINDOW: Duration = Duration::from_secs(3600);
+
+/// DLQ entries scanned per page.
+const DLQ_PAGE: usize = 500;
+
+/// DLQ entries scanned at most for one job's page.
+const DLQ_SCAN_MAX: usize = 10_000;
+
+/// One job row as printed.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobView {
+    pub id: String,
+    pub job_type: String,
+    pub status: String,
+    pub fence: i64,
+    pub step: u32,
+    pub takeovers: u32,
+    pub attempts: u32,
+    pub released: bool,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<&JobRow> for JobView {
+    fn from(r: &JobRow) -> Self {
+        JobView {
+            id: r.id.to_string(),
+            job_type: r.job_type.clone(),
+            status: r.status.to_string(),
+            fence: r.fence,
+            step: r.step.get(),
+            takeovers: r.takeovers,
+            attempts: r.attempts,
+            released: r.released,
+            last_error: r.last_error.clone(),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// One job with its history and its DLQ entries (`tenure job --json`, the job page).
+#[derive(Debug, Clone, Serialize)]
+pub struct JobDetail {
+    #[serde(flatten)]
+    pub job: JobView,
+    /// The checkpoint (output of the last committed step).
+    pub checkpoint: Option<serde_json::Value>,
+    /// The job's history, oldest first.
+    pub events: Vec<JobEvent>,
+    /// Its entries in the DLQ.
+    pub dead_letters: Vec<DeadLetterView>,
+}
+
+/// One DLQ entry as printed.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetterView {
+    pub dlq_sequence: u64,
+    pub job_id: Option<String>,
+    pub job_type: Option<String>,
+    pub reason: String,
+    pub deliveries: Option<u64>,
+    pub attempts: Option<u32>,
+    pub takeovers: Option<u32>,
+    pub last_token: Option<i64>,
+}
+
+impl DeadLetterView {
+    /// The reason's code: the text before the first `:` (`max_retries`, ...).
+    pub fn reason_code(&self) -> &str {
+        self.reason
+            .split_once(':')
+            .map_or(self.reason.as_str(), |(code, _)| code)
+            .trim()
+    }
+}
+
+impl From<&DeadLetter> for DeadLetterView {
+    fn from(d: &DeadLetter) -> Self {
+        DeadLetterView {
+            dlq_sequence: d.dlq_sequence,
+            job_id: d.job_id.map(|j| j.to_string()),
+            job_type: d.job_type.clone(),
+            reason: d.reason.clone(),
+            deliveries: d.deliveries,
+            attempts: d.attempts,
+            takeovers: d.takeovers,
+            last_token: d.last_token.map(|t| t.get()),
+        }
+    }
+}
+
+/// What a redrive did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RedriveView {
+    pub job_id: String,
+    pub messages: usize,
+}
+
+/// The overview (`tenure overview --json`, the overview page).
+#[derive(Debug, Clone, Serialize)]
+pub struct OverviewView {
+    #[serde(flatten)]
+    pub rows: Overview,
+    pub pending: i64,
+    pub running: i64,
+    pub done: i64,
+    pub dead: i64,
+    pub total: i64,
+    /// Jobs finished per minute over the window.
+    pub throughput_per_min: f64,
+    /// (dead + failed attempts) / (done + dead + failed attempts) over the window.
+    pub failure_rate: f64,
+    /// Entries in the DLQ stream.
+    pub dlq_size: u64,
+}
+
+/// A page of the job list (the web view's `/api/jobs`).
+#[derive(Debug, Clone, Serialize)]
+pub struct JobsPage {
+    pub jobs: Vec<JobView>,
+    /// The cursor of the next page (`after=`), when there may be one.
+    pub next: Option<String>,
+}
+
+/// The cursor as text: `<created_at RFC 3339>_<job id>`.
+pub fn cursor_text(c: &JobCursor) -> String {
+    format!(
+        "{}_{}",
+        c.created_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        c.id
+    )
+}
+
+/// Parses [`cursor_text`]'s output.
+///
+/// # Errors
+/// A message naming what is wrong.
+pub fn parse_cursor(s: &str) -> Result<JobCursor, String> {
+    let (at, id) = s
+        .rsplit_once('_')
+        .ok_or_else(|| format!("bad cursor {s:?}: expected <time>_<job id>"))?;
+    let created_at = DateTime::parse_from_rfc3339(at)
+        .map_err(|e| format!("bad cursor time {at:?}: {e}"))?
+        .with_timezone(&Utc);
+    let id = id
+        .parse::<JobId>()
+        .map_err(|e| format!("bad cursor job id {id:?}: {e}"))?;
+    Ok(JobCursor { created_at, id })
+}
+
+pub async fn jobs(
+    ctx: &Ctx,
+    store: &FenceStore,
+    status: Option<JobStatus>,
+    limit: u32,
+) -> anyhow::Result<Vec<JobView>> {
+    let rows = ctx
+        .call(
+            &ctx.postgres(),
+            "listing jobs",
+            store.list_jobs(status, i64::from(limit)),
+        )
+        .await?;
+    Ok(rows.iter().map(JobView::from).collect())
+}
+
+pub async fn jobs_page(
+    ctx: &Ctx,
+    store: &FenceStore,
+    filter: &JobFilter,
+    after: Option<JobCursor>,
+    limit: u32,
+) -> anyhow::Result<JobsPage> {
+    let rows = ctx
+        .call(
+            &ctx.postgres(),
+            "listing jobs",
+            store.list_jobs_page(filter, after, i64::from(limit)),
+        )
+        .await?;
+    let next = match rows.last() {
+        Some(last) if rows.len() == limit as usize => Some(cursor_text(&JobCursor::after(last))),
+        _ => None,
+    };
+    Ok(JobsPage {
+        jobs: rows.iter().map(JobView::from).collect(),
+        next,
+    })
+}
+
+pub async fn job(
+    ctx: &Ctx,
+    store: &FenceStore,
+    queue: Option<&Queue>,
+    id: JobId,
+) -> anyhow::Result<Option<JobDetail>> {
+    let Some(row) = ctx
+        .call(&ctx.postgres(), "reading the job", store.job(id))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let events = ctx
+        .call(
+            &ctx.postgres(),
+            "reading the job's history",
+            store.job_events(id),
+        )
+        .await?;
+    let dead_letters = match queue {
+        Some(q) => dead_letters_of(ctx, q, id).await?,
+        None => Vec::new(),
+    };
+    Ok(Some(JobDetail {
+        job: JobView::from(&row),
+        checkpoint: row.checkpoint.clone(),
+        events,
+        dead_letters,
+    }))
+}
+
+/// Every DLQ entry (scanning at most [`DLQ_SCAN_MAX`]) with `pred`.
+async fn scan_dlq(
+    ctx: &Ctx,
+    queue: &Queue,
+    mut pred: impl FnMut(&DeadLetter) -> bool,
+) -> anyhow::Result<Vec<DeadLetter>> {
+    let (mut out, mut after, mut seen) = (Vec::new(), 0, 0);
+    loop {
+        let page = ctx
+            .call(
+                &ctx.nats(),
+                "reading the DLQ",
+                queue.dead_letters_after(after, DLQ_PAGE),
+            )
+            .await?;
+        seen += page.len();
+        out.extend(page.iter().filter(|d| pred(d)).cloned());
+        match page.last() {
+            Some(last) if page.len() == DLQ_PAGE && seen < DLQ_SCAN_MAX => {
+                after = last.dlq_sequence;
+            }
+            _ => return Ok(out),
+        }
+    }
+}
+
+async fn dead_letters_of(
+    ctx: &Ctx,
+    queue: &Queue,
+    id: JobId,
+) -> anyhow::Result<Vec<DeadLetterView>> {
+    let found = scan_dlq(ctx, queue, |d| d.job_id == Some(id)).await?;
+    Ok(found.iter().map(DeadLetterView::from).collect())
+}
+
+pub async fn dlq(ctx: &Ctx, queue: &Queue, limit: usize) -> anyhow::Result<Vec<DeadLetterView>> {
+    let entries = ctx
+        .call(&ctx.nats(), "reading the DLQ", queue.dead_letters(limit))
+        .await?;
+    Ok(entries.iter().map(DeadLetterView::from).collect())
+}
+
+pub async fn overview(
+    ctx: &Ctx,
+    store: &FenceStore,
+    queue: &Queue,
+) -> anyhow::Result<OverviewView> {
+    let rows = ctx
+        .call(
+            &ctx.postgres(),
+            "reading the overview",
+            store.overview(WINDOW),
+        )
+        .await?;
+    let stats = ctx
+        .call(&ctx.nats(), "reading the queue's counts", queue.stats())
+        .await?;
+    let r = &rows.recent;
+    let finished = r.done + r.dead + r.failed;
+    let minutes = (WINDOW.as_secs_f64() / 60.0).max(1.0);
+    Ok(OverviewView {
+        pending: rows.count(JobStatus::Pending),
+        running: rows.count(JobStatus::Running),
+        done: rows.count(JobStatus::Done),
+        dead: rows.count(JobStatus::Dead),
+        total: rows.total(),
+        throughput_per_min: r.done as f64 / minutes,
+        failure_rate: if finished == 0 {
+            0.0
+        } else {
+            (r.dead + r.failed) as f64 / finished as f64
+        },
+        dlq_size: stats.dlq_messages,
+        rows,
+    })
+}
+
+pub async fn workers(ctx: &Ctx, store: &FenceStore) -> anyhow::Result<Vec<WorkerSeen>> {
+    ctx.call(
+        &ctx.postgres(),
+        "reading the workers",
+        store.workers_seen(WINDOW),
+    )
+    .await
+}
+
+/// The distinct job ids of DLQ entries whose reason is `reason` or starts with
+/// `reason:` (the runtime writes `<code>: <text>`).
+pub async fn jobs_with_reason(
+    ctx: &Ctx,
+    queue: &Queue,
+    reason: &str,
+) -> anyhow::Result<Vec<JobId>> {
+    let found = scan_dlq(ctx, queue, |d| {
+        d.reason == reason
+            || d.reason
+                .strip_prefix(reason)
+                .is_some_and(|rest| rest.starts_with(':'))
+    })
+    .await?;
+    let mut ids = Vec::new();
+    for id in found.iter().filter_map(|d| d.job_id) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+/// Redrives `ids`; a job that is not dead is skipped with a note in `skipped`.
+pub async fn redrive(
+    ctx: &Ctx,
+    client: &Client,
+    ids: Vec<JobId>,
+    skipped: &mut Vec<String>,
+) -> anyhow::Result<Vec<RedriveView>> {
+    let mut done = Vec::new();
+    for id in ids {
+        let moved = tokio::time::timeout(ctx.timeout, client.redrive(id)).await;
+        match moved {
+            Ok(Ok(messages)) => done.push(RedriveView {
+                job_id: id.to_string(),
+                messages,
+            }),
+            Ok(Err(e @ ClientError::NotDead { .. })) => skipped.push(e.to_string()),
+            Ok(Err(e)) => return Err(anyhow!("redriving {id}: {}", describe(&e))),
+            Err(_) => {
+                return Err(anyhow!(
+                    "redriving {id}: no answer within {:?}",
+                    ctx.timeout
+                ));
+            }
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_and_bad_cursors_say_why() {
+        let c = JobCursor {
+            created_at: DateTime::parse_from_rfc3339("2026-01-02T03:04:05.123456Z")
+                .map(|t| t.with_timezone(&Utc))
+                .unwrap_or_default(),
+            id: JobId::from_key("t", "k"),
+        };
+        assert_eq!(parse_cursor(&cursor_text(&c)), Ok(c));
+        assert!(parse_cursor("nope").is_err_and(|e| e.contains("expected")));
+        assert!(parse_cursor("2026_x").is_err_and(|e| e.contains("time")));
+    }
+}

@@ -1,0 +1,403 @@
+//! The HTML pages, rendered with `maud`: every `(value)` in a template is
+//! HTML-escaped (a unit test below checks it with a hostile job type), and no
+//! page uses `PreEscaped` for data. The script (`APP_JS`) only sets
+//! `textContent`.
+
+use chrono::{DateTime, Utc};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+use tenure::fence::{JobEvent, WorkerSeen};
+
+use crate::data::{DeadLetterView, JobDetail, JobView, JobsPage, OverviewView};
+
+/// The page's view of the session: whether actions are offered, and their token.
+#[derive(Debug, Clone, Default)]
+pub struct Viewer {
+    /// The server has an operator token.
+    pub operator_mode: bool,
+    /// This browser is logged in: the session's CSRF token.
+    pub csrf: Option<String>,
+}
+
+/// The filters of the job list as given (echoed into the form).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct JobsQuery {
+    #[serde(rename = "type")]
+    pub job_type: Option<String>,
+    pub status: Option<String>,
+    pub age: Option<String>,
+    pub takeovers: Option<String>,
+    pub after: Option<String>,
+    pub limit: Option<String>,
+}
+
+const CSS: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}\
+header{background:#1d2330;color:#fff;padding:.6rem 1.2rem;display:flex;gap:1.2rem;align-items:center}\
+header a{color:#cfe0ff;text-decoration:none}header .who{margin-left:auto;font-size:.85rem}\
+main{padding:1rem 1.2rem}table{border-collapse:collapse;background:#fff;margin:.5rem 0 1.2rem}\
+td,th{border:1px solid #d8dce3;padding:.3rem .5rem;text-align:left;font-size:.9rem;vertical-align:top}\
+th{background:#eef1f5}.cards{display:flex;flex-wrap:wrap;gap:.8rem}.card{background:#fff;border:1px solid #d8dce3;\
+padding:.6rem 1rem;min-width:8rem}.card b{display:block;font-size:1.5rem}.s-dead,.k-stale_refused,.k-dead{color:#b3261e}\
+.s-done,.k-done{color:#1e7b34}.k-taken_over{color:#9a5b00;font-weight:bold}pre{margin:0;white-space:pre-wrap;max-width:40rem}\
+form.inline{display:inline}.note{color:#5a6372;font-size:.85rem}.flash{background:#fff7d6;padding:.5rem;border:1px solid #e6d48a}";
+
+/// The progressive script: live counts over server-sent events.
+pub const APP_JS: &str = r#"(function () {
+  var root = document.querySelector('[data-live]');
+  if (!root || !window.EventSource) return;
+  var src = new EventSource(root.getAttribute('data-live'));
+  src.addEventListener('overview', function (e) {
+    var d = JSON.parse(e.data);
+    document.querySelectorAll('[data-k]').forEach(function (el) {
+      var v = d;
+      el.getAttribute('data-k').split('.').forEach(function (p) { v = (v == null) ? v : v[p]; });
+      if (v === undefined || v === null) return;
+      el.textContent = el.hasAttribute('data-f3') ? Number(v).toFixed(3) : String(v);
+    });
+    var t = document.getElementById('updated');
+    if (t) t.textContent = new Date().toISOString();
+  });
+})();"#;
+
+fn layout(title: &str, viewer: &Viewer, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { (title) " · tenure" }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    strong { "tenure" }
+                    a href="/" { "Overview" }
+                    a href="/jobs" { "Jobs" }
+                    a href="/dlq" { "DLQ" }
+                    a href="/workers" { "Workers" }
+                    span.who {
+                        @if viewer.csrf.is_some() {
+                            "operator · "
+                            form.inline method="post" action="/logout" { button { "Log out" } }
+                        } @else if viewer.operator_mode {
+                            a href="/login" { "Log in to act" }
+                        } @else {
+                            "read-only"
+                        }
+                    }
+                }
+                main { h1 { (title) } (body) }
+                script src="/app.js" {}
+            }
+        }
+    }
+}
+
+fn time(t: &DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string()
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+fn card(label: &str, key: &str, value: String) -> Markup {
+    html! { div.card { span { (label) } b id={ "ov-" (key.replace('.', "-")) } data-k=(key) { (value) } } }
+}
+
+pub fn overview(v: &OverviewView, viewer: &Viewer) -> Markup {
+    let r = &v.rows.recent;
+    let body = html! {
+        div data-live="/events/overview" {
+            div.cards {
+                (card("pending", "pending", v.pending.to_string()))
+                (card("running", "running", v.running.to_string()))
+                (card("done", "done", v.done.to_string()))
+                (card("dead", "dead", v.dead.to_string()))
+                (card("total", "total", v.total.to_string()))
+                (card("DLQ size", "dlq_size", v.dlq_size.to_string()))
+            }
+            h2 { "Last " (r.window_secs / 60) " minutes" }
+            div.cards {
+                (card("finished", "recent.done", r.done.to_string()))
+                (card("died", "recent.dead", r.dead.to_string()))
+                (card("failed attempts", "recent.failed", r.failed.to_string()))
+                (card("step commits", "recent.steps", r.steps.to_string()))
+                (card("takeovers", "recent.takeovers", r.takeovers.to_string()))
+                (card("stale rejections", "recent.stale_refusals", r.stale_refusals.to_string()))
+                div.card { span { "done / min" } b id="ov-throughput" data-k="throughput_per_min" data-f3 { (format!("{:.3}", v.throughput_per_min)) } }
+                div.card { span { "failure rate" } b id="ov-failure-rate" data-k="failure_rate" data-f3 { (format!("{:.3}", v.failure_rate)) } }
+                (card("stale rejections, all time", "stale_refusals_total", v.rows.stale_refusals_total.to_string()))
+            }
+            p.note { "Live: updated over server-sent events; last update " span #updated { "at page load" } "." }
+            h2 { "Jobs per type and status" }
+            table #by-type {
+                tr { th { "type" } th { "status" } th { "jobs" } th { "takeovers" } }
+                @for c in &v.rows.by_type_status {
+                    tr {
+                        td { a href={ "/jobs?type=" (urlencode(&c.job_type)) } { (c.job_type) } }
+                        td class={ "s-" (c.status) } { (c.status) }
+                        td { (c.count) } td { (c.takeovers) }
+                    }
+                }
+            }
+            p.note { "Worker lease health is not shown here: see Workers for what is known." }
+        }
+    };
+    layout("Overview", viewer, body)
+}
+
+/// Percent-encodes everything but unreserved characters (for query values).
+pub fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn job_rows(jobs: &[JobView]) -> Markup {
+    html! {
+        table #jobs {
+            tr { th { "id" } th { "type" } th { "status" } th { "step" } th { "fence" }
+                 th { "takeovers" } th { "attempts" } th { "created" } th { "last error" } }
+            @for j in jobs {
+                tr {
+                    td { a href={ "/jobs/" (j.id) } { (j.id) } }
+                    td { (j.job_type) } td class={ "s-" (j.status) } { (j.status) }
+                    td { (j.step) } td { (j.fence) } td { (j.takeovers) } td { (j.attempts) }
+                    td { (time(&j.created_at)) } td { (opt(j.last_error.as_deref())) }
+                }
+            }
+        }
+    }
+}
+
+pub fn jobs(page: &JobsPage, q: &JobsQuery, viewer: &Viewer) -> Markup {
+    let val = |o: &Option<String>| o.clone().unwrap_or_default();
+    let next_href = page.next.as_ref().map(|n| {
+        let mut href = String::from("/jobs?");
+        for (k, v) in [
+            ("type", &q.job_type),
+            ("status", &q.status),
+            ("age", &q.age),
+            ("takeovers", &q.takeovers),
+            ("limit", &q.limit),
+        ] {
+            if let Some(v) = v.as_ref().filter(|v| !v.is_empty()) {
+                href.push_str(&format!("{k}={}&", urlencode(v)));
+            }
+        }
+        href + "after=" + &urlencode(n)
+    });
+    let body = html! {
+        form #filters method="get" action="/jobs" {
+            label { "type " input name="type" value=(val(&q.job_type)); } " "
+            label { "status " select name="status" {
+                @for s in ["", "pending", "running", "done", "dead"] {
+                    option value=(s) selected[q.status.as_deref() == Some(s)] { (if s.is_empty() { "any" } else { s }) }
+                }
+            } } " "
+            label { "created within " input name="age" size="5" placeholder="e.g. 30m, 2h, 7d" value=(val(&q.age)); } " "
+            label { input type="checkbox" name="takeovers" value="on" checked[q.takeovers.is_some()]; " has takeovers" } " "
+            button { "Filter" }
+        }
+        (job_rows(&page.jobs))
+        @if let Some(href) = next_href { a #next href=(href) { "Next page →" } }
+        @else { p.note { "End of the list." } }
+    };
+    layout("Jobs", viewer, body)
+}
+
+fn event_row(e: &JobEvent) -> Markup {
+    let detail = e.detail.as_ref().map(|d| match d {
+        serde_json::Value::String(s) => s.clone(),
+        other => serde_json::to_string_pretty(other).unwrap_or_default(),
+    });
+    html! {
+        tr class={ "k-" (e.kind) } {
+            td { (time(&e.at)) } td { (e.kind) } td { (opt(e.step)) }
+            td.worker { (opt(e.worker.as_deref())) } td.token { (opt(e.token)) } td { (opt(e.other_token)) }
+            td { (opt(e.attempts)) } td { (opt(e.takeovers)) }
+            td { @if let Some(d) = detail { pre { (d) } } }
+        }
+    }
+}
+
+pub fn job(d: &JobDetail, viewer: &Viewer) -> Markup {
+    let j = &d.job;
+    let owners: Vec<&str> = {
+        let mut o: Vec<&str> = d
+            .events
+            .iter()
+            .filter(|e| e.kind == "claimed" || e.kind == "taken_over")
+            .filter_map(|e| e.worker.as_deref())
+            .collect();
+        o.dedup();
+        o
+    };
+    let body = html! {
+        table #job {
+            tr { th { "type" } td { (j.job_type) } th { "status" } td #status class={ "s-" (j.status) } { (j.status) } }
+            tr { th { "fence" } td { (j.fence) } th { "step" } td { (j.step) } }
+            tr { th { "takeovers" } td #takeovers { (j.takeovers) } th { "attempts" } td { (j.attempts) } }
+            tr { th { "created" } td { (time(&j.created_at)) } th { "updated" } td { (time(&j.updated_at)) } }
+            tr { th { "owners" } td #owners colspan="3" { (owners.join(" → ")) } }
+            tr { th { "last error" } td colspan="3" { (opt(j.last_error.as_deref())) } }
+        }
+        @if j.status == "dead" { (redrive_button(viewer, &j.id)) }
+        h2 { "Timeline" }
+        p.note { "step: the step that committed, under that token; stale_refused: a write under an older token that the fence refused (other token = the fence that won)." }
+        table #timeline {
+            tr { th { "at" } th { "event" } th { "step" } th { "worker" } th { "token" } th { "other token" } th { "attempts" } th { "takeovers" } th { "checkpoint / detail" } }
+            @for e in &d.events { (event_row(e)) }
+        }
+        h2 { "Checkpoint" }
+        pre #checkpoint { (opt(d.checkpoint.as_ref().map(|c| serde_json::to_string_pretty(c).unwrap_or_default()))) }
+        h2 { "DLQ entries" }
+        (dlq_rows(&d.dead_letters, viewer))
+    };
+    layout(&format!("Job {}", j.id), viewer, body)
+}
+
+fn redrive_button(viewer: &Viewer, job_id: &str) -> Markup {
+    html! {
+        @if let Some(csrf) = &viewer.csrf {
+            form.inline method="post" action="/dlq/redrive" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="job_id" value=(job_id);
+                button.redrive data-job=(job_id) { "Redrive" }
+            }
+        }
+    }
+}
+
+fn dlq_rows(entries: &[DeadLetterView], viewer: &Viewer) -> Markup {
+    html! {
+        table.dlq {
+            tr { th { "seq" } th { "job" } th { "type" } th { "reason" } th { "deliveries" } th { "attempts" } th { "takeovers" } th { "last token" } th {} }
+            @for e in entries {
+                tr {
+                    td { (e.dlq_sequence) }
+                    td { @if let Some(id) = &e.job_id { a href={ "/jobs/" (id) } { (id) } } @else { "-" } }
+                    td { (opt(e.job_type.as_deref())) } td { (e.reason) }
+                    td { (opt(e.deliveries)) } td { (opt(e.attempts)) } td { (opt(e.takeovers)) } td { (opt(e.last_token)) }
+                    td { @if let Some(id) = &e.job_id { (redrive_button(viewer, id)) } }
+                }
+            }
+        }
+    }
+}
+
+pub fn dlq(entries: &[DeadLetterView], flash: Option<&str>, viewer: &Viewer) -> Markup {
+    let mut groups: Vec<(&str, usize)> = Vec::new();
+    for e in entries {
+        match groups.iter_mut().find(|(c, _)| *c == e.reason_code()) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((e.reason_code(), 1)),
+        }
+    }
+    let body = html! {
+        @if let Some(f) = flash { p.flash #flash { (f) } }
+        @if !viewer.operator_mode { p.note { "Read-only: start `tenure serve` with --operator-token to redrive." } }
+        p.note { "Cancel is not offered: the framework has no cancel operation." }
+        h2 { "By reason" }
+        table #reasons {
+            tr { th { "reason" } th { "entries" } th {} }
+            @for (code, n) in &groups {
+                tr {
+                    td { (code) } td { (n) }
+                    td { @if let Some(csrf) = &viewer.csrf {
+                        form.inline method="post" action="/dlq/redrive-reason" {
+                            input type="hidden" name="csrf" value=(csrf);
+                            input type="hidden" name="reason" value=(code);
+                            button { "Redrive all" }
+                        }
+                    } }
+                }
+            }
+        }
+        h2 { "Entries" }
+        (dlq_rows(entries, viewer))
+    };
+    layout("Dead-letter queue", viewer, body)
+}
+
+pub fn workers(ws: &[WorkerSeen], viewer: &Viewer) -> Markup {
+    let body = html! {
+        p.note { "From PostgreSQL: the job history of the last hour and the connections open now (application_name = worker id). "
+                 "Session leases and their health live in etcd, which this view does not read (the lease module offers no listing); a worker whose lease is lost shows here only as stale refusals or takeovers of its jobs." }
+        table #workers {
+            tr { th { "worker" } th { "last event" } th { "claims" } th { "step commits" } th { "stale refusals" } th { "jobs in flight" } th { "connections" } }
+            @for w in ws {
+                tr {
+                    td { (w.worker) } td { (opt(w.last_event_at.as_ref().map(time))) }
+                    td { (w.claims) } td { (w.steps) } td { (w.stale_refusals) } td { (w.jobs_in_flight) } td { (w.connections) }
+                }
+            }
+        }
+    };
+    layout("Workers", viewer, body)
+}
+
+pub fn login(error: Option<&str>, viewer: &Viewer) -> Markup {
+    let body = html! {
+        @if let Some(e) = error { p.flash #flash { (e) } }
+        @if viewer.operator_mode {
+            form #login method="post" action="/login" {
+                label { "operator token " input type="password" name="token" autocomplete="off"; }
+                " " button { "Log in" }
+            }
+        } @else { p { "This server is read-only: it was started without an operator token." } }
+    };
+    layout("Log in", viewer, body)
+}
+
+pub fn error(status: u16, message: &str) -> Markup {
+    layout(
+        &format!("Error {status}"),
+        &Viewer::default(),
+        html! { p #error { (message) } },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::JobsPage;
+
+    #[test]
+    fn data_is_html_escaped() {
+        let evil = "<script>alert('x')</script>&\"";
+        let view = JobView {
+            id: "i".into(),
+            job_type: evil.into(),
+            status: "done".into(),
+            fence: 1,
+            step: 1,
+            takeovers: 0,
+            attempts: 0,
+            released: false,
+            last_error: Some(evil.into()),
+            created_at: Utc::now(),
+            updated_at: Utc::now(),
+        };
+        let page = JobsPage {
+            jobs: vec![view],
+            next: None,
+        };
+        let q = JobsQuery {
+            job_type: Some(evil.into()),
+            ..JobsQuery::default()
+        };
+        let html = jobs(&page, &q, &Viewer::default()).into_string();
+        assert!(!html.contains("<script>alert"), "{html}");
+        assert!(
+            html.contains("&lt;script&gt;alert('x')&lt;/script&gt;&amp;&quot;"),
+            "{html}"
+        );
+        assert_eq!(urlencode("a b&<"), "a%20b%26%3C");
+    }
+}

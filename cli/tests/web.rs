@@ -1,0 +1,627 @@
+//! `tenure serve` in a real browser: headless Debian `chromium` driven over
+//! WebDriver (`chromedriver` on a free loopback port, started here and stopped
+//! by its pid) against the dev stack with real workers and jobs.
+//!
+//! Screenshots of each page go to `<target>/screenshots/`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use fantoccini::{Client as Browser, ClientBuilder, Locator};
+use tenure::devstack::DevStack;
+use tenure::fence::JobStatus;
+use tenure::runtime::Worker;
+use tenure::{Client, Config, JobId, StepCtx, StepError};
+use tenure_tests::{ThreeStep, Work, config_for, prepare_schema, wait_until};
+
+/// Set in the child process that plays the worker that freezes.
+const CHILD_ENV: &str = "TENURE_WEB_CHILD";
+
+/// While set, `web.flaky` jobs fail permanently (straight to the DLQ).
+static BROKEN: AtomicBool = AtomicBool::new(true);
+
+#[derive(Debug, Clone)]
+struct Flaky;
+
+#[tenure::job(name = "web.flaky", retries = 0)]
+impl Flaky {
+    #[step]
+    async fn call_downstream(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        if BROKEN.load(Ordering::SeqCst) {
+            return Err(StepError::permanent("downstream refused the request"));
+        }
+        Ok(n)
+    }
+}
+
+/// A child process killed (by its pid) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.0.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(ok.success());
+    }
+}
+
+/// The lines a child prints, as they come.
+fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The first line containing `prefix`, from `prefix` on.
+fn wait_line(rx: &mpsc::Receiver<String>, prefix: &str, within: Duration) -> String {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            // libtest prints `test child_worker ... ` before the test's own output.
+            Ok(l) if l.contains(prefix) => return l[l.find(prefix).unwrap_or(0)..].to_string(),
+            Ok(_) => {}
+            Err(e) => panic!("no line {prefix:?} within {within:?}: {e}"),
+        }
+    }
+}
+
+/// The worker that freezes: this test binary again, running only `child_worker`.
+fn spawn_frozen_worker(cfg: &Config) -> (Proc, mpsc::Receiver<String>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_worker", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "A")
+        .env("TENURE_NAMESPACE", &cfg.namespace)
+        .env("TENURE_ETCD_ENDPOINTS", cfg.etcd_endpoints.join(","))
+        .env("TENURE_NATS_URL", &cfg.nats_url)
+        .env("TENURE_DATABASE_URL", &cfg.database_url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the child worker");
+    let rx = lines_of(&mut child);
+    (Proc(child), rx)
+}
+
+/// Not a test of its own: the body of the child process `spawn_frozen_worker`
+/// starts (a worker "A" until its standard input closes); a no-op otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_worker() {
+    let Ok(worker) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap();
+    let ns = var("TENURE_NAMESPACE");
+    let mut cfg = Config::new(ns.clone())
+        .with_schema(ns.clone())
+        .with_etcd_endpoints(var("TENURE_ETCD_ENDPOINTS").split(','))
+        .with_nats_url(var("TENURE_NATS_URL"))
+        .with_database_url(var("TENURE_DATABASE_URL"))
+        .with_lease_ttl(Duration::from_secs(2))
+        .with_worker_id(worker.clone());
+    cfg.contention_backoff.base = Duration::from_millis(50);
+    cfg.contention_backoff.cap = Duration::from_millis(500);
+    let w = Worker::builder(cfg)
+        .register(ThreeStep {
+            worker: worker.clone(),
+            schema: ns,
+        })
+        .start()
+        .await
+        .expect("worker A");
+    println!("READY {worker}");
+    std::io::stdout().flush().unwrap();
+    let _ = tokio::task::spawn_blocking(|| {
+        let mut s = String::new();
+        while std::io::stdin()
+            .read_line(&mut s)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {}
+    })
+    .await;
+    let _ = w.shutdown().await;
+}
+
+async fn status(client: &Client, id: JobId) -> Option<JobStatus> {
+    client.job(id).await.unwrap().map(|r| r.status)
+}
+
+/// `tenure serve` on a free loopback port, in operator mode: (process, base URL).
+fn spawn_serve(cfg: &Config, token: &str) -> (Proc, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TENURE_") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut child = cmd
+        .args(["--nats", &cfg.nats_url, "--database-url", &cfg.database_url])
+        .args(["--namespace", &cfg.namespace, "--schema", &cfg.schema])
+        .args(["serve", "--bind", "127.0.0.1:0", "--refresh", "1"])
+        .env("TENURE_OPERATOR_TOKEN", token)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tenure serve");
+    let rx = lines_of(&mut child);
+    let line = wait_line(&rx, "listening on ", Duration::from_secs(20));
+    let url = line
+        .trim_start_matches("listening on ")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
+    assert!(line.contains("(operator)"), "{line}");
+    (Proc(child), url)
+}
+
+/// chromedriver on a free loopback port, and a headless chromium session.
+async fn browser() -> (Proc, Browser) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let driver = Proc(
+        Command::new("chromedriver")
+            .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".into()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (scripts/setup.sh installs chromium-driver)"),
+    );
+    let profile = tempfile::tempdir().unwrap().keep();
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,900", format!("--user-data-dir={}", profile.display())],
+        }),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let mut last = None;
+    for _ in 0..50 {
+        let mut builder =
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
+        match builder.capabilities(caps.clone()).connect(&url).await {
+            Ok(c) => return (driver, c),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("no WebDriver session from chromedriver at {url}: {last:?}");
+}
+
+fn screenshots_dir() -> PathBuf {
+    // <target>/debug/tenure -> <target>/screenshots
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_tenure"));
+    let dir = bin.parent().unwrap().parent().unwrap().join("screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn shot(b: &Browser, name: &str) {
+    let png = b.screenshot().await.unwrap();
+    std::fs::write(screenshots_dir().join(format!("{name}.png")), png).unwrap();
+}
+
+async fn text(b: &Browser, css: &str) -> String {
+    b.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn count_status(pool: &sqlx::PgPool, ns: &str, status: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {ns}.jobs WHERE status = $1"))
+        .bind(status)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A job frozen mid-step and taken over; a dead job redriven from the DLQ
+/// page; the overview against the database, and its live update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn web_view_in_a_real_browser() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let stack = DevStack::shared().expect("dev stack");
+    let ns = DevStack::unique_namespace("web");
+    let cfg = config_for(stack, &ns, Duration::from_secs(2));
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let pool = client.store().pool().clone();
+
+    // A commits step 0, then freezes (SIGSTOP) inside step 1.
+    let (a, a_lines) = spawn_frozen_worker(&cfg);
+    wait_line(&a_lines, "READY A", Duration::from_secs(30));
+    let work = Work {
+        n: 1,
+        slow_worker: Some("A".into()),
+        slow_step: 1,
+        slow_ms: 3000,
+        ..Work::default()
+    };
+    let frozen = client
+        .enqueue::<ThreeStep>("frozen", &work)
+        .await
+        .unwrap()
+        .job_id;
+    let at_step_1 = wait_until(Duration::from_secs(20), || async {
+        client
+            .job(frozen)
+            .await
+            .unwrap()
+            .is_some_and(|r| r.step.get() == 1)
+    })
+    .await;
+    assert!(at_step_1, "A commits step 0");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.signal("-STOP");
+
+    // B takes over and finishes; A wakes and its write under the old token is refused.
+    let b = Worker::builder(cfg.clone().with_worker_id("B"))
+        .register(ThreeStep {
+            worker: "B".into(),
+            schema: ns.clone(),
+        })
+        .register(Flaky)
+        .start()
+        .await
+        .unwrap();
+    let done = wait_until(Duration::from_secs(30), || async {
+        status(&client, frozen).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(done, "B finishes the frozen job");
+    a.signal("-CONT");
+    let refused = wait_until(Duration::from_secs(20), || async {
+        let events = client.store().job_events(frozen).await.unwrap();
+        events
+            .iter()
+            .any(|e| e.kind == "stale_refused" && e.worker.as_deref() == Some("A"))
+    })
+    .await;
+    assert!(refused, "A's stale write is refused and recorded");
+    drop(a); // A would take the next jobs; it has done its part.
+
+    // A job dies while the downstream is broken.
+    let dead = client.enqueue::<Flaky>("dies", &7).await.unwrap().job_id;
+    let died = wait_until(Duration::from_secs(20), || async {
+        status(&client, dead).await == Some(JobStatus::Dead)
+    })
+    .await;
+    assert!(died, "the flaky job is dead-lettered");
+
+    let token = "web-test-operator-token";
+    let (_serve, base) = spawn_serve(&cfg, token);
+    actions_without_a_session_are_refused(&base, dead);
+    let (driver, browser) = browser().await;
+
+    job_page_shows_both_owners_and_the_refusal(&browser, &base, frozen).await;
+    overview_matches_the_database(&browser, &base, &client, &pool, &ns).await;
+    browser
+        .goto(&format!("{base}/jobs?takeovers=on"))
+        .await
+        .unwrap();
+    let listed = text(&browser, "#jobs").await;
+    assert!(
+        listed.contains(&frozen.to_string()) && !listed.contains(&dead.to_string()),
+        "{listed}"
+    );
+    shot(&browser, "jobs").await;
+    browser.goto(&format!("{base}/workers")).await.unwrap();
+    let workers = text(&browser, "#workers").await;
+    assert!(workers.contains('A') && workers.contains('B'), "{workers}");
+    shot(&browser, "workers").await;
+    redrive_from_the_dlq_page(&browser, &base, &client, dead, token).await;
+    api_returns_what_the_cli_prints(&browser, &base, &cfg, frozen).await;
+
+    browser.close().await.unwrap();
+    drop(driver); // chromedriver, by its pid
+    b.shutdown().await.unwrap();
+    eprintln!("browser test took {:?}", started.elapsed());
+}
+
+async fn job_page_shows_both_owners_and_the_refusal(b: &Browser, base: &str, id: JobId) {
+    b.goto(&format!("{base}/jobs/{id}")).await.unwrap();
+    let owners = text(b, "#owners").await;
+    assert_eq!(owners, "A → B", "first A claimed, then B took over");
+    assert_eq!(text(b, "#status").await, "done");
+    assert_eq!(text(b, "#takeovers").await, "1");
+    let stale = b
+        .find_all(Locator::Css("#timeline tr.k-stale_refused"))
+        .await
+        .unwrap();
+    assert_eq!(stale.len(), 1, "one refused stale write");
+    let row = stale[0].text().await.unwrap();
+    assert!(row.contains('A'), "refused write by A: {row}");
+    let steps = b
+        .find_all(Locator::Css("#timeline tr.k-step"))
+        .await
+        .unwrap();
+    assert_eq!(steps.len(), 3);
+    let first = steps[0]
+        .find(Locator::Css("td.worker"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let second = steps[1]
+        .find(Locator::Css("td.worker"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.as_str(), second.as_str()),
+        ("A", "B"),
+        "A committed step 0, B step 1"
+    );
+    let t0: i64 = steps[0]
+        .find(Locator::Css("td.token"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    let t1: i64 = steps[1]
+        .find(Locator::Css("td.token"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(t1 > t0, "B's token {t1} exceeds A's {t0}");
+    let refused_token: i64 = stale[0]
+        .find(Locator::Css("td.token"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(refused_token, t0, "the refused write carried A's token");
+    shot(b, "job").await;
+}
+
+async fn overview_matches_the_database(
+    b: &Browser,
+    base: &str,
+    client: &Client,
+    pool: &sqlx::PgPool,
+    ns: &str,
+) {
+    b.goto(base).await.unwrap();
+    for status in ["pending", "running", "done", "dead"] {
+        let shown: i64 = text(b, &format!("#ov-{status}")).await.parse().unwrap();
+        assert_eq!(shown, count_status(pool, ns, status).await, "{status}");
+    }
+    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {ns}.jobs"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(text(b, "#ov-total").await, total.to_string());
+    let dlq = client.queue().stats().await.unwrap().dlq_messages;
+    assert_eq!(text(b, "#ov-dlq_size").await, dlq.to_string());
+    assert_eq!(text(b, "#ov-recent-takeovers").await, "1");
+    assert_eq!(text(b, "#ov-recent-stale_refusals").await, "1");
+    shot(b, "overview").await;
+
+    // Live: one more job finishes; the count changes without a reload.
+    let before = count_status(pool, ns, "done").await;
+    BROKEN.store(false, Ordering::SeqCst);
+    let id = client.enqueue::<Flaky>("live", &1).await.unwrap().job_id;
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            status(client, id).await == Some(JobStatus::Done)
+        })
+        .await
+    );
+    let want = (before + 1).to_string();
+    let updated = wait_until(Duration::from_secs(10), || async {
+        text(b, "#ov-done").await == want
+    })
+    .await;
+    assert!(
+        updated,
+        "the overview's done count follows without a reload"
+    );
+}
+
+async fn redrive_from_the_dlq_page(
+    b: &Browser,
+    base: &str,
+    client: &Client,
+    dead: JobId,
+    token: &str,
+) {
+    // Read-only until logged in: no redrive button.
+    b.goto(&format!("{base}/dlq")).await.unwrap();
+    assert!(
+        b.find_all(Locator::Css("button.redrive"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(text(b, "#reasons").await.contains("permanent_error"));
+    b.goto(&format!("{base}/login")).await.unwrap();
+    b.find(Locator::Css("#login input[name=token]"))
+        .await
+        .unwrap()
+        .send_keys(token)
+        .await
+        .unwrap();
+    b.find(Locator::Css("#login button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let button = format!("button.redrive[data-job='{dead}']");
+    let shown = wait_until(Duration::from_secs(5), || async {
+        b.find(Locator::Css(&button)).await.is_ok()
+    })
+    .await;
+    assert!(shown, "logged in: the DLQ page offers a redrive");
+    shot(b, "dlq").await;
+    b.find(Locator::Css(&button))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let flashed = wait_until(Duration::from_secs(5), || async {
+        b.find(Locator::Css("#flash")).await.is_ok()
+    })
+    .await;
+    assert!(flashed);
+    assert!(text(b, "#flash").await.contains(&dead.to_string()));
+    let finished = wait_until(Duration::from_secs(20), || async {
+        status(client, dead).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(finished, "the redriven job runs to done");
+    b.goto(&format!("{base}/jobs/{dead}")).await.unwrap();
+    assert_eq!(text(b, "#status").await, "done");
+    let redriven = b
+        .find_all(Locator::Css("#timeline tr.k-redriven"))
+        .await
+        .unwrap();
+    assert_eq!(redriven.len(), 1);
+}
+
+/// `tenure ... --json` with the servers of `cfg`.
+fn cli_json(cfg: &Config, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args([
+            "--json",
+            "--nats",
+            &cfg.nats_url,
+            "--database-url",
+            &cfg.database_url,
+        ])
+        .args(["--namespace", &cfg.namespace, "--schema", &cfg.schema])
+        .args(args)
+        .env_remove("TENURE_OPERATOR_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+async fn api_json(b: &Browser, url: &str) -> serde_json::Value {
+    b.goto(url).await.unwrap();
+    serde_json::from_str(&text(b, "body").await).unwrap()
+}
+
+/// The JSON behind the pages is what the CLI prints with `--json`.
+async fn api_returns_what_the_cli_prints(b: &Browser, base: &str, cfg: &Config, id: JobId) {
+    let job = id.to_string();
+    assert_eq!(
+        api_json(b, &format!("{base}/api/jobs/{job}")).await,
+        cli_json(cfg, &["job", &job])
+    );
+    assert_eq!(
+        api_json(b, &format!("{base}/api/dlq")).await,
+        cli_json(cfg, &["dlq", "--limit", "500"])
+    );
+    let workers = api_json(b, &format!("{base}/api/workers")).await;
+    assert!(
+        workers
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["worker"] == "A")),
+        "{workers}"
+    );
+}
+
+/// A POST over a raw connection: the status line and the body.
+fn post(base: &str, path: &str, headers: &str, body: &str) -> (String, String) {
+    use std::io::Read;
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.lines().next().unwrap_or_default().to_string();
+    (status, out)
+}
+
+/// Without a session, or with a session but without its CSRF token, a redrive is refused.
+fn actions_without_a_session_are_refused(base: &str, dead: JobId) {
+    let form = format!("job_id={dead}&csrf=guess");
+    let (status, body) = post(base, "/dlq/redrive", "", &form);
+    assert!(status.contains(" 403 "), "{status}");
+    assert!(body.contains("log in"), "{body}");
+    let (status, _) = post(base, "/login", "", "token=wrong-token-wrong");
+    assert!(status.contains(" 403 "), "{status}");
+    let (status, login) = post(
+        base,
+        "/login",
+        "Authorization: Bearer web-test-operator-token\r\nAccept: application/json\r\n",
+        "",
+    );
+    assert!(status.contains(" 200 "), "{status}");
+    let cookie = login
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .unwrap()
+        .to_string();
+    let (status, body) = post(
+        base,
+        "/dlq/redrive",
+        &format!("Cookie: {cookie}\r\n"),
+        &form,
+    );
+    assert!(
+        status.contains(" 403 ") && body.contains("CSRF"),
+        "{status}"
+    );
+}
