@@ -436,7 +436,7 @@ pub enum Action {
         /// Worker.
         w: u8,
     },
-    /// `LockBatcher::release` (`runtime/locks.rs`) through
+    /// `LockService::release` (`lease/service.rs`) through
     /// `Session::release_slice` (`lease/batch.rs`): a delete guarded by the
     /// key's `create_revision`.
     ReleaseLock {
@@ -484,7 +484,7 @@ impl Action {
             Action::CommitStep { w } => ("FencedTx::commit_step(_and_begin)", Some(w)),
             Action::MarkDead { w } => ("FenceStore::mark_dead", Some(w)),
             Action::Ack { w } => ("ack", Some(w)),
-            Action::ReleaseLock { w } => ("LockBatcher::release (guarded delete)", Some(w)),
+            Action::ReleaseLock { w } => ("LockService::release (guarded delete)", Some(w)),
             Action::LeaseExpires { w } => ("etcd: lease expires", Some(w)),
             Action::EstablishSession { w } => ("Session::establish_with_backoff", Some(w)),
             Action::PgEndsIdleTx { w } => ("postgres: idle_in_transaction timeout", Some(w)),

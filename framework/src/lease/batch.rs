@@ -21,7 +21,7 @@ use super::lock::{Acquire, JobLock, count_released, guarded_delete};
 /// `Session::acquire_folding`). Holding one proves nothing: no token is handed
 /// out before the check.
 #[derive(Debug)]
-pub(crate) struct Unverified {
+pub(super) struct Unverified {
     entries: Vec<(JobId, String, String)>,
     revision: i64,
     /// Per job: `Some(holder)` if contended, `None` if created.
@@ -30,7 +30,7 @@ pub(crate) struct Unverified {
 
 impl Unverified {
     /// How many keys the check reads (the created ones).
-    pub(crate) fn reads(&self) -> usize {
+    pub(super) fn reads(&self) -> usize {
         self.outcomes.iter().filter(|o| o.is_none()).count()
     }
 
@@ -46,7 +46,7 @@ impl Unverified {
 
 /// A batch's outcome in [`Session::acquire_folding`].
 #[derive(Debug)]
-pub(crate) enum Batch {
+pub(super) enum Batch {
     /// Verified: per job, in request order.
     Done(Vec<Acquire>),
     /// Written, not verified yet.
@@ -176,7 +176,7 @@ impl Session {
     /// that cannot share one Txn (overlap, duplicates, more than [`MAX_BATCH`]
     /// operations) verify `previous` alone first and are then acquired and
     /// verified alone ([`Batch::Done`]).
-    pub(crate) async fn acquire_folding(
+    pub(super) async fn acquire_folding(
         &self,
         job_ids: &[JobId],
         releases: &[JobLock],
@@ -230,7 +230,7 @@ impl Session {
     ///
     /// # Errors
     /// As [`Session::acquire_many`].
-    pub(crate) async fn verify_pending(
+    pub(super) async fn verify_pending(
         &self,
         pending: Unverified,
     ) -> Result<Vec<Acquire>, LeaseError> {
@@ -503,7 +503,7 @@ impl Session {
 
     /// [`release_many`](Self::release_many) on borrowed locks, so that a caller can
     /// retry after an error (the deletes are guarded by the token: idempotent).
-    pub(crate) async fn release_slice(&self, locks: &[JobLock]) -> Result<(), LeaseError> {
+    pub(super) async fn release_slice(&self, locks: &[JobLock]) -> Result<(), LeaseError> {
         let span = tracing::info_span!(
             "tenure.lease.release_many",
             locks = locks.len(), lease_id = %self.lease, worker = %self.worker_id,

@@ -154,6 +154,13 @@ pub enum LeaseError {
     /// [`Session::establish_with_backoff`](super::Session::establish_with_backoff) was stopped.
     #[error("stopped before a session was established")]
     Cancelled,
+    /// The lock batch this acquisition rode in failed; every acquisition of the
+    /// batch gets the same error.
+    #[error(transparent)]
+    Batch(std::sync::Arc<LeaseError>),
+    /// The worker's lock service stopped (shutdown) before answering.
+    #[error("the lock service stopped")]
+    ServiceStopped,
 }
 
 /// What an etcd client error says, as far as this module acts on it.

@@ -63,13 +63,15 @@ mod error;
 mod health;
 mod keeper;
 mod lock;
+mod plan;
 mod request;
+mod service;
 mod session;
 
 pub use access::connect_options as etcd_connect_options;
 pub use batch::MAX_BATCH;
-pub(crate) use batch::{Batch, Unverified};
 pub use error::{LeaseError, LostReason};
 pub use health::Health;
 pub use lock::{Acquire, JobLock};
+pub(crate) use service::{Coming, LockService, ReleaseMode};
 pub use session::Session;

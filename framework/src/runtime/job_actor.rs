@@ -11,12 +11,11 @@ use tokio::time::Instant;
 use tracing::{Instrument, field};
 
 use super::Shared;
-use super::locks::Coming;
 use super::outcome::{Attempt, DeadCode, Held, Outcome, Owned};
 use super::registry::DynJob;
 use super::slots::{HoldSlot, Slots};
 use crate::fence::{Claim, FenceError, FencedTx, JobRow, JobStatus};
-use crate::lease::{Acquire, Health, Session};
+use crate::lease::{Acquire, Coming, Health, Session};
 use crate::queue::Delivery;
 use crate::telemetry::{StaleAt, spans};
 use crate::{JobId, retry};

@@ -24,7 +24,6 @@ mod fetcher;
 pub(crate) mod handover;
 mod job_actor;
 mod keeper;
-mod locks;
 mod outcome;
 mod registry;
 mod slots;
@@ -41,14 +40,13 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ConfigError;
 use crate::fence::{FenceError, FenceStore};
 use crate::job::Job;
-use crate::lease::{Health, LeaseError, Session};
+use crate::lease::{Health, LeaseError, LockService, Session};
 use crate::queue::{Queue, QueueError};
 use crate::telemetry::Metrics;
 use crate::{Config, FencingToken, JobId, StepIndex};
 
 use fetcher::{Fetcher, FetcherArgs, FetcherMsg};
 use keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
-use locks::LockBatcher;
 use registry::Registry;
 use slots::Slots;
 
@@ -128,7 +126,7 @@ pub(crate) struct Shared {
     pub(crate) queue: Queue,
     pub(crate) registry: Registry,
     pub(crate) metrics: Metrics,
-    pub(crate) locks: LockBatcher,
+    pub(crate) locks: LockService,
     pub(crate) session: watch::Receiver<Option<Arc<Session>>>,
     /// Shutdown asked: fetch nothing more, stop between steps.
     pub(crate) draining: CancellationToken,
@@ -237,7 +235,7 @@ impl WorkerBuilder {
         let stop_jobs = CancellationToken::new();
         let stop_all = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
-        let locks = LockBatcher::start(stop_all.clone(), metrics.clone(), &mut tasks);
+        let locks = LockService::start(stop_all.clone(), metrics.clone(), &mut tasks);
         let (current_tx, current_rx) = watch::channel(None);
         let shared = Arc::new(Shared {
             cfg: cfg.clone(),

@@ -11,11 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::job_actor::{Holding, JobRun};
-use super::locks::ReleaseMode;
 use super::registry::DynJob;
 use super::slots::RunSlot;
 use crate::fence::{FenceError, JobRow};
-use crate::lease::{JobLock, Session};
+use crate::lease::{JobLock, ReleaseMode, Session};
 use crate::queue::{DeadLetterInfo, Delivery};
 use crate::telemetry::StaleAt;
 use crate::{FencingToken, JobId, ObservedFence, StepIndex, retry};
