@@ -19,8 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
+use tenure::blocks::queue::Queue;
 use tenure::devstack::DevStack;
-use tenure::queue::Queue;
 use tenure::{Client, Config};
 
 fn env_num(name: &str, default: u64) -> u64 {

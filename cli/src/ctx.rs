@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use serde::Serialize;
-use tenure::fence::FenceStore;
-use tenure::queue::Queue;
+use tenure::blocks::fence::FenceStore;
+use tenure::blocks::queue::Queue;
 use tenure::{Client, Config};
 
 /// The servers and the bound on each call.

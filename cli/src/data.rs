@@ -1,6 +1,6 @@
 //! What the CLI prints with `--json` and what the web view shows: one set of
-//! views and one set of reads, all through `tenure::fence` (job rows and their
-//! history), `tenure::queue` (the DLQ) and `tenure::Client` (redrive). No SQL
+//! views and one set of reads, all through `tenure::blocks::fence` (job rows and their
+//! history), `tenure::blocks::queue` (the DLQ) and `tenure::Client` (redrive). No SQL
 //! here.
 
 use std::time::Duration;
@@ -8,10 +8,10 @@ use std::time::Duration;
 use anyhow::anyhow;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tenure::fence::{
+use tenure::blocks::fence::{
     FenceStore, JobCursor, JobEvent, JobFilter, JobRow, JobStatus, Overview, WorkerSeen,
 };
-use tenure::queue::{DeadLetter, Queue};
+use tenure::blocks::queue::{DeadLetter, Queue};
 use tenure::{Client, ClientError, JobId};
 
 use crate::ctx::{Ctx, describe};

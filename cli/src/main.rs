@@ -20,7 +20,7 @@
 //! Output is a table; `--json` prints JSON for scripts.
 //!
 //! `jobs`, `job` and `dlq` only read: they bind to the namespace's existing
-//! streams ([`tenure::queue::Queue::connect`]) and never create or reconfigure
+//! streams ([`tenure::blocks::queue::Queue::connect`]) and never create or reconfigure
 //! them, so the CLI's default settings cannot overwrite the workers' (replicas,
 //! AckWait, MaxDeliver). A namespace no worker has started in is an error.
 
@@ -34,7 +34,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand, ValueEnum};
-use tenure::fence::{JobStatus, WorkerSeen};
+use tenure::blocks::fence::{JobStatus, WorkerSeen};
 use tenure::security::{NatsAuth, Secret, TlsFiles};
 use tenure::{Config, JobId};
 

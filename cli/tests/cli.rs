@@ -5,10 +5,10 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tenure::Worker;
+use tenure::blocks::fence::JobStatus;
+use tenure::blocks::queue::{Queue, QueueNames};
 use tenure::devstack::DevStack;
-use tenure::fence::JobStatus;
-use tenure::queue::{Queue, QueueNames};
-use tenure::runtime::Worker;
 use tenure::{Client, Config, JobId, StepCtx, StepError};
 use tenure_tests::{config_for, wait_until};
 

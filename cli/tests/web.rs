@@ -13,9 +13,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
+use tenure::Worker;
+use tenure::blocks::fence::JobStatus;
 use tenure::devstack::DevStack;
-use tenure::fence::JobStatus;
-use tenure::runtime::Worker;
 use tenure::{Client, Config, JobId, StepCtx, StepError};
 use tenure_tests::{ThreeStep, Work, config_for, prepare_schema, wait_until};
 

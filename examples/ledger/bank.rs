@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tenure::fence::FenceStore;
+use tenure::blocks::fence::FenceStore;
 use tenure::{StepCtx, StepError};
 
 /// The transfer job's step names, in order (for the demo's narration).

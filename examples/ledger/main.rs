@@ -26,8 +26,8 @@ use tenure_examples::{
 
 use anyhow::{Context, bail};
 use bank::{Bank, Transfer, TransferReq};
-use tenure::runtime::{Worker, WorkerObserver};
 use tenure::{Client, Config, FencingToken, JobId, StepIndex};
+use tenure::{Worker, WorkerObserver};
 
 const TTL: Duration = Duration::from_secs(2);
 const ROLE_ENV: &str = "TENURE_LEDGER_WORKER";
@@ -214,7 +214,7 @@ async fn demo() -> anyhow::Result<bool> {
         let mut done = 0;
         for id in &ids {
             if let Ok(Some(row)) = client.job(*id).await
-                && row.status == tenure::fence::JobStatus::Done
+                && row.status == tenure::JobStatus::Done
             {
                 done += 1;
             }

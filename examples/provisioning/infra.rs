@@ -18,8 +18,8 @@ use async_nats::HeaderMap;
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
-use tenure::fence::{GateError, PgFenceMarks, StaleToken, TokenGate};
-use tenure::queue::headers::{fence_headers, read_fence};
+use tenure::blocks::queue::headers::{fence_headers, read_fence};
+use tenure::{GateError, PgFenceMarks, StaleToken, TokenGate};
 use tenure::{JobId, ObservedFence, StepCtx, StepError};
 
 /// The job's step names, in order (for the narration).

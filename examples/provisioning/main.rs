@@ -9,7 +9,7 @@
 //!   every owner and every retry of the step, so the service creates each resource
 //!   at most once;
 //! * the step's **fence** (`Tenure-Fence-Job-Id`, `Tenure-Fence` headers), which
-//!   the service enforces on its own writes with a [`tenure::fence::TokenGate`]: it
+//!   the service enforces on its own writes with a [`tenure::TokenGate`]: it
 //!   keeps the largest token it has accepted per job and refuses smaller ones.
 //!
 //! Worker A (a separate process) boots the VM and is killed (SIGKILL) before the
@@ -35,9 +35,9 @@ use tenure_examples::{
 
 use anyhow::{Context, bail};
 use infra::{CreateReq, InfraClient, InfraService, Provision, ProvisionReq, Reply, Seen};
-use tenure::fence::JobStatus;
-use tenure::runtime::{Worker, WorkerObserver};
+use tenure::JobStatus;
 use tenure::{Client, Config, FencingToken, JobId, ObservedFence, StepIndex};
+use tenure::{Worker, WorkerObserver};
 
 const TTL: Duration = Duration::from_secs(2);
 const ROLE_ENV: &str = "TENURE_PROVISIONING_WORKER";

@@ -152,10 +152,7 @@ impl Drop for ChildWorker {
 ///
 /// # Errors
 /// Writing stdout, or the worker's shutdown.
-pub async fn serve_until_stdin_closes(
-    worker: tenure::runtime::Worker,
-    id: &str,
-) -> anyhow::Result<()> {
+pub async fn serve_until_stdin_closes(worker: tenure::Worker, id: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     use tokio::io::AsyncReadExt as _;
     println!("READY {id}");

@@ -198,12 +198,53 @@ impl Client {
         Ok(())
     }
 
-    /// The job-row store (PostgreSQL).
+    /// Guards one of your tables: from now on PostgreSQL refuses every write to
+    /// it that does not come from a step's fenced transaction ([`StepCtx::db`])
+    /// of the job's current owner. Idempotent. The whole contract is at
+    /// [`FenceStore::install_guard`].
+    ///
+    /// # Errors
+    /// [`FenceError::InvalidName`], [`FenceError::Unguardable`] (partitioned
+    /// tables), database errors (e.g. no such table), as [`ClientError::Fence`].
+    ///
+    /// [`StepCtx::db`]: crate::StepCtx::db
+    pub async fn install_guard(&self, table: &str) -> Result<(), ClientError> {
+        Ok(self.store.install_guard(table).await?)
+    }
+
+    /// Removes the guard of `table` (see [`install_guard`](Self::install_guard)).
+    /// Idempotent.
+    ///
+    /// # Errors
+    /// An invalid name or a database error, as [`ClientError::Fence`].
+    pub async fn remove_guard(&self, table: &str) -> Result<(), ClientError> {
+        Ok(self.store.remove_guard(table).await?)
+    }
+
+    /// Whether `table` is guarded by this store's trigger.
+    ///
+    /// # Errors
+    /// An invalid name or a database error, as [`ClientError::Fence`].
+    pub async fn is_guarded(&self, table: &str) -> Result<bool, ClientError> {
+        Ok(self.store.is_guarded(table).await?)
+    }
+
+    /// Switches the guard off for the transaction open on `conn` only (seeding
+    /// data, migrations, an operator's repair). Audited and permission-checked in
+    /// the database: see [`FenceStore::bypass_guard`].
+    ///
+    /// # Errors
+    /// The role may not bypass, or a database error, as [`ClientError::Fence`].
+    pub async fn bypass_guard(&self, conn: &mut sqlx::PgConnection) -> Result<(), ClientError> {
+        Ok(self.store.bypass_guard(conn).await?)
+    }
+
+    /// The job-row store (PostgreSQL): a building block, for tools.
     pub fn store(&self) -> &FenceStore {
         &self.store
     }
 
-    /// The queue (NATS).
+    /// The queue (NATS): a building block, for tools.
     pub fn queue(&self) -> &Queue {
         &self.queue
     }

@@ -54,7 +54,7 @@
 //!
 //! ```no_run
 //! use serde::{Deserialize, Serialize};
-//! use tenure::runtime::Worker;
+//! use tenure::Worker;
 //! use tenure::{Client, Config, StepCtx, StepError};
 //!
 //! #[derive(Debug, Serialize, Deserialize)]
@@ -116,22 +116,30 @@
 //! * [`guide::production`]: sizing the lease TTL, running etcd, NATS and PostgreSQL
 //!   clusters, and what the metrics mean.
 //!
-//! # Modules
-//! - [`job`](mod@job): the [`Job`] trait (what `#[tenure::job]` implements), [`StepCtx`],
-//!   [`StepError`].
-//! - [`runtime`]: the [`Worker`](runtime::Worker) that runs jobs.
-//! - [`Client`]: enqueue jobs, inspect them, redrive dead letters.
-//! - [`lease`]: sessions, job locks and fencing tokens (the only code that talks to etcd).
-//! - [`fence`]: job rows and fenced transactions (the only code that writes job rows),
-//!   and [`fence::TokenGate`] for services that enforce fences themselves.
-//! - [`queue`]: JetStream delivery, enqueue idempotency, DLQ (the only code that talks to NATS).
-//! - [`config`]: every timeout and name, from code or environment.
+//! # The public face
+//! What an application uses is at the crate root:
+//! - [`Worker`] (built with [`Worker::builder`]) runs jobs; [`WorkerObserver`] sees
+//!   every commit and refusal; [`Health`] is its lease's state.
+//! - [`Client`]: migrate, enqueue, inspect ([`JobRow`], [`JobStatus`]), redrive dead
+//!   letters, and guard your own tables ([`Client::install_guard`]).
+//! - [`Config`] (module [`config`]): every name, timeout and tuning number, from code
+//!   or the environment.
+//! - [`Job`], [`StepCtx`], [`StepError`] (module [`job`](mod@job)) and the
+//!   [`job`](macro@job) / [`step`] attributes: writing jobs.
+//! - [`JobId`], [`FencingToken`], [`ObservedFence`], [`StepIndex`], [`LeaseId`]: ids and tokens.
+//! - [`TokenGate`] over [`PgFenceMarks`] ([`GateError`], [`StaleToken`]): a downstream
+//!   service that enforces fences on its own writes.
 //! - [`security`]: TLS files and credentials for etcd, NATS and PostgreSQL
 //!   ([`guide::production`], Security), and [`security::AccessError`], what a
 //!   refusing server becomes.
-//! - [`telemetry`]: OpenTelemetry instruments and span names.
+//! - [`telemetry`]: exporters (`otlp`, `prometheus` features) and span names.
 //! - `devstack` (feature `devstack`): real etcd, NATS and PostgreSQL servers as child
 //!   processes, for tests and demos.
+//!
+//! [`blocks`] holds the building blocks the runtime is made of (each the only code
+//! that talks to its server: [`blocks::lease`] to etcd, [`blocks::fence`] to
+//! PostgreSQL, [`blocks::queue`] to NATS), for tools and advanced users; an
+//! application needs none of it.
 //!
 //! # Feature flags
 //! | feature | default | what it enables |
@@ -141,17 +149,17 @@
 //! | `otlp` | off | `telemetry::otlp`: push metrics to an OpenTelemetry collector over gRPC (opentelemetry-otlp). |
 //! | `prometheus` | off | `telemetry::prometheus`: a Prometheus scrape endpoint (`GET /metrics`) for the worker's metrics. |
 
+pub mod blocks;
 mod client;
 pub mod config;
-pub mod fence;
 pub mod job;
-pub mod lease;
-pub mod queue;
-pub mod retry;
-pub mod runtime;
+mod retry;
+mod runtime;
 pub mod security;
 pub mod telemetry;
-pub mod types;
+mod types;
+
+pub(crate) use blocks::{fence, lease, queue};
 
 #[cfg(feature = "devstack")]
 pub mod devstack;
@@ -168,7 +176,10 @@ pub mod guide {
 
 pub use client::{Client, ClientError, Enqueued};
 pub use config::Config;
+pub use fence::{GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
 pub use job::{Job, StepCtx, StepError};
+pub use lease::Health;
+pub use runtime::{Worker, WorkerBuilder, WorkerError, WorkerObserver};
 pub use tenure_macros::{job, step};
 pub use types::{FencingToken, InvalidFence, JobId, LeaseId, ObservedFence, StepIndex};
 

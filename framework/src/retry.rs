@@ -109,11 +109,6 @@ impl Backoff {
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &BackoffConfig {
-        &self.cfg
-    }
-
     /// The number of delays handed out since the start or the last reset.
     pub fn attempt(&self) -> u32 {
         self.attempt

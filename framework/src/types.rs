@@ -134,7 +134,7 @@ impl fmt::Display for LeaseId {
 /// behind the `testing` feature, which production builds never enable.)
 ///
 /// ```
-/// # fn demo(lock: &tenure::lease::JobLock) {
+/// # fn demo(lock: &tenure::blocks::lease::JobLock) {
 /// use tenure::ObservedFence;
 /// let token = lock.token();
 /// let seen = ObservedFence::new(token.get()).unwrap();

@@ -11,11 +11,11 @@ use proptest::prelude::*;
 use serde_json::json;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
-use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::fence::{
+use tenure::blocks::fence::{
     Admitted, FenceError, FenceStore, FencedTx, GateError, Inserted, JobStatus, PgFenceMarks,
     TokenGate,
 };
+use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::{FencingToken, JobId, ObservedFence, StepIndex};
 
 /// One PostgreSQL-only dev stack per test binary (this file needs no etcd/NATS);
@@ -129,7 +129,7 @@ fn assert_fenced_out(res: Result<impl std::fmt::Debug, FenceError>, current: i64
 fn assert_guard_refused(res: Result<sqlx::postgres::PgQueryResult, sqlx::Error>) {
     let err = res.expect_err("the guard must refuse this write");
     assert!(
-        tenure::fence::is_guard_refusal(&err),
+        tenure::blocks::fence::is_guard_refusal(&err),
         "not a guard refusal: {err}"
     );
     let err = FenceError::from(err);

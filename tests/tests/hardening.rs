@@ -7,10 +7,10 @@
 
 use std::time::Duration;
 
+use tenure::Worker;
+use tenure::blocks::fence::{JobRow, JobStatus};
+use tenure::blocks::lease::{Acquire, Session};
 use tenure::devstack::DevStack;
-use tenure::fence::{JobRow, JobStatus};
-use tenure::lease::{Acquire, Session};
-use tenure::runtime::Worker;
 use tenure::{Client, Config, JobId, StepCtx, StepError};
 use tenure_tests::{config_for, prepare_schema, wait_until};
 
@@ -399,7 +399,7 @@ async fn partitioned_tables_and_partitions_are_refused_by_the_guard() {
             .await
             .expect_err("refused");
         assert!(
-            matches!(&err, tenure::fence::FenceError::Unguardable { table: t, .. } if *t == table),
+            matches!(&err, tenure::blocks::fence::FenceError::Unguardable { table: t, .. } if *t == table),
             "{err}"
         );
         assert!(!client.store().is_guarded(&table).await.unwrap(), "{table}");

@@ -6,9 +6,9 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use tenure::blocks::lease::{Acquire, Health, JobLock, LeaseError, LostReason, Session};
 use tenure::config::WatchdogPolicy;
 use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::lease::{Acquire, Health, JobLock, LeaseError, LostReason, Session};
 use tenure::{Config, FencingToken, JobId};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;

@@ -6,9 +6,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use tenure::blocks::queue::{
+    BadMessage, DeadLetterInfo, Delivery, Queue, QueueError, headers, reasons,
+};
 use tenure::config::BackoffConfig;
 use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::queue::{BadMessage, DeadLetterInfo, Delivery, Queue, QueueError, headers, reasons};
 use tenure::{Config, JobId, ObservedFence};
 use tokio::time::Instant;
 

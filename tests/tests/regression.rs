@@ -12,10 +12,10 @@ use std::time::Duration;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use tenure::Worker;
+use tenure::blocks::fence::JobStatus;
+use tenure::blocks::lease::{Acquire, Session};
 use tenure::devstack::DevStack;
-use tenure::fence::JobStatus;
-use tenure::lease::{Acquire, Session};
-use tenure::runtime::Worker;
 use tenure::{Client, JobId, StepIndex};
 use tenure_tests::{ThreeStep, Work, config_for, prepare_schema, wait_until};
 

@@ -7,11 +7,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tenure::blocks::fence::JobStatus;
+use tenure::blocks::lease::{Acquire, Session};
 use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::fence::JobStatus;
-use tenure::lease::{Acquire, Session};
-use tenure::runtime::{Worker, WorkerObserver};
 use tenure::{Client, FencingToken, JobId, StepIndex};
+use tenure::{Worker, WorkerObserver};
 use tenure_tests::{ThreeStep, Work, config_for, double_commits, prepare_schema, wait_until};
 
 fn stack() -> &'static DevStack {
@@ -650,7 +650,7 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
         matches!(
             other,
             Err(tenure::ClientError::Fence(
-                tenure::fence::FenceError::PayloadConflict { .. }
+                tenure::blocks::fence::FenceError::PayloadConflict { .. }
             ))
         ),
         "{other:?}"

@@ -6,11 +6,11 @@
 
 use std::time::{Duration, Instant};
 
+use tenure::Worker;
+use tenure::blocks::fence::{FenceError, FenceStore, JobStatus};
+use tenure::blocks::lease::{LeaseError, Session};
+use tenure::blocks::queue::{Queue, QueueError};
 use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::fence::{FenceError, FenceStore, JobStatus};
-use tenure::lease::{LeaseError, Session};
-use tenure::queue::{Queue, QueueError};
-use tenure::runtime::Worker;
 use tenure::security::{AccessError, AccessStep, NatsAuth, Secret, Server, TlsFiles};
 use tenure::{Client, Config, JobId};
 use tenure_tests::{ThreeStep, Work, prepare_schema, wait_until};
@@ -124,8 +124,8 @@ async fn a_three_step_job_runs_over_tls_with_auth_as_the_worker_role() {
     // The worker runs on the application's own pool, built with Tenure's
     // per-connection settings.
     let cfg = worker_cfg(stack);
-    let pool = tenure::fence::pool_options(&cfg)
-        .connect_with(tenure::fence::connect_options(&cfg).expect("options"))
+    let pool = tenure::blocks::fence::pool_options(&cfg)
+        .connect_with(tenure::blocks::fence::connect_options(&cfg).expect("options"))
         .await
         .expect("the application's pool");
     let lock_timeout: String = sqlx::query_scalar("SHOW lock_timeout")

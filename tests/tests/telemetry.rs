@@ -11,10 +11,10 @@ use std::time::Duration;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use tenure::Worker;
+use tenure::blocks::fence::{FenceStore, JobStatus};
+use tenure::blocks::lease::{Acquire, Session};
 use tenure::devstack::DevStack;
-use tenure::fence::{FenceStore, JobStatus};
-use tenure::lease::{Acquire, Session};
-use tenure::runtime::Worker;
 use tenure::{Client, Config, JobId, StepCtx, StepError};
 use tenure_tests::{config_for, wait_until};
 

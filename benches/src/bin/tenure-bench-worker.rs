@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use tenure::runtime::{Worker, WorkerObserver};
 use tenure::{FencingToken, JobId, StepIndex};
+use tenure::{Worker, WorkerObserver};
 use tenure_benches::BenchJob;
 use tokio::io::AsyncReadExt;
 

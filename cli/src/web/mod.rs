@@ -5,8 +5,8 @@
 //! `/jobs` (filtered, keyset-paged list), `/jobs/{id}` (timeline, checkpoint,
 //! DLQ entries), `/dlq` (grouped by reason, redrive), `/workers`. Each page's
 //! data is also JSON under `/api/...`, the same structures `tenure ... --json`
-//! prints (`crate::data`). Everything is read through `tenure::fence` and
-//! `tenure::queue`; actions go through `tenure::Client`.
+//! prints (`crate::data`). Everything is read through `tenure::blocks::fence` and
+//! `tenure::blocks::queue`; actions go through `tenure::Client`.
 //!
 //! Safe by default: binds 127.0.0.1 unless `--bind` says otherwise, and is
 //! read-only unless started with `--operator-token` (`TENURE_OPERATOR_TOKEN`);
@@ -31,8 +31,8 @@ use axum::routing::{get, post};
 use chrono::Utc;
 use futures::Stream;
 use serde::Deserialize;
-use tenure::fence::{FenceStore, JobFilter, JobStatus};
-use tenure::queue::Queue;
+use tenure::blocks::fence::{FenceStore, JobFilter, JobStatus};
+use tenure::blocks::queue::Queue;
 use tenure::security::Secret;
 use tenure::{Client, JobId};
 
@@ -282,7 +282,7 @@ fn parse_age(s: &str) -> Result<chrono::Duration, WebError> {
 /// The query as a filter, a cursor and a limit; each bad value is a clear 400.
 fn parse_jobs_query(
     q: &JobsQuery,
-) -> Result<(JobFilter, Option<tenure::fence::JobCursor>, u32), WebError> {
+) -> Result<(JobFilter, Option<tenure::blocks::fence::JobCursor>, u32), WebError> {
     let set = |o: &Option<String>| {
         o.as_deref()
             .map(str::trim)
@@ -420,7 +420,7 @@ async fn workers_page(State(app): State<Shared>, headers: HeaderMap) -> Result<R
 
 async fn workers_api(
     State(app): State<Shared>,
-) -> Result<Json<Vec<tenure::fence::WorkerSeen>>, ApiError> {
+) -> Result<Json<Vec<tenure::blocks::fence::WorkerSeen>>, ApiError> {
     Ok(Json(
         data::workers(&app.ctx, &app.store)
             .await

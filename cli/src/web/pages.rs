@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
-use tenure::fence::{JobEvent, WorkerSeen};
+use tenure::blocks::fence::{JobEvent, WorkerSeen};
 
 use crate::data::{DeadLetterView, JobDetail, JobView, JobsPage, OverviewView};
 

@@ -83,7 +83,7 @@ pub enum WorkerError {
 /// ```no_run
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicU64, Ordering};
-/// use tenure::runtime::{Worker, WorkerObserver};
+/// use tenure::{Worker, WorkerObserver};
 /// use tenure::{FencingToken, JobId, StepIndex};
 ///
 /// #[derive(Default)]
@@ -96,7 +96,7 @@ pub enum WorkerError {
 ///     }
 /// }
 ///
-/// # async fn demo<J: tenure::Job>(cfg: tenure::Config, job: J) -> Result<(), tenure::runtime::WorkerError> {
+/// # async fn demo<J: tenure::Job>(cfg: tenure::Config, job: J) -> Result<(), tenure::WorkerError> {
 /// let audit = Arc::new(Audit::default());
 /// let worker = Worker::builder(cfg).register(job).observer(audit.clone()).start().await?;
 /// # Ok(()) }
@@ -156,7 +156,7 @@ impl Shared {
 /// ```no_run
 /// # async fn demo<A: tenure::Job, B: tenure::Job>(a: A, b: B) -> Result<(), Box<dyn std::error::Error>> {
 /// use opentelemetry::metrics::MeterProvider as _;
-/// use tenure::runtime::Worker;
+/// use tenure::Worker;
 ///
 /// let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
 /// let worker = Worker::builder(tenure::Config::from_env()?)
@@ -323,8 +323,8 @@ async fn mark_given_up_dead(shared: &Shared, g: &crate::queue::GaveUp) -> bool {
 ///
 /// ```no_run
 /// # async fn demo<J: tenure::Job>(job: J) -> Result<(), Box<dyn std::error::Error>> {
-/// use tenure::lease::Health;
-/// use tenure::runtime::Worker;
+/// use tenure::blocks::lease::Health;
+/// use tenure::Worker;
 ///
 /// let worker = Worker::builder(tenure::Config::from_env()?).register(job).start().await?;
 /// assert_eq!(worker.health(), Health::Healthy);

@@ -58,6 +58,10 @@ pub mod otlp;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 
+#[cfg(all(test, any(feature = "prometheus", feature = "otlp")))]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod exporter_tests;
+
 /// Errors setting up an exporter.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -120,31 +124,11 @@ impl StaleAt {
 }
 
 /// Every instrument Tenure records. Workers create their own from the meter given
-/// to [`WorkerBuilder::meter`](crate::runtime::WorkerBuilder::meter); what each
-/// instrument means is in the [production guide](crate::guide::production).
-///
-/// ```
-/// use opentelemetry::metrics::MeterProvider as _;
-/// use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
-/// use tenure::telemetry::{Metrics, StaleAt};
-///
-/// let exporter = InMemoryMetricExporter::default();
-/// let provider = SdkMeterProvider::builder()
-///     .with_reader(PeriodicReader::builder(exporter.clone()).build())
-///     .build();
-/// let metrics = Metrics::new(&provider.meter("tenure"), "worker-1");
-/// metrics.stale_rejected("ledger.transfer", StaleAt::StepCommit);
-/// provider.force_flush().unwrap();
-/// let names: Vec<String> = exporter
-///     .get_finished_metrics()
-///     .unwrap()
-///     .iter()
-///     .flat_map(|rm| rm.scope_metrics().flat_map(|s| s.metrics().map(|m| m.name().to_string())))
-///     .collect();
-/// assert!(names.contains(&"tenure.fence.stale_rejections".to_string()));
-/// ```
+/// to [`WorkerBuilder::meter`](crate::WorkerBuilder::meter); what each instrument
+/// means is in the [production guide](crate::guide::production). Crate-private:
+/// only Tenure records these.
 #[derive(Debug, Clone)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     worker: KeyValue,
     lease_grants: Counter<u64>,
     keepalive: Histogram<f64>,
@@ -392,6 +376,27 @@ mod tests {
             .filter(|(_, n)| *n > 0)
             .map(|(i, n)| (bounds.get(i).copied().unwrap_or(f64::INFINITY), n))
             .collect()
+    }
+
+    #[test]
+    fn instruments_are_exported_under_their_documented_names() {
+        let exporter = InMemoryMetricExporter::default();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(PeriodicReader::builder(exporter.clone()).build())
+            .build();
+        let metrics = Metrics::new(&provider.meter("tenure"), "worker-1");
+        metrics.stale_rejected("ledger.transfer", StaleAt::StepCommit);
+        provider.force_flush().unwrap();
+        let names: Vec<String> = exporter
+            .get_finished_metrics()
+            .unwrap()
+            .iter()
+            .flat_map(|rm| {
+                rm.scope_metrics()
+                    .flat_map(|s| s.metrics().map(|m| m.name().to_string()))
+            })
+            .collect();
+        assert!(names.contains(&"tenure.fence.stale_rejections".to_string()));
     }
 
     #[test]

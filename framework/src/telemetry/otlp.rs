@@ -13,7 +13,7 @@
 //!     Duration::from_secs(10), // push interval
 //!     Duration::from_secs(5),  // export timeout
 //! )?;
-//! let worker = tenure::runtime::Worker::builder(tenure::Config::from_env()?)
+//! let worker = tenure::Worker::builder(tenure::Config::from_env()?)
 //!     .meter(provider.meter("tenure"))
 //!     .register(job)
 //!     .start()

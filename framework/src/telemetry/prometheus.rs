@@ -15,7 +15,7 @@
 //! use tenure::telemetry::prometheus::PrometheusEndpoint;
 //!
 //! let metrics = PrometheusEndpoint::serve("127.0.0.1:9464".parse()?, Duration::from_secs(5)).await?;
-//! let worker = tenure::runtime::Worker::builder(tenure::Config::from_env()?)
+//! let worker = tenure::Worker::builder(tenure::Config::from_env()?)
 //!     .meter(metrics.meter())
 //!     .register(job)
 //!     .start()

@@ -12,8 +12,8 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::runtime::{Worker, WorkerObserver};
 use tenure::{FencingToken, JobId, StepIndex};
+use tenure::{Worker, WorkerObserver};
 use tenure_tests::ThreeStep;
 use tokio::io::AsyncReadExt;
 

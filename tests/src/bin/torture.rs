@@ -26,7 +26,7 @@
 //!
 //! Workers record every attempted commit: accepted ones (`C`) and refused stale
 //! ones (`S`) in a file per worker process (through
-//! [`WorkerObserver`](tenure::runtime::WorkerObserver)).
+//! [`WorkerObserver`](tenure::WorkerObserver)).
 //!
 //! `--unsafe-no-fencing` sets the test-only `Config::unsafe_no_fencing` in the
 //! workers (fence predicates off, no pre-commit health check) and installs no
@@ -49,8 +49,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tenure::devstack::DevStack;
-use tenure::runtime::{Worker, WorkerObserver};
 use tenure::{Client, Config, FencingToken, JobId, StepCtx, StepError, StepIndex};
+use tenure::{Worker, WorkerObserver};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;

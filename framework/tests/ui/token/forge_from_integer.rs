@@ -1,6 +1,6 @@
 // A fencing token forged from any integer would fence a job out forever
 // (`claim(id, i64::MAX)`): none of these doors exists.
-use tenure::fence::FenceStore;
+use tenure::blocks::fence::FenceStore;
 use tenure::{FencingToken, JobId, StepIndex};
 
 async fn forge(store: &FenceStore, id: JobId) {

@@ -1,7 +1,7 @@
 // A fence read off the wire or a row is an observation: it compares with tokens,
 // and `claim` / `begin_step` do not take it.
-use tenure::fence::FenceStore;
-use tenure::queue::headers::read_fence;
+use tenure::blocks::fence::FenceStore;
+use tenure::blocks::queue::headers::read_fence;
 use tenure::{JobId, ObservedFence, StepIndex};
 
 async fn replay(store: &FenceStore, headers: &async_nats::HeaderMap) {

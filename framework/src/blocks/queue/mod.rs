@@ -39,9 +39,9 @@
 //! is what "double ack" is).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), tenure::queue::QueueError> {
+//! # async fn demo() -> Result<(), tenure::blocks::queue::QueueError> {
 //! use std::time::Duration;
-//! use tenure::queue::Queue;
+//! use tenure::blocks::queue::Queue;
 //! use tenure::{Config, JobId};
 //!
 //! let cfg = Config::new("payments").with_nats_url("nats://127.0.0.1:4222");
@@ -233,7 +233,7 @@ enum Cause {
 /// The names of a namespace's streams, subjects and consumers.
 ///
 /// ```
-/// use tenure::queue::QueueNames;
+/// use tenure::blocks::queue::QueueNames;
 /// let n = QueueNames::new("payments");
 /// assert_eq!(n.stream, "TENURE_PAYMENTS_JOBS");
 /// assert_eq!(n.subject_prefix, "payments.jobs.");
@@ -309,7 +309,7 @@ impl QueueNames {
 ///
 /// # Errors
 /// [`QueueError::InvalidJobType`] with the reason.
-pub fn validate_job_type(job_type: &str) -> Result<(), QueueError> {
+pub(crate) fn validate_job_type(job_type: &str) -> Result<(), QueueError> {
     let fail = |reason| {
         Err(QueueError::InvalidJobType {
             job_type: job_type.to_string(),

@@ -16,9 +16,9 @@ use crate::security::{AccessError, AccessStep, Server};
 /// ```
 /// let cfg = tenure::Config::new("payments")
 ///     .with_database_url("postgres://worker@db:5432/app?sslmode=verify-full&sslrootcert=/etc/ca.pem");
-/// let options = tenure::fence::connect_options(&cfg)?;
+/// let options = tenure::blocks::fence::connect_options(&cfg)?;
 /// assert_eq!(options.get_host(), "db");
-/// # Ok::<(), tenure::fence::FenceError>(())
+/// # Ok::<(), tenure::blocks::fence::FenceError>(())
 /// ```
 ///
 /// # Errors
@@ -39,8 +39,8 @@ pub fn connect_options(cfg: &Config) -> Result<PgConnectOptions, super::FenceErr
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let cfg = tenure::Config::from_env()?;
-/// let pool = tenure::fence::pool_options(&cfg)
-///     .connect_with(tenure::fence::connect_options(&cfg)?)
+/// let pool = tenure::blocks::fence::pool_options(&cfg)
+///     .connect_with(tenure::blocks::fence::connect_options(&cfg)?)
 ///     .await?;
 /// let cfg = cfg.with_database_pool(pool);
 /// # Ok(()) }

@@ -68,7 +68,7 @@ impl Overview {
     /// Rows with `status`, all types.
     ///
     /// ```
-    /// # use tenure::fence::{Overview, TypeStatusCount, WindowCounts, JobStatus};
+    /// # use tenure::blocks::fence::{Overview, TypeStatusCount, WindowCounts, JobStatus};
     /// let o = Overview { by_type_status: vec![TypeStatusCount {
     ///     job_type: "a".into(), status: "done".into(), count: 3, takeovers: 1 }],
     ///     recent: WindowCounts::default(), stale_refusals_total: 0 };

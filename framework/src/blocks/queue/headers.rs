@@ -12,7 +12,7 @@
 //! downstream service over NATS (see [`fence_headers`]).
 //!
 //! ```
-//! use tenure::queue::headers;
+//! use tenure::blocks::queue::headers;
 //! assert_eq!(headers::JOB_ID, "Tenure-Job-Id");
 //! assert_eq!(headers::FENCE_TOKEN, "Tenure-Fence");
 //! ```
@@ -69,8 +69,8 @@ pub(crate) const DLQ_ONLY: [&str; 7] = [
 /// token it has accepted per job and refuses smaller ones enforces the fence.
 ///
 /// ```
-/// # fn demo(lock: &tenure::lease::JobLock) {
-/// use tenure::queue::headers;
+/// # fn demo(lock: &tenure::blocks::lease::JobLock) {
+/// use tenure::blocks::queue::headers;
 /// use tenure::JobId;
 /// let job = JobId::from_key("mail.send", "k1");
 /// let token = lock.token();

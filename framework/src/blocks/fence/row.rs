@@ -32,7 +32,7 @@ impl JobStatus {
     /// The status as stored in the `status` column.
     ///
     /// ```
-    /// use tenure::fence::JobStatus;
+    /// use tenure::blocks::fence::JobStatus;
     /// assert_eq!(JobStatus::Dead.as_str(), "dead");
     /// assert_eq!("running".parse::<JobStatus>().unwrap(), JobStatus::Running);
     /// ```

@@ -123,7 +123,7 @@ impl Session {
     ///
     /// # Errors
     /// As [`Session::acquire_many`].
-    pub async fn acquire_and_release_many(
+    pub(crate) async fn acquire_and_release_many(
         &self,
         job_ids: &[JobId],
         locks: &[JobLock],

@@ -73,8 +73,8 @@ impl FenceStore {
     /// fence still refuses the old owner; only liveness suffers).
     ///
     /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), tenure::fence::FenceError> {
-    /// let store = tenure::fence::FenceStore::new(pool, "tenure")?;
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), tenure::blocks::fence::FenceError> {
+    /// let store = tenure::blocks::fence::FenceStore::new(pool, "tenure")?;
     /// store.migrate().await?;
     /// # Ok(()) }
     /// ```
@@ -153,7 +153,7 @@ impl FenceStore {
     /// (the schema's owner) after [`migrate`](Self::migrate). Idempotent.
     ///
     /// ```no_run
-    /// # async fn demo(store: tenure::fence::FenceStore) -> Result<(), tenure::fence::FenceError> {
+    /// # async fn demo(store: tenure::blocks::fence::FenceStore) -> Result<(), tenure::blocks::fence::FenceError> {
     /// store.migrate().await?;
     /// store.grant_worker("tenure_worker").await?;
     /// # Ok(()) }

@@ -19,8 +19,8 @@
 //!   own transaction) and refuses smaller ones.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), tenure::fence::FenceError> {
-//! use tenure::fence::{FenceStore, Inserted};
+//! # async fn demo() -> Result<(), tenure::blocks::fence::FenceError> {
+//! use tenure::blocks::fence::{FenceStore, Inserted};
 //! use tenure::{Config, FencingToken, JobId};
 //! let cfg = Config::new("payments").with_database_url("postgres://postgres@127.0.0.1/app");
 //! let store = FenceStore::connect(&cfg).await?;

@@ -1,12 +1,12 @@
 //! The exporter wirings: the Prometheus scrape endpoint answers with `tenure_`
 //! metric lines; the OTLP exporter pushes to the configured endpoint over gRPC.
-//! No servers needed: `cargo test -p tenure --features prometheus,otlp --test exporters`.
-#![cfg(any(feature = "prometheus", feature = "otlp"))]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! No servers needed: `cargo test -p tenure --features prometheus,otlp --lib exporter_tests`.
+//! (Unit tests, because [`Metrics`] is crate-private: applications never bump
+//! Tenure's counters.)
 
 use std::time::Duration;
 
-use tenure::telemetry::Metrics;
+use super::Metrics;
 use tokio::io::AsyncReadExt;
 
 #[cfg(feature = "prometheus")]
@@ -27,8 +27,8 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 #[cfg(feature = "prometheus")]
 #[tokio::test]
 async fn prometheus_endpoint_serves_tenure_metrics() {
-    use tenure::telemetry::StaleAt;
-    use tenure::telemetry::prometheus::PrometheusEndpoint;
+    use super::StaleAt;
+    use super::prometheus::PrometheusEndpoint;
     use tokio::net::TcpStream;
 
     let ep = PrometheusEndpoint::serve("127.0.0.1:0".parse().unwrap(), Duration::from_secs(5))
@@ -111,7 +111,7 @@ async fn otlp_exporter_pushes_to_the_configured_endpoint() {
     // starts with the HTTP/2 client preface.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let provider = tenure::telemetry::otlp::meter_provider(
+    let provider = super::otlp::meter_provider(
         &format!("http://{addr}"),
         Duration::from_secs(3600),
         Duration::from_secs(2),

@@ -18,7 +18,7 @@ pub const GUARD_SQLSTATE: &str = "TF001";
 ///
 /// ```
 /// let err = sqlx::Error::RowNotFound;
-/// assert!(!tenure::fence::is_guard_refusal(&err));
+/// assert!(!tenure::blocks::fence::is_guard_refusal(&err));
 /// ```
 pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
     classify(err) == PgFailure::GuardRefused

@@ -35,7 +35,7 @@ impl LostReason {
     /// `deadline`, `revoked`, `stream_ended` or `stream_error`.
     ///
     /// ```
-    /// assert_eq!(tenure::lease::LostReason::StreamEnded.code(), "stream_ended");
+    /// assert_eq!(tenure::blocks::lease::LostReason::StreamEnded.code(), "stream_ended");
     /// ```
     pub fn code(&self) -> &'static str {
         match self {

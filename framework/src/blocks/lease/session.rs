@@ -58,9 +58,9 @@ impl Session {
     /// stream and starts the keeper. The session starts `Healthy`.
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), tenure::lease::LeaseError> {
+    /// # async fn demo() -> Result<(), tenure::blocks::lease::LeaseError> {
     /// let cfg = tenure::Config::new("payments").with_etcd_endpoints(["http://127.0.0.1:2379"]);
-    /// let session = tenure::lease::Session::establish(&cfg).await?;
+    /// let session = tenure::blocks::lease::Session::establish(&cfg).await?;
     /// println!("lease {}", session.lease_id());
     /// # Ok(()) }
     /// ```
@@ -111,7 +111,7 @@ impl Session {
         })
     }
 
-    /// [`Session::establish`], retried with [`Backoff`] over `cfg.session_backoff`
+    /// [`Session::establish`], retried with exponential backoff and jitter over `cfg.session_backoff`
     /// (`sleep = min(cap, base * 2^attempt) * rand(0.5, 1.5)`) until it succeeds or
     /// `stop` is cancelled. An invalid configuration is returned at once.
     ///
@@ -184,7 +184,7 @@ impl Session {
     /// `tenure.lease.keepalive.duration`).
     ///
     /// ```no_run
-    /// # async fn demo(session: &tenure::lease::Session) {
+    /// # async fn demo(session: &tenure::blocks::lease::Session) {
     /// let mut rtt = session.watch_keepalive_rtt();
     /// while rtt.changed().await.is_ok() {
     ///     if let Some(d) = *rtt.borrow_and_update() {
@@ -193,7 +193,7 @@ impl Session {
     /// }
     /// # }
     /// ```
-    pub fn watch_keepalive_rtt(&self) -> watch::Receiver<Option<Duration>> {
+    pub(crate) fn watch_keepalive_rtt(&self) -> watch::Receiver<Option<Duration>> {
         self.keepalive_rtt.clone()
     }
 

@@ -57,13 +57,13 @@ impl StaleToken {
     /// exactly as when PostgreSQL refuses the step's own write.
     ///
     /// ```
-    /// use tenure::fence::StaleToken;
+    /// use tenure::blocks::fence::StaleToken;
     /// use tenure::{JobId, ObservedFence, StepError};
     /// let stale = StaleToken::new(ObservedFence::new(41).unwrap(), ObservedFence::new(42).unwrap());
     /// let err = stale.fenced_out(JobId::from_key("t", "k"));
     /// assert!(err.is_fenced_out());
     /// let step_err: StepError = err.into();
-    /// assert!(step_err.downcast_ref::<tenure::fence::FenceError>().is_some());
+    /// assert!(step_err.downcast_ref::<tenure::blocks::fence::FenceError>().is_some());
     /// ```
     pub fn fenced_out(self, job_id: JobId) -> FenceError {
         FenceError::FencedOut {
@@ -159,7 +159,7 @@ pub trait FenceMarks: Send + Sync {
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool, job: tenure::JobId, token: tenure::ObservedFence)
 /// # -> Result<(), Box<dyn std::error::Error>> {
-/// use tenure::fence::{PgFenceMarks, TokenGate};
+/// use tenure::blocks::fence::{PgFenceMarks, TokenGate};
 /// let marks = PgFenceMarks::new("infra")?;
 /// marks.install(&mut *pool.acquire().await?).await?;
 /// let gate = TokenGate::new(marks);

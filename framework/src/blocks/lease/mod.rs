@@ -6,8 +6,8 @@
 //! its `create_revision` is the job's [`FencingToken`].
 //!
 //! ```no_run
-//! # async fn demo(cfg: tenure::Config, job: tenure::JobId) -> Result<(), tenure::lease::LeaseError> {
-//! use tenure::lease::{Acquire, Health, Session};
+//! # async fn demo(cfg: tenure::Config, job: tenure::JobId) -> Result<(), tenure::blocks::lease::LeaseError> {
+//! use tenure::blocks::lease::{Acquire, Health, Session};
 //!
 //! let session = Session::establish(&cfg).await?;
 //! assert_eq!(session.health(), Health::Healthy);

@@ -16,7 +16,7 @@ use crate::JobId;
 /// [`BadMessage::dead_letter_info`] instead of running anything.
 ///
 /// ```
-/// use tenure::queue::BadMessage;
+/// use tenure::blocks::queue::BadMessage;
 /// let bad = BadMessage::MissingHeader { header: "Tenure-Job-Id" };
 /// assert_eq!(bad.reason(), "bad_message: missing header Tenure-Job-Id");
 /// ```

@@ -32,8 +32,8 @@ use super::row::step_to_sql;
 /// end the transaction (and release the row lock) behind the fence's back.
 ///
 /// ```no_run
-/// # async fn demo(store: tenure::fence::FenceStore, id: tenure::JobId, token: tenure::FencingToken)
-/// # -> Result<(), tenure::fence::FenceError> {
+/// # async fn demo(store: tenure::blocks::fence::FenceStore, id: tenure::JobId, token: tenure::FencingToken)
+/// # -> Result<(), tenure::blocks::fence::FenceError> {
 /// use tenure::StepIndex;
 /// let mut tx = store.begin_step(id, token, StepIndex::new(1)).await?;
 /// sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 7")

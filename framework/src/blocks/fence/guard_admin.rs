@@ -37,11 +37,11 @@ impl FenceStore {
     /// roles and grants to keep untrusted code out).
     ///
     /// ```no_run
-    /// # async fn demo(store: tenure::fence::FenceStore) -> Result<(), tenure::fence::FenceError> {
+    /// # async fn demo(store: tenure::blocks::fence::FenceStore) -> Result<(), tenure::blocks::fence::FenceError> {
     /// store.install_guard("public.ledger").await?;
     /// // Now this fails with FenceError::GuardRefused:
     /// let err = sqlx::query("DELETE FROM public.ledger").execute(store.pool()).await.unwrap_err();
-    /// assert!(tenure::fence::FenceError::from(err).is_fenced_out());
+    /// assert!(tenure::blocks::fence::FenceError::from(err).is_fenced_out());
     /// # Ok(()) }
     /// ```
     ///
@@ -124,7 +124,7 @@ impl FenceStore {
     /// `SELECT tenure.tenure_bypass_guard();`
     ///
     /// ```no_run
-    /// # async fn demo(store: tenure::fence::FenceStore) -> Result<(), tenure::fence::FenceError> {
+    /// # async fn demo(store: tenure::blocks::fence::FenceStore) -> Result<(), tenure::blocks::fence::FenceError> {
     /// let mut tx = store.pool().begin().await?;
     /// store.bypass_guard(&mut tx).await?;
     /// sqlx::query("UPDATE ledger SET note = 'fixed by ops' WHERE id = 7").execute(&mut *tx).await?;

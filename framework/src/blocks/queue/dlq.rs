@@ -23,7 +23,7 @@ pub mod reasons {
 /// What the worker knows when it dead-letters a job (from the job row).
 ///
 /// ```
-/// use tenure::queue::DeadLetterInfo;
+/// use tenure::blocks::queue::DeadLetterInfo;
 /// let info = DeadLetterInfo::new("poison: 6 takeovers");
 /// assert_eq!(info.attempts, 0);
 /// assert!(info.last_token.is_none());
