@@ -14,6 +14,10 @@ use std::time::Duration;
 
 use crate::security::{NatsAuth, Secret, TlsFiles};
 
+mod tuning;
+
+pub use tuning::Tuning;
+
 /// What the watchdog does when the session is `Lost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -132,6 +136,9 @@ pub struct Config {
     pub nats_request_timeout: Duration,
     /// How long graceful shutdown waits for running steps.
     pub shutdown_grace: Duration,
+    /// The runtime's delays, windows and sizes (batching, fetching, hand-overs),
+    /// each with the reason for its default. None affects safety.
+    pub tuning: Tuning,
     /// TEST ONLY (feature `testing`), for the torture test's negative control:
     /// when true, the fence store builds its claim, admission and step-commit SQL
     /// without any fence (or step/status) predicate and the runtime skips the
@@ -186,6 +193,7 @@ impl Config {
             stream_replicas: 1,
             nats_request_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(10),
+            tuning: Tuning::default(),
             #[cfg(feature = "testing")]
             unsafe_no_fencing: false,
         }
@@ -354,6 +362,7 @@ impl Config {
                 ),
             });
         }
+        self.tuning.validate()?;
         if !(1..=5).contains(&self.stream_replicas) {
             return Err(ConfigError::Invalid {
                 name: "stream_replicas",
@@ -581,7 +590,8 @@ impl std::fmt::Debug for Config {
             .field("duplicate_window", &self.duplicate_window)
             .field("stream_replicas", &self.stream_replicas)
             .field("nats_request_timeout", &self.nats_request_timeout)
-            .field("shutdown_grace", &self.shutdown_grace);
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("tuning", &self.tuning);
         #[cfg(feature = "testing")]
         d.field("unsafe_no_fencing", &self.unsafe_no_fencing);
         d.finish()

@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
@@ -29,8 +28,6 @@ pub(crate) enum FetcherMsg {
 }
 
 pub(crate) struct Fetcher;
-
-const FETCH_WAIT: Duration = Duration::from_millis(500);
 
 impl Actor for Fetcher {
     type Msg = FetcherMsg;
@@ -63,7 +60,7 @@ impl Actor for Fetcher {
                 () = sh.draining.cancelled() => return Ok(()),
                 _ = current.changed() => {}
                 () = wait_healthy(sh) => {}
-                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = tokio::time::sleep(sh.cfg.tuning.fetch_unhealthy_recheck) => {}
             }
             myself.send_message(FetcherMsg::Tick)?;
             return Ok(());
@@ -74,7 +71,7 @@ impl Actor for Fetcher {
         };
         let fetched = tokio::select! {
             () = sh.draining.cancelled() => return Ok(()),
-            r = sh.queue.fetch(holds.len(), FETCH_WAIT) => r,
+            r = sh.queue.fetch(holds.len(), sh.cfg.tuning.fetch_wait) => r,
         };
         match fetched {
             Ok(deliveries) => {
@@ -105,7 +102,7 @@ impl Actor for Fetcher {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "fetch failed; retrying");
-                tokio::time::sleep(Duration::from_millis(250)).await;
+                tokio::time::sleep(st.shared.cfg.tuning.fetch_error_pause).await;
             }
         }
         myself.send_message(FetcherMsg::Tick)?;

@@ -20,9 +20,6 @@ use crate::queue::Delivery;
 use crate::telemetry::{StaleAt, spans};
 use crate::{JobId, retry};
 
-/// A contended job lock is retried at least every `lease_ttl / CONTENTION_RETRY_DIVISOR`.
-const CONTENTION_RETRY_DIVISOR: u32 = 20;
-
 pub(crate) struct JobArgs {
     pub(crate) shared: Arc<Shared>,
     /// The job row as read with the delivery's fetch group: `Some(None)` if
@@ -248,7 +245,7 @@ impl JobRun {
                 // ends within a TTL. Retry at least every TTL/20, so the new owner
                 // acquires soon after the lease ends instead of backing off past it.
                 let delay = retry::jittered(&sh.cfg.contention_backoff, attempt)
-                    .min(sh.cfg.lease_ttl / CONTENTION_RETRY_DIVISOR);
+                    .min(sh.cfg.lease_ttl / sh.cfg.tuning.contention_retry_divisor);
                 tracing::debug!(holder = ?holder, ?delay, "job lock held by another session");
                 Err(Outcome::Contended { delay })
             }

@@ -31,7 +31,6 @@ mod stage;
 mod steps;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::watch;
@@ -132,7 +131,7 @@ pub(crate) struct Shared {
     pub(crate) draining: CancellationToken,
     /// Shutdown grace over: cancel running steps.
     pub(crate) stop_jobs: CancellationToken,
-    pub(crate) hooks: Option<Arc<dyn WorkerObserver>>,
+    pub(crate) observer: Option<Arc<dyn WorkerObserver>>,
     /// How many job actors of this worker are acquiring or holding each job's
     /// lock right now: a lock of our own lease for a job no other actor here
     /// works on is one this worker stranded.
@@ -235,7 +234,7 @@ impl WorkerBuilder {
         let stop_jobs = CancellationToken::new();
         let stop_all = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
-        let locks = LockService::start(stop_all.clone(), metrics.clone(), &mut tasks);
+        let locks = LockService::start(stop_all.clone(), metrics.clone(), cfg.tuning, &mut tasks);
         let (current_tx, current_rx) = watch::channel(None);
         let shared = Arc::new(Shared {
             cfg: cfg.clone(),
@@ -247,10 +246,10 @@ impl WorkerBuilder {
             session: current_rx,
             draining: draining.clone(),
             stop_jobs: stop_jobs.clone(),
-            hooks: self.observer,
+            observer: self.observer,
             holding: Default::default(),
         });
-        let slots = Slots::new(cfg.max_in_flight, cfg.prefetch, cfg.lease_ttl);
+        let slots = Slots::new(&cfg);
         let sup_args = SupervisorArgs {
             shared: shared.clone(),
             slots: slots.clone(),
@@ -398,7 +397,8 @@ impl Worker {
         if !drained {
             tracing::warn!("shutdown grace over: cancelling running steps");
             sh.stop_jobs.cancel();
-            let _ = tokio::time::timeout(Duration::from_secs(5), self.slots.all_back()).await;
+            let _ = tokio::time::timeout(sh.cfg.tuning.shutdown_cancel_wait, self.slots.all_back())
+                .await;
         }
         let _ = ractor::call!(self.supervisor, SupervisorMsg::CloseSession);
         self.stop_all.cancel();

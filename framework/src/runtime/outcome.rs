@@ -394,7 +394,7 @@ impl JobRun {
             at = at.as_str(),
             "write refused: fenced out by a newer owner; not acking"
         );
-        if let (Held::Claim(owned), Some(step), Some(h)) = (&a.held, step, &sh.hooks) {
+        if let (Held::Claim(owned), Some(step), Some(h)) = (&a.held, step, &sh.observer) {
             h.stale_rejected(owned.job_id, step, owned.token);
         }
     }
@@ -409,7 +409,7 @@ impl JobRun {
             "ALERT: fencing token regression (etcd revisions went backwards: a snapshot \
              restore without --bump-revision?); the job is handed back, not run"
         );
-        if let (Held::Lock { lock, .. }, Some(h)) = (&a.held, &self.shared.hooks) {
+        if let (Held::Lock { lock, .. }, Some(h)) = (&a.held, &self.shared.observer) {
             h.token_regression(lock.job_id(), lock.token());
         }
     }

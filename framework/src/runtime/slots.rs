@@ -15,9 +15,9 @@
 //!
 //! Holding a job it does not run yet keeps it from other workers, so the room
 //! ahead is bounded by time as well: it is sized so that a delivery waits about
-//! [`AHEAD_WAIT_BUDGET`] for a run slot, from the mean time a job holds one
+//! `Tuning::hold_ahead_budget` for a run slot, from the mean time a job holds one
 //! (no room ahead until a job has finished, and none for jobs that run long).
-//! A delivery that waits longer than `min(lease_ttl / 4, 1 s)` anyway (jobs
+//! A delivery that waits longer than `min(lease_ttl / 4, Tuning::hold_ahead_max_wait)` anyway (jobs
 //! turned slow) gives its lock back and is redelivered at once, and the room
 //! ahead closes until jobs finish fast again.
 
@@ -27,13 +27,6 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-
-/// How long a delivery held ahead is meant to wait for a run slot.
-pub(crate) const AHEAD_WAIT_BUDGET: Duration = Duration::from_millis(50);
-/// The longest a delivery held ahead waits for a run slot.
-const AHEAD_MAX_WAIT: Duration = Duration::from_secs(1);
-/// Weight of a new sample in the mean run time (1/8).
-const MEAN_SHIFT: u32 = 3;
 
 #[derive(Debug)]
 pub(crate) struct Slots {
@@ -47,6 +40,10 @@ pub(crate) struct Slots {
     changed: Notify,
     /// Mean time a job holds a run slot, in microseconds (0: none finished yet).
     mean_run_us: AtomicU64,
+    /// How long the last delivery held ahead is meant to wait for a run slot.
+    budget: Duration,
+    /// The weight of a new sample in the mean run time, `1 / 2^mean_shift`.
+    mean_shift: u32,
     max_wait: Duration,
 }
 
@@ -97,7 +94,8 @@ pub(crate) enum NoRunSlot {
 }
 
 impl Slots {
-    pub(crate) fn new(max_in_flight: usize, prefetch: usize, lease_ttl: Duration) -> Arc<Self> {
+    pub(crate) fn new(cfg: &crate::Config) -> Arc<Self> {
+        let (max_in_flight, prefetch, t) = (cfg.max_in_flight, cfg.prefetch, &cfg.tuning);
         Arc::new(Slots {
             max_in_flight,
             prefetch,
@@ -106,7 +104,9 @@ impl Slots {
             waiting: AtomicUsize::new(0),
             changed: Notify::new(),
             mean_run_us: AtomicU64::new(0),
-            max_wait: (lease_ttl / 4).min(AHEAD_MAX_WAIT),
+            budget: t.hold_ahead_budget,
+            mean_shift: t.run_time_mean_shift,
+            max_wait: (cfg.lease_ttl / 4).min(t.hold_ahead_max_wait),
         })
     }
 
@@ -128,13 +128,13 @@ impl Slots {
     }
 
     /// How many deliveries may wait for a run slot now: sized so that the last
-    /// of them waits about [`AHEAD_WAIT_BUDGET`], at most `prefetch`.
+    /// of them waits about the hold-ahead budget, at most `prefetch`.
     pub(crate) fn room_ahead(&self) -> usize {
         let mean = self.mean_run_us.load(Ordering::Relaxed);
         if mean == 0 || self.prefetch == 0 {
             return 0;
         }
-        let budget = u64::try_from(AHEAD_WAIT_BUDGET.as_micros()).unwrap_or(u64::MAX);
+        let budget = u64::try_from(self.budget.as_micros()).unwrap_or(u64::MAX);
         let fits = budget.saturating_mul(self.max_in_flight as u64) / mean;
         usize::try_from(fits)
             .unwrap_or(usize::MAX)
@@ -167,8 +167,9 @@ impl Slots {
                 }
             }
             // Every change of the inputs of `wanted` notifies; the timeout only
-            // bounds how stale `room_ahead` can get.
-            let _ = tokio::time::timeout(Duration::from_millis(50), changed).await;
+            // bounds how stale `room_ahead` can get (as long as a delivery is
+            // meant to wait ahead).
+            let _ = tokio::time::timeout(self.budget, changed).await;
         }
     }
 
@@ -241,9 +242,9 @@ impl Slots {
         let next = if mean == 0 {
             sample
         } else {
-            // mean + (sample - mean) / 8, in integers.
-            let scaled = (mean << MEAN_SHIFT) - mean + sample;
-            (scaled >> MEAN_SHIFT).max(1)
+            // mean + (sample - mean) / 2^shift, in integers.
+            let scaled = (mean << self.mean_shift) - mean + sample;
+            (scaled >> self.mean_shift).max(1)
         };
         self.mean_run_us.store(next, Ordering::Relaxed);
     }
@@ -254,24 +255,30 @@ impl Slots {
 mod tests {
     use super::*;
 
+    fn make(max_in_flight: usize, prefetch: usize, lease_ttl: Duration) -> Arc<Slots> {
+        let mut cfg = crate::Config::new("t");
+        (cfg.max_in_flight, cfg.prefetch, cfg.lease_ttl) = (max_in_flight, prefetch, lease_ttl);
+        Slots::new(&cfg)
+    }
+
     #[test]
     fn no_room_ahead_before_a_job_finished_nor_for_long_jobs() {
-        let slots = Slots::new(8, 16, Duration::from_secs(5));
+        let slots = make(8, 16, Duration::from_secs(5));
         assert_eq!(slots.room_ahead(), 0);
         slots.record_run(Duration::from_millis(10));
         // 8 slots x 50 ms / 10 ms = 40, capped at 16.
         assert_eq!(slots.room_ahead(), 16);
-        let slow = Slots::new(8, 16, Duration::from_secs(5));
+        let slow = make(8, 16, Duration::from_secs(5));
         slow.record_run(Duration::from_secs(1));
         assert_eq!(slow.room_ahead(), 0);
-        let off = Slots::new(8, 0, Duration::from_secs(5));
+        let off = make(8, 0, Duration::from_secs(5));
         off.record_run(Duration::from_millis(1));
         assert_eq!(off.room_ahead(), 0);
     }
 
     #[test]
     fn the_mean_moves_an_eighth_towards_each_sample() {
-        let slots = Slots::new(1, 1, Duration::from_secs(5));
+        let slots = make(1, 1, Duration::from_secs(5));
         slots.record_run(Duration::from_micros(800));
         slots.record_run(Duration::from_micros(1600));
         assert_eq!(slots.mean_run_us.load(Ordering::Relaxed), 900);
@@ -279,7 +286,7 @@ mod tests {
 
     #[tokio::test]
     async fn with_deliveries_waiting_the_fetcher_waits_for_half_the_room() {
-        let slots = Slots::new(2, 8, Duration::from_secs(5));
+        let slots = make(2, 8, Duration::from_secs(5));
         // Jobs of 10 ms: room ahead 2 x 50 / 10 = 10, capped at 8; groups of 4.
         slots.record_run(Duration::from_millis(10));
         let draining = tokio_util::sync::CancellationToken::new();
@@ -306,7 +313,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_delivery_gives_up_when_draining() {
-        let slots = Slots::new(1, 4, Duration::from_secs(5));
+        let slots = make(1, 4, Duration::from_secs(5));
         let draining = tokio_util::sync::CancellationToken::new();
         let _running = slots.run_slot(&draining).await.unwrap();
         let waiter = {
@@ -320,7 +327,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_waiting_delivery_gives_up_after_the_bound() {
-        let slots = Slots::new(1, 4, Duration::from_secs(2));
+        let slots = make(1, 4, Duration::from_secs(2));
         let draining = tokio_util::sync::CancellationToken::new();
         let _running = slots.run_slot(&draining).await.unwrap();
         let started = Instant::now();
@@ -333,7 +340,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn after_a_delivery_gave_up_no_room_is_left_ahead_until_jobs_run_fast_again() {
-        let slots = Slots::new(2, 8, Duration::from_secs(4));
+        let slots = make(2, 8, Duration::from_secs(4));
         slots.record_run(Duration::from_millis(10));
         assert_eq!(slots.room_ahead(), 8);
         let draining = tokio_util::sync::CancellationToken::new();

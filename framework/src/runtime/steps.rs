@@ -185,7 +185,7 @@ impl JobRun {
             Ok(next) => {
                 let took = started.elapsed().as_secs_f64();
                 sh.metrics.step_done(owned.job.name(), step.name, took);
-                if let Some(h) = &sh.hooks {
+                if let Some(h) = &sh.observer {
                     h.step_committed(owned.job_id, step.index, owned.token);
                 }
                 Ok((out, next))
@@ -275,7 +275,8 @@ impl JobRun {
     ) -> StageOutcome {
         let stage = run_stage(self.me.clone(), owned.job.clone(), step, ctx, input);
         tokio::pin!(stage);
-        let period = (self.shared.cfg.ack_wait() / 3).max(Duration::from_millis(100));
+        let period =
+            (self.shared.cfg.ack_wait() / 3).max(self.shared.cfg.tuning.progress_min_period);
         let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
         let lost = owned.session.cancellation();
         let mut lost_seen = false;
@@ -347,24 +348,14 @@ fn stale_cause(err: &crate::job::StepError) -> Option<StaleAt> {
     None
 }
 
-/// The longest a transaction opened for a step (the claim's, or the one the
-/// previous step's commit opened) waits for the step to take it.
-///
-/// A step that writes to the database asks for it at once (well under a
-/// millisecond after the claim); one that works elsewhere first should not hold
-/// a pooled connection, the job row lock and an idle transaction meanwhile. With
-/// a thousand jobs in flight whose first steps wait on something else, a longer
-/// window would hold a thousand connections (the benchmark's RSS run found that
-/// at PostgreSQL's `max_connections`).
-const OPEN_TX_WINDOW_MAX: Duration = Duration::from_millis(50);
-
 /// How long a step may take before it asks for its database: the transaction
 /// opened for it (and the job row lock) stays open that long at most before it
 /// is ended (a claim committed alone, a plain admission rolled back). Never more
-/// than a quarter of the TTL, far below `idle_in_transaction_session_timeout`
+/// than a quarter of the TTL ([`Tuning::step_tx_window`](crate::config::Tuning::step_tx_window)
+/// says why it is short), far below `idle_in_transaction_session_timeout`
 /// (one TTL).
 fn open_tx_window(cfg: &crate::Config) -> Duration {
-    (cfg.lease_ttl / 4).min(OPEN_TX_WINDOW_MAX)
+    (cfg.lease_ttl / 4).min(cfg.tuning.step_tx_window)
 }
 
 /// The stage loop's side of a running step, besides the step itself.

@@ -61,7 +61,7 @@ mod access;
 mod batch;
 mod error;
 mod health;
-mod keeper;
+mod keepalive;
 mod lock;
 mod plan;
 mod request;

@@ -8,33 +8,19 @@
 //! need no session and no etcd.
 
 use std::collections::VecDeque;
-use std::time::Duration;
-
 use tokio::time::Instant;
 
 use super::batch::MAX_BATCH;
+use crate::config::Tuning;
 
-/// How long a batch waits for acquisitions that are on their way (jobs between
-/// delivery and their lock request, see `LockService::expect_acquire`).
-pub(super) const ACQUIRE_LINGER: Duration = Duration::from_millis(2);
-/// How long a deferred release waits for an acquisition to ride along with.
-pub(super) const RELEASE_LINGER: Duration = Duration::from_millis(100);
-/// Deferred releases that are sent on their own without waiting any longer.
-pub(super) const DEFERRED_FLUSH: usize = 64;
-/// The first pause before a failed release is tried again; it doubles per
-/// failure up to [`RELEASE_RETRY_MAX_DELAY`].
-pub(super) const RELEASE_RETRY_DELAY: Duration = Duration::from_millis(250);
-/// The longest pause between two attempts of a failed release.
-pub(super) const RELEASE_RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
-/// How long after its first failure a release is still tried (20 x 250 ms, as
-/// the inline retry this replaces); then it is left to expire with the lease.
-pub(super) const RELEASE_GIVE_UP: Duration = Duration::from_millis(20 * 250);
+// The timing rules' numbers are `Tuning`'s `lock_*` fields (`Config::tuning`),
+// each documented there with the reason for its default.
 
 /// When a release goes to etcd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseMode {
     /// The job ended for good: ride along with the next acquisition (at most
-    /// `RELEASE_LINGER`, 100 ms, later).
+    /// `Tuning::lock_release_linger`, 100 ms, later).
     Deferred,
     /// The job is handed back for another attempt: in the next batch.
     Prompt,
@@ -126,10 +112,12 @@ pub(super) struct Planner<A, R> {
     ready_since: Option<Instant>,
     /// When the previous batch's re-read was left pending (`None`: none is).
     pending_since: Option<Instant>,
+    /// The `lock_*` numbers of the worker's tuning.
+    tuning: Tuning,
 }
 
-impl<A, R> Default for Planner<A, R> {
-    fn default() -> Self {
+impl<A, R> Planner<A, R> {
+    pub(super) fn new(tuning: Tuning) -> Self {
         Planner {
             acquires: VecDeque::new(),
             prompt: Vec::new(),
@@ -138,11 +126,10 @@ impl<A, R> Default for Planner<A, R> {
             retries: Vec::new(),
             ready_since: None,
             pending_since: None,
+            tuning,
         }
     }
-}
 
-impl<A, R> Planner<A, R> {
     /// An acquisition asked at `now`.
     pub(super) fn acquire(&mut self, item: A, now: Instant) {
         self.acquires.push_back(item);
@@ -164,7 +151,7 @@ impl<A, R> Planner<A, R> {
     }
 
     /// The batch just sent left its re-read pending (at `now`): it rides in the
-    /// next batch if one is ready within [`ACQUIRE_LINGER`], else it goes alone.
+    /// next batch if one is ready within the acquire linger, else it goes alone.
     pub(super) fn verification_pending(&mut self, now: Instant) {
         self.pending_since = Some(now);
     }
@@ -175,18 +162,20 @@ impl<A, R> Planner<A, R> {
     }
 
     /// `releases` failed at `now`: each is tried again after a pause that
-    /// doubles per failure, until [`RELEASE_GIVE_UP`] after its first failure.
+    /// doubles per failure, until `lock_release_give_up` after its first failure.
     /// Returns the ones given up (their locks expire with the session lease).
     pub(super) fn release_failed(&mut self, releases: Vec<Release<R>>, now: Instant) -> Vec<R> {
         let mut given_up = Vec::new();
         for mut r in releases {
             let since = *r.failed_since.get_or_insert(now);
-            let delay = RELEASE_RETRY_DELAY
+            let retry = self.tuning.lock_release_retry;
+            let delay = retry
+                .base
                 .saturating_mul(1 << r.failures.min(8))
-                .min(RELEASE_RETRY_MAX_DELAY);
+                .min(retry.cap);
             r.failures += 1;
             let due = now + delay;
-            if due > since + RELEASE_GIVE_UP {
+            if due > since + self.tuning.lock_release_give_up {
                 given_up.push(r.item);
             } else {
                 self.retries.push(Retry { release: r, due });
@@ -201,7 +190,7 @@ impl<A, R> Planner<A, R> {
     }
 
     /// What to do at `now`; `coming`: some acquisitions are announced but not
-    /// asked yet (a batch about to leave may wait [`ACQUIRE_LINGER`] for them).
+    /// asked yet (a batch about to leave may wait the acquire linger for them).
     pub(super) fn decide(&mut self, now: Instant, coming: bool) -> Decision<A, R> {
         let retry_due = self.retries.iter().any(|r| r.due <= now);
         let ready = !self.acquires.is_empty() || !self.prompt.is_empty() || retry_due;
@@ -217,7 +206,7 @@ impl<A, R> Planner<A, R> {
                 .flatten()
                 .min()
                 .unwrap_or(now);
-            let linger_until = since + ACQUIRE_LINGER;
+            let linger_until = since + self.tuning.lock_acquire_linger;
             let full = self.acquires.len() + self.prompt.len() >= MAX_BATCH;
             if coming && !full && now < linger_until {
                 return Decision::Wait(Some(linger_until));
@@ -230,8 +219,12 @@ impl<A, R> Planner<A, R> {
             }
             return Decision::Send(self.take(now));
         }
-        let deferred_due = self.deferred_since.map(|t| t + RELEASE_LINGER);
-        if self.deferred.len() >= DEFERRED_FLUSH || deferred_due.is_some_and(|t| t <= now) {
+        let deferred_due = self
+            .deferred_since
+            .map(|t| t + self.tuning.lock_release_linger);
+        if self.deferred.len() >= self.tuning.lock_release_flush
+            || deferred_due.is_some_and(|t| t <= now)
+        {
             return Decision::Send(self.take(now));
         }
         let next_retry = self.retries.iter().map(|r| r.due).min();
@@ -271,6 +264,14 @@ impl<A, R> Planner<A, R> {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    const T: Tuning = Tuning::DEFAULT;
+    const ACQUIRE_LINGER: Duration = T.lock_acquire_linger;
+    const RELEASE_LINGER: Duration = T.lock_release_linger;
+    const DEFERRED_FLUSH: usize = T.lock_release_flush;
+    const RELEASE_RETRY_DELAY: Duration = T.lock_release_retry.base;
+    const RELEASE_GIVE_UP: Duration = T.lock_release_give_up;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -292,7 +293,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lone_acquisition_leaves_at_once() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         assert!(matches!(p.decide(t0, false), Decision::Wait(None)));
         p.acquire(1, t0);
         let o = sent(p.decide(t0, false));
@@ -304,7 +305,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn announced_acquisitions_are_waited_for_up_to_the_linger() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         p.acquire(1, t0);
         assert!(matches!(p.decide(t0, true), Decision::Wait(Some(t)) if t == t0 + ACQUIRE_LINGER));
         p.acquire(2, t0 + ms(1));
@@ -320,7 +321,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_batch_leaves_without_lingering_and_the_rest_follows() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         for i in 0..(MAX_BATCH as u32 + 3) {
             p.acquire(i, t0);
         }
@@ -333,7 +334,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn deferred_releases_ride_along_or_flush_after_their_linger() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         p.release("done-1", ReleaseMode::Deferred, t0);
         assert!(matches!(p.decide(t0, false), Decision::Wait(Some(t)) if t == t0 + RELEASE_LINGER));
         // An acquisition comes: the deferred release rides in its batch.
@@ -352,7 +353,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn many_deferred_releases_leave_without_waiting() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         for _ in 0..DEFERRED_FLUSH {
             p.release("done", ReleaseMode::Deferred, t0);
         }
@@ -362,7 +363,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_prompt_release_leaves_at_once() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         p.release("retry", ReleaseMode::Prompt, t0);
         assert_eq!(released(&sent(p.decide(t0, false))), vec!["retry"]);
     }
@@ -370,7 +371,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_pending_reread_rides_in_the_next_batch_or_goes_alone() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         p.verification_pending(t0);
         // Nothing ready, nothing announced: the re-read goes alone at once.
         assert!(matches!(p.decide(t0, false), Decision::VerifyAlone));
@@ -393,7 +394,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failing_release_does_not_delay_an_acquisition_queued_after_it() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         p.release("prompt", ReleaseMode::Prompt, t0);
         let o = sent(p.decide(t0, false));
         // Its Txn fails after 10 ms; an acquisition was asked meanwhile.
@@ -419,7 +420,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_due_retry_rides_with_an_acquisition() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         p.release("r", ReleaseMode::Prompt, t0);
         let o = sent(p.decide(t0, false));
         p.release_failed(o.releases, t0);
@@ -432,7 +433,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn retries_back_off_and_are_given_up_after_five_seconds() {
         let t0 = Instant::now();
-        let mut p = P::default();
+        let mut p = P::new(T);
         p.release("r", ReleaseMode::Prompt, t0);
         let mut o = sent(p.decide(t0, false));
         let mut now = t0;

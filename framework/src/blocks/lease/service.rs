@@ -47,10 +47,8 @@ use super::lock::{Acquire, JobLock};
 pub(crate) use super::plan::ReleaseMode;
 use super::plan::{Decision, Outgoing, Planner, Release};
 use crate::JobId;
+use crate::config::Tuning;
 use crate::telemetry::Metrics;
-
-/// Requests queued to the service task (a bound, not a tuning knob: senders wait).
-const QUEUE: usize = 4096;
 
 /// Handle to the lock service task (cloneable; the task stops when `stop` is
 /// cancelled or every handle is dropped).
@@ -97,20 +95,23 @@ enum Request {
 
 impl LockService {
     /// Starts the service task; it is owned by `tasks` (aborted with it).
+    /// `tuning`'s `lock_*` numbers time its batches and retries; at most
+    /// `lock_queue` requests wait for it (a bound: senders beyond wait).
     pub(crate) fn start(
         stop: CancellationToken,
         metrics: Metrics,
+        tuning: Tuning,
         tasks: &mut tokio::task::JoinSet<()>,
     ) -> Self {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (tx, rx) = mpsc::channel(tuning.lock_queue);
         let coming = Arc::new(AtomicUsize::new(0));
-        tasks.spawn(run(rx, stop, coming.clone(), metrics));
+        tasks.spawn(run(rx, stop, coming.clone(), metrics, tuning));
         LockService { tx, coming }
     }
 
     /// Announces a lock request that is about to come (call when a delivery's
     /// admission starts; pass the guard to [`acquire`](Self::acquire)). A batch
-    /// waits up to 2 ms for announced requests, so a few jobs arriving together
+    /// waits up to `Tuning::lock_acquire_linger` (2 ms) for announced requests, so a few jobs arriving together
     /// share one etcd transaction; with nothing announced it leaves at once, and
     /// a lone job pays no wait.
     pub(crate) fn expect_acquire(&self) -> Coming {
@@ -175,8 +176,9 @@ async fn run(
     stop: CancellationToken,
     coming: Arc<AtomicUsize>,
     metrics: Metrics,
+    tuning: Tuning,
 ) {
-    let mut plan = Plan::default();
+    let mut plan = Plan::new(tuning);
     // The last batch, awaiting its verification read.
     let mut pending: Option<PendingCheck> = None;
     loop {

@@ -18,7 +18,7 @@ use crate::types::{JobId, LeaseId};
 use super::access;
 use super::error::{EtcdFailure, LeaseError, LostReason, classify};
 use super::health::{Health, HealthClock};
-use super::keeper::{self, KeeperParams, Published};
+use super::keepalive::{self, KeeperParams, Published};
 use super::request::{bounded, named, named_at_connect, revoke};
 
 /// One etcd lease held by this worker, kept alive by a background task the
@@ -413,7 +413,7 @@ fn spawn_keeper(
         lease_id = %lease, worker = %cfg.worker_id,
     );
     let task = async move {
-        let reason = keeper::run(keeper_tx, keeper_rx, clock, params, published).await;
+        let reason = keepalive::run(keeper_tx, keeper_rx, clock, params, published).await;
         if !matches!(reason, LostReason::Revoked { .. }) {
             // Free our job locks now rather than at TTL expiry, if etcd answers.
             match revoke(&lease_client, lease, timeout).await {

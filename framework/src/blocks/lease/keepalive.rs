@@ -14,6 +14,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -81,7 +82,7 @@ const MAX_OUTSTANDING: usize = 32;
 pub(crate) async fn run<S, R>(
     mut tx: S,
     mut rx: R,
-    mut clock: HealthClock,
+    clock: HealthClock,
     params: KeeperParams,
     out: Published,
 ) -> LostReason
@@ -91,96 +92,140 @@ where
 {
     let mut ticker = tokio::time::interval_at(Instant::now() + params.period, params.period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    // Send instants of the requests not answered yet, oldest first (etcd answers a
-    // stream's requests in order).
-    let mut pending: VecDeque<Instant> = VecDeque::new();
     out.lost_deadline.send_replace(clock.lost_deadline());
-
+    let mut k = Keepalive {
+        clock,
+        params,
+        out,
+        pending: VecDeque::new(),
+    };
     loop {
-        let Some(deadline) = clock.next_deadline() else {
+        let Some(deadline) = k.clock.next_deadline() else {
             // Unreachable: every path to Lost returns below.
-            let since_last_ack = clock.since_last_ack(Instant::now());
-            return lost(
-                clock.state(),
-                &mut clock,
-                &out,
-                &params,
-                LostReason::Deadline { since_last_ack },
-            );
+            let since_last_ack = k.clock.since_last_ack(Instant::now());
+            return k.lose_now(LostReason::Deadline { since_last_ack });
         };
-        tokio::select! {
+        let step = tokio::select! {
             // Answers first: an ack that is ready must be counted before a deadline
             // that is ready at the same time (the clock judges it by its stamp).
             biased;
-            answer = rx.recv() => {
-                let now = Instant::now();
-                match answer {
-                    Some(Ok(ttl)) if ttl > 0 => {
-                        let Some(sent_at) = pending.pop_front() else {
-                            tracing::warn!(lease_id = %params.lease_id, ttl, "keepalive answer without a request; ignored");
-                            continue;
-                        };
-                        tracing::trace!(
-                            lease_id = %params.lease_id,
-                            ttl,
-                            latency_ms = now.saturating_duration_since(sent_at).as_secs_f64() * 1e3,
-                            "keepalive acknowledged"
-                        );
-                        out.keepalive_rtt.send_replace(Some(now.saturating_duration_since(sent_at)));
-                        let t = clock.ack(sent_at, now);
-                        out.lost_deadline.send_replace(clock.lost_deadline());
-                        if let Some(t) = t {
-                            if t.to == Health::Lost {
-                                let since = clock.since_last_ack(now);
-                                return lost(t.from, &mut clock, &out, &params, LostReason::Deadline { since_last_ack: since });
-                            }
-                            publish(t, &out, &params, "keepalive acknowledged");
-                        }
-                    }
-                    Some(Ok(ttl)) => {
-                        return lost(clock.state(), &mut clock, &out, &params, LostReason::Revoked { ttl });
-                    }
-                    Some(Err(e)) => {
-                        return lost(clock.state(), &mut clock, &out, &params, LostReason::StreamError(e));
-                    }
-                    None => {
-                        return lost(clock.state(), &mut clock, &out, &params, LostReason::StreamEnded);
-                    }
-                }
+            answer = rx.recv() => k.answered(answer),
+            _ = tokio::time::sleep_until(deadline) => k.deadline_passed(),
+            _ = ticker.tick() => k.tick(&mut tx, deadline).await,
+        };
+        if let ControlFlow::Break(reason) = step {
+            return reason;
+        }
+    }
+}
+
+/// The loop's state: the health clock, and the requests not answered yet.
+struct Keepalive {
+    clock: HealthClock,
+    params: KeeperParams,
+    out: Published,
+    /// Send instants of the requests not answered yet, oldest first (etcd
+    /// answers a stream's requests in order).
+    pending: VecDeque<Instant>,
+}
+
+impl Keepalive {
+    /// An answer (or the stream's end): an ack moves the clock; a `ttl` of 0
+    /// (etcd's answer for a lease that is gone), an error or the end lose the
+    /// session.
+    fn answered(&mut self, answer: Option<Result<i64, String>>) -> ControlFlow<LostReason> {
+        let now = Instant::now();
+        let ttl = match answer {
+            Some(Ok(ttl)) if ttl > 0 => ttl,
+            Some(Ok(ttl)) => return ControlFlow::Break(self.lose_now(LostReason::Revoked { ttl })),
+            Some(Err(e)) => return ControlFlow::Break(self.lose_now(LostReason::StreamError(e))),
+            None => return ControlFlow::Break(self.lose_now(LostReason::StreamEnded)),
+        };
+        let Some(sent_at) = self.pending.pop_front() else {
+            tracing::warn!(lease_id = %self.params.lease_id, ttl, "keepalive answer without a request; ignored");
+            return ControlFlow::Continue(());
+        };
+        let rtt = now.saturating_duration_since(sent_at);
+        tracing::trace!(
+            lease_id = %self.params.lease_id,
+            ttl,
+            latency_ms = rtt.as_secs_f64() * 1e3,
+            "keepalive acknowledged"
+        );
+        self.out.keepalive_rtt.send_replace(Some(rtt));
+        let t = self.clock.ack(sent_at, now);
+        self.out
+            .lost_deadline
+            .send_replace(self.clock.lost_deadline());
+        self.transition(t, now, "keepalive acknowledged")
+    }
+
+    /// A health deadline passed without an ack.
+    fn deadline_passed(&mut self) -> ControlFlow<LostReason> {
+        let now = Instant::now();
+        let t = self.clock.poll(now);
+        let since = self.clock.since_last_ack(now);
+        self.transition(t, now, &format!("no keepalive acknowledged for {since:?}"))
+    }
+
+    /// Publishes transition `t`, or loses the session if it leads to `Lost`.
+    fn transition(
+        &mut self,
+        t: Option<Transition>,
+        now: Instant,
+        why: &str,
+    ) -> ControlFlow<LostReason> {
+        let Some(t) = t else {
+            return ControlFlow::Continue(());
+        };
+        if t.to == Health::Lost {
+            let since_last_ack = self.clock.since_last_ack(now);
+            return ControlFlow::Break(self.lose(t.from, LostReason::Deadline { since_last_ack }));
+        }
+        publish(t, &self.out, &self.params, why);
+        ControlFlow::Continue(())
+    }
+
+    /// Sends one keepalive, bounded by the period and the next health deadline
+    /// (a blocked send never delays a transition).
+    async fn tick<S: KeepAliveSender>(
+        &mut self,
+        tx: &mut S,
+        deadline: Instant,
+    ) -> ControlFlow<LostReason> {
+        let lease_id = self.params.lease_id;
+        if self.pending.len() >= MAX_OUTSTANDING {
+            tracing::debug!(%lease_id, outstanding = self.pending.len(), "keepalive stream stuck; not sending");
+            return ControlFlow::Continue(());
+        }
+        let sent_at = Instant::now();
+        let give_up = (sent_at + self.params.period).min(deadline);
+        match tokio::time::timeout_at(give_up, tx.send()).await {
+            Ok(Ok(())) => {
+                self.pending.push_back(sent_at);
+                tracing::trace!(%lease_id, "keepalive sent");
             }
-            _ = tokio::time::sleep_until(deadline) => {
-                let now = Instant::now();
-                if let Some(t) = clock.poll(now) {
-                    let since = clock.since_last_ack(now);
-                    if t.to == Health::Lost {
-                        return lost(t.from, &mut clock, &out, &params, LostReason::Deadline { since_last_ack: since });
-                    }
-                    publish(t, &out, &params, &format!("no keepalive acknowledged for {since:?}"));
-                }
+            Ok(Err(e)) => {
+                return ControlFlow::Break(
+                    self.lose_now(LostReason::StreamError(format!("send: {e}"))),
+                );
             }
-            _ = ticker.tick() => {
-                if pending.len() >= MAX_OUTSTANDING {
-                    tracing::debug!(lease_id = %params.lease_id, outstanding = pending.len(), "keepalive stream stuck; not sending");
-                    continue;
-                }
-                let sent_at = Instant::now();
-                // Bounded by the next health deadline too, so a blocked send can
-                // never delay a transition.
-                let give_up = (sent_at + params.period).min(deadline);
-                match tokio::time::timeout_at(give_up, tx.send()).await {
-                    Ok(Ok(())) => {
-                        pending.push_back(sent_at);
-                        tracing::trace!(lease_id = %params.lease_id, "keepalive sent");
-                    }
-                    Ok(Err(e)) => {
-                        return lost(clock.state(), &mut clock, &out, &params, LostReason::StreamError(format!("send: {e}")));
-                    }
-                    Err(_) => {
-                        tracing::debug!(lease_id = %params.lease_id, "keepalive send blocked; the health clock decides");
-                    }
-                }
+            Err(_) => {
+                tracing::debug!(%lease_id, "keepalive send blocked; the health clock decides");
             }
         }
+        ControlFlow::Continue(())
+    }
+
+    /// Declares the session lost from health `from`.
+    fn lose(&mut self, from: Health, reason: LostReason) -> LostReason {
+        lost(from, &mut self.clock, &self.out, &self.params, reason)
+    }
+
+    /// Declares the session lost from the clock's current state.
+    fn lose_now(&mut self, reason: LostReason) -> LostReason {
+        let from = self.clock.state();
+        self.lose(from, reason)
     }
 }
 

@@ -1,0 +1,184 @@
+//! The runtime's tuning numbers: every delay, window and size that shapes how
+//! a worker batches, waits and retries, with the reason for its default.
+//!
+//! None of them affects safety (the fence does not depend on any timing here);
+//! they trade latency against etcd and PostgreSQL load. The defaults were
+//! measured with the pipeline benchmark (`BENCHMARKS.md`); change one only with
+//! a benchmark run that shows why.
+
+use std::time::Duration;
+
+use super::{BackoffConfig, ConfigError};
+
+/// Tuning numbers of a worker ([`Config::tuning`](super::Config::tuning)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Tuning {
+    /// A contended job lock (held by another worker) is retried at least every
+    /// `lease_ttl / contention_retry_divisor` (default 20: every 250 ms at a 5 s
+    /// TTL), so a lock freed by a crashed holder's expiry is taken soon after,
+    /// without polling etcd faster than its keepalives.
+    pub contention_retry_divisor: u32,
+    /// The longest a transaction opened for a step (the claim's, or the one the
+    /// previous step's commit opened) waits for the step to take it with
+    /// `ctx.db()` (default 50 ms; never more than a quarter of the TTL). A step
+    /// that writes asks at once; one that works elsewhere first should not hold a
+    /// pooled connection and the job row lock meanwhile: with a thousand jobs in
+    /// flight, a longer window held a thousand connections (the benchmark's RSS
+    /// run reached PostgreSQL's `max_connections`).
+    pub step_tx_window: Duration,
+    /// How long a delivery held ahead (see [`Config::prefetch`](super::Config::prefetch))
+    /// is meant to wait for a run slot (default 50 ms): the room ahead is sized
+    /// from the mean job time so that the wait stays about this long.
+    pub hold_ahead_budget: Duration,
+    /// The longest a delivery held ahead waits for a run slot before its unclaimed
+    /// lock is given back (default 1 s, and never more than a quarter of the TTL).
+    pub hold_ahead_max_wait: Duration,
+    /// The weight of a new job's run time in the mean that sizes the room ahead,
+    /// as a shift: `1 / 2^shift` (default 3: 1/8, a mean over about the last
+    /// eight jobs).
+    pub run_time_mean_shift: u32,
+    /// How long one fetch waits for the broker to deliver (default 500 ms): long
+    /// enough that an idle worker asks about twice a second, short enough that a
+    /// draining worker stops fetching soon.
+    pub fetch_wait: Duration,
+    /// How often a fetcher whose session is not `Healthy` looks again (default
+    /// 200 ms), besides waking on every health change.
+    pub fetch_unhealthy_recheck: Duration,
+    /// The pause after a failed fetch (default 250 ms), so a broker that refuses
+    /// is not asked in a tight loop.
+    pub fetch_error_pause: Duration,
+    /// How long a lock batch about to leave waits for acquisitions that were
+    /// announced but not asked yet (default 2 ms): jobs fetched together share one
+    /// etcd transaction; a lone job (nothing announced) pays no wait.
+    pub lock_acquire_linger: Duration,
+    /// How long a deferred lock release (a finished job's; nothing waits for it)
+    /// may wait to ride in a batch (default 100 ms).
+    pub lock_release_linger: Duration,
+    /// A batch leaves as soon as this many deferred releases are waiting
+    /// (default 64, well under etcd's 128 operations per transaction).
+    pub lock_release_flush: usize,
+    /// A failed lock release is retried from `base`, doubling per failure up to
+    /// `cap` (default 250 ms to 1 s); the lock expires with its session anyway,
+    /// so a retry only frees the job sooner for the next owner.
+    pub lock_release_retry: BackoffConfig,
+    /// A failed lock release is given up this long after its first failure
+    /// (default 5 s), leaving the key to expire with the session.
+    pub lock_release_give_up: Duration,
+    /// Lock requests queued for the lock service at most (default 4096); a
+    /// caller beyond waits for room.
+    pub lock_queue: usize,
+    /// How long shutdown waits for cancelled steps to end, after
+    /// [`Config::shutdown_grace`](super::Config::shutdown_grace) ran out and the
+    /// running steps were cancelled (default 5 s): a step that ignores its
+    /// cancellation is left behind, its lock expiring with the session.
+    pub shutdown_cancel_wait: Duration,
+    /// The shortest period of a running step's progress acks to the broker
+    /// (default 100 ms; the period is a third of the broker's ack wait).
+    pub progress_min_period: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning::DEFAULT
+    }
+}
+
+impl Tuning {
+    /// The defaults (what [`Default`] gives), as a constant.
+    pub const DEFAULT: Tuning = Tuning {
+        contention_retry_divisor: 20,
+        step_tx_window: Duration::from_millis(50),
+        hold_ahead_budget: Duration::from_millis(50),
+        hold_ahead_max_wait: Duration::from_secs(1),
+        run_time_mean_shift: 3,
+        fetch_wait: Duration::from_millis(500),
+        fetch_unhealthy_recheck: Duration::from_millis(200),
+        fetch_error_pause: Duration::from_millis(250),
+        lock_acquire_linger: Duration::from_millis(2),
+        lock_release_linger: Duration::from_millis(100),
+        lock_release_flush: 64,
+        lock_release_retry: BackoffConfig {
+            base: Duration::from_millis(250),
+            cap: Duration::from_secs(1),
+        },
+        lock_release_give_up: Duration::from_secs(5),
+        lock_queue: 4096,
+        shutdown_cancel_wait: Duration::from_secs(5),
+        progress_min_period: Duration::from_millis(100),
+    };
+
+    /// Checks that every number can work.
+    ///
+    /// # Errors
+    /// The first value that cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |name: &'static str, reason: &str| {
+            Err(ConfigError::Invalid {
+                name,
+                reason: reason.into(),
+            })
+        };
+        if self.contention_retry_divisor == 0 {
+            return invalid("tuning.contention_retry_divisor", "must be at least 1");
+        }
+        if self.run_time_mean_shift > 16 {
+            return invalid("tuning.run_time_mean_shift", "must be at most 16");
+        }
+        if self.fetch_wait.is_zero() {
+            return invalid("tuning.fetch_wait", "must be positive");
+        }
+        if self.lock_release_flush == 0 {
+            return invalid("tuning.lock_release_flush", "must be at least 1");
+        }
+        if self.lock_queue == 0 {
+            return invalid("tuning.lock_queue", "must be at least 1");
+        }
+        if self.lock_release_retry.base.is_zero()
+            || self.lock_release_retry.cap < self.lock_release_retry.base
+        {
+            return invalid(
+                "tuning.lock_release_retry",
+                "base must be positive and at most cap",
+            );
+        }
+        if self.progress_min_period.is_zero() {
+            return invalid("tuning.progress_min_period", "must be positive");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_zeroes_are_refused_by_name() {
+        assert_eq!(Tuning::default().validate(), Ok(()));
+        let t = Tuning {
+            contention_retry_divisor: 0,
+            ..Tuning::default()
+        };
+        assert!(matches!(
+            t.validate(),
+            Err(ConfigError::Invalid {
+                name: "tuning.contention_retry_divisor",
+                ..
+            })
+        ));
+        let t = Tuning {
+            lock_queue: 0,
+            ..Tuning::default()
+        };
+        assert!(t.validate().is_err());
+        let t = Tuning {
+            lock_release_retry: BackoffConfig {
+                base: Duration::from_secs(2),
+                cap: Duration::from_secs(1),
+            },
+            ..Tuning::default()
+        };
+        assert!(t.validate().is_err());
+    }
+}
