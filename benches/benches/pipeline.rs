@@ -14,6 +14,9 @@
 //!   (the last line then reports NaN for what did not run).
 //! * `TENURE_BENCH_PREFETCH=N`: the fenced worker's `Config::prefetch` (default:
 //!   the `Config` default).
+//! * `TENURE_BENCH_NO_HISTORY=1`: disable the job-history trigger (`jobs_history`,
+//!   migration 0005) in the benchmark's schemas, to measure what it costs (it
+//!   fires for the fenced runs and the unfenced baseline alike).
 //! * `RUST_LOG=...`: logs of the in-process workers (and the worker children) to stderr.
 //!
 //! Writes `target/tenure-bench/pipeline.json`; prints one line per figure, the last
@@ -141,6 +144,13 @@ async fn namespace(stack: &DevStack, prefix: &str) -> Result<(String, Client)> {
     sqlx::query(&create_table_sql(&ns))
         .execute(client.store().pool())
         .await?;
+    if std::env::var("TENURE_BENCH_NO_HISTORY").is_ok_and(|v| v == "1") {
+        sqlx::query(&format!(
+            "ALTER TABLE {ns}.jobs DISABLE TRIGGER jobs_history"
+        ))
+        .execute(client.store().pool())
+        .await?;
+    }
     Ok((ns, client))
 }
 

@@ -1389,3 +1389,29 @@ async fn the_gate_holds_its_mark_until_the_admitted_write_commits() {
     );
     assert_eq!(vm_tokens(&s, id).await, vec![41, 43, 43]);
 }
+
+/// A refused stale step is noted in the job's history even when the store's
+/// pool has a single connection: the note is written after the refused
+/// transaction gave its connection back, not while it still holds it (issue 23
+/// review: the note used to wait, inside the open transaction, for a second
+/// connection, and with none free it timed out and the refusal went unrecorded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stale_step_is_recorded_after_its_transaction_ends() {
+    let wide = store("refusal_note").await;
+    let id = new_job(&wide, "stale").await;
+    wide.claim(id, tok(41)).await.unwrap();
+    wide.claim(id, tok(42)).await.unwrap();
+
+    let narrow = FenceStore::new(pool(1).await, wide.schema()).unwrap();
+    let res = narrow.begin_step(id, tok(41), step(0)).await;
+    assert_fenced_out(res, 42);
+
+    let events = wide.job_events(id).await.unwrap();
+    let refusals: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == "stale_refused")
+        .collect();
+    assert_eq!(refusals.len(), 1, "one stale_refused event: {events:?}");
+    assert_eq!(refusals[0].token, Some(41));
+    assert_eq!(refusals[0].other_token, Some(42));
+}

@@ -44,6 +44,7 @@ impl FenceStore {
                 None => {
                     let err = self.refusal(&self.pool, id, token, None).await;
                     log_refusal(&err);
+                    self.record_refusal(&err, token, None, "step").await;
                     Err(err)
                 }
             }

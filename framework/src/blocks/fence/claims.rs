@@ -155,6 +155,8 @@ impl FenceStore {
                 let err = self.refusal(&mut *tx, id, token, Some(step)).await;
                 let _ = tx.rollback().await;
                 log_refusal(&err);
+                // After the rollback: the note takes a connection of its own.
+                self.record_refusal(&err, token, Some(step), "step").await;
                 return Err(err);
             }
             Ok(FencedTx::new(tx, self.clone(), id, token, step, false))
@@ -163,7 +165,10 @@ impl FenceStore {
         .await
     }
 
-    /// Why a fenced statement matched zero rows (reads the row on `exec`).
+    /// Why a fenced statement matched zero rows (reads the row on `exec`). The
+    /// caller notes a refusal in the job's history ([`record_refusal`](Self::record_refusal))
+    /// once its own transaction has ended, so the note never waits, inside an open
+    /// transaction, for a second connection.
     pub(super) async fn refusal<'e, E>(
         &self,
         exec: E,
@@ -174,12 +179,10 @@ impl FenceStore {
     where
         E: Executor<'e, Database = Postgres>,
     {
-        let err = match self.diag(exec, id).await {
+        match self.diag(exec, id).await {
             Ok(diag) => verdict(id, token, diag, step),
-            Err(e) => return e,
-        };
-        self.record_refusal(&err, token, step, "step").await;
-        err
+            Err(e) => e,
+        }
     }
 
     async fn claim_refused<'e, E>(

@@ -262,6 +262,7 @@ impl FencedTx {
             },
             other => other,
         };
+        store.record_refusal(&err, token, Some(step), "step").await;
         tracing::warn!(error = %err, "step commit refused");
         err
     }
