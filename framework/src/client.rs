@@ -239,6 +239,18 @@ impl Client {
         Ok(self.store.bypass_guard(conn).await?)
     }
 
+    /// Switches the job history (every job's timeline, kept by a trigger on
+    /// the job rows) on or off for every worker of this schema at once. It is
+    /// on after `migrate`; it costs each step commit one insert, and nothing in
+    /// the protocol reads it. See [`FenceStore::set_job_history`].
+    ///
+    /// # Errors
+    /// A role that does not own the schema, or a database error, as
+    /// [`ClientError::Fence`].
+    pub async fn set_job_history(&self, on: bool) -> Result<(), ClientError> {
+        Ok(self.store.set_job_history(on).await?)
+    }
+
     /// The job-row store (PostgreSQL): a building block, for tools.
     pub fn store(&self) -> &FenceStore {
         &self.store

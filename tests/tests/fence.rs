@@ -1415,3 +1415,45 @@ async fn a_refused_stale_step_is_recorded_after_its_transaction_ends() {
     assert_eq!(refusals[0].token, Some(41));
     assert_eq!(refusals[0].other_token, Some(42));
 }
+
+/// The job history can be switched off and on for a schema, and pruned: with
+/// the trigger off a claim and a step commit leave no event (the fence works
+/// the same), with it on again they do; pruning by age deletes old events only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_history_switches_off_and_on_and_prunes_by_age() {
+    let s = store("history_switch").await;
+    assert!(s.job_history().await.unwrap());
+    s.set_job_history(false).await.unwrap();
+    s.set_job_history(false).await.unwrap(); // idempotent
+    assert!(!s.job_history().await.unwrap());
+
+    let quiet = new_job(&s, "quiet").await;
+    let (_, tx) = s.claim_and_begin(quiet, tok(7)).await.unwrap();
+    tx.commit_step(&json!({"k": 0}), false).await.unwrap();
+    assert_eq!(s.job_events(quiet).await.unwrap(), vec![]);
+
+    s.set_job_history(true).await.unwrap();
+    assert!(s.job_history().await.unwrap());
+    let loud = new_job(&s, "loud").await;
+    let (_, tx) = s.claim_and_begin(loud, tok(8)).await.unwrap();
+    tx.commit_step(&json!({"k": 0}), false).await.unwrap();
+    let kinds: Vec<String> = s
+        .job_events(loud)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["enqueued", "claimed", "step"]);
+
+    assert_eq!(
+        s.prune_job_events(Duration::from_secs(3600)).await.unwrap(),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        s.prune_job_events(Duration::from_millis(10)).await.unwrap(),
+        3
+    );
+    assert_eq!(s.job_events(loud).await.unwrap(), vec![]);
+}

@@ -167,7 +167,7 @@ pub struct WorkerSeen {
 }
 
 impl FenceStore {
-    fn table(&self, name: &str) -> String {
+    pub(super) fn table(&self, name: &str) -> String {
         format!("\"{}\".{name}", self.schema)
     }
 

@@ -83,6 +83,7 @@ mod gate;
 mod guard;
 mod guard_admin;
 mod history;
+mod history_admin;
 mod reads;
 mod row;
 mod sql;

@@ -1,0 +1,65 @@
+//! Operating the job history (`job_events`, migration 0005): switching its
+//! trigger off and on, and pruning old events.
+//!
+//! The history costs every job-row change one insert in the same transaction
+//! (six for a three-step job: enqueued, claimed, three steps, done). The
+//! pipeline benchmark measured it at about 0.7-0.9 ms of PostgreSQL CPU per
+//! three-step job (`BENCHMARKS.md`). Nothing in the protocol reads it: with the
+//! trigger off, the fence holds exactly as before and only the operators' view
+//! loses its timelines and rates. Refused stale writes are still noted (they
+//! are written by `fence`, not by the trigger).
+
+use std::time::Duration;
+
+use super::{FenceError, FenceStore};
+
+impl FenceStore {
+    /// Switches the job-history trigger of this store's schema on or off, for
+    /// every worker at once (`ALTER TABLE jobs ENABLE|DISABLE TRIGGER`; needs
+    /// the owner of the schema, as migrations do). Idempotent.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`], e.g. a role that does not own `jobs`.
+    pub async fn set_job_history(&self, on: bool) -> Result<(), FenceError> {
+        let verb = if on { "ENABLE" } else { "DISABLE" };
+        let sql = format!(
+            "ALTER TABLE {} {verb} TRIGGER jobs_history",
+            self.table("jobs")
+        );
+        sqlx::query(&sql).execute(&self.pool).await?;
+        tracing::warn!(schema = %self.schema, on, "job history switched");
+        Ok(())
+    }
+
+    /// Whether the job-history trigger is on.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn job_history(&self) -> Result<bool, FenceError> {
+        let enabled: String = sqlx::query_scalar(
+            "SELECT tgenabled::text FROM pg_trigger \
+             WHERE tgrelid = $1::regclass AND tgname = 'jobs_history'",
+        )
+        .bind(self.table("jobs"))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(enabled != "D")
+    }
+
+    /// Deletes the history events older than `age`; returns how many. The job
+    /// rows themselves are untouched.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn prune_job_events(&self, age: Duration) -> Result<u64, FenceError> {
+        let sql = format!(
+            "DELETE FROM {} WHERE at < clock_timestamp() - make_interval(secs => $1)",
+            self.table("job_events")
+        );
+        let done = sqlx::query(&sql)
+            .bind(age.as_secs_f64())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
