@@ -70,6 +70,32 @@ pub(super) enum Outcome {
     LeaveToNextOwner,
 }
 
+/// The outcomes that end a delivery as they are: what [`JobRun::settle`]
+/// turns every [`Outcome`] into (the bookkeeping ones, `Fail`, `Release`,
+/// `Regression` and `DeadLetter`, first do their bookkeeping). Each variant is
+/// documented at its [`Outcome`] namesake.
+#[derive(Debug)]
+enum Ending {
+    Done,
+    Ack,
+    Retry {
+        delay: Duration,
+    },
+    Contended {
+        delay: Duration,
+    },
+    Stranded {
+        session: Arc<Session>,
+        job_id: JobId,
+    },
+    Stale {
+        at: StaleAt,
+        step: Option<StepIndex>,
+        error: String,
+    },
+    LeaveToNextOwner,
+}
+
 /// Why a job was dead-lettered: the code in the DLQ reason and the metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum DeadCode {
@@ -181,7 +207,7 @@ impl JobRun {
     /// first turn into the ending they lead to.
     pub(super) async fn settle(&self, mut a: Attempt, outcome: Outcome) {
         let mut outcome = outcome;
-        loop {
+        let ending = loop {
             outcome = match outcome {
                 Outcome::Fail { reason } => self.record_failure(&mut a, reason).await,
                 Outcome::Release => self.record_release(&a).await,
@@ -196,44 +222,47 @@ impl JobRun {
                         Err(next) => next,
                     }
                 }
-                ending => return self.end(a, ending).await,
+                Outcome::Done => break Ending::Done,
+                Outcome::Ack => break Ending::Ack,
+                Outcome::Retry { delay } => break Ending::Retry { delay },
+                Outcome::Contended { delay } => break Ending::Contended { delay },
+                Outcome::Stranded { session, job_id } => {
+                    break Ending::Stranded { session, job_id };
+                }
+                Outcome::Stale { at, step, error } => break Ending::Stale { at, step, error },
+                Outcome::LeaveToNextOwner => break Ending::LeaveToNextOwner,
             };
-        }
+        };
+        self.end(a, ending).await;
     }
 
     /// Performs an ending: the message acked, nak'ed or left, our lock deleted
     /// or left, the metrics and the observer told.
-    async fn end(&self, mut a: Attempt, ending: Outcome) {
+    async fn end(&self, mut a: Attempt, ending: Ending) {
         let sh = &self.shared;
         match ending {
-            Outcome::Done => {
+            Ending::Done => {
                 sh.metrics.completed(&a.job_type);
                 self.ack(a).await;
             }
-            Outcome::Ack => self.ack(a).await,
-            Outcome::Retry { delay } => {
+            Ending::Ack => self.ack(a).await,
+            Ending::Retry { delay } => {
                 self.release(&mut a.held, ReleaseMode::Prompt).await;
                 retry_later(a.delivery, delay).await;
             }
-            Outcome::Contended { delay } => {
+            Ending::Contended { delay } => {
                 sh.metrics.contention(&a.job_type);
                 retry_later(a.delivery, delay).await;
             }
-            Outcome::Stranded { session, job_id } => {
+            Ending::Stranded { session, job_id } => {
                 if let Err(e) = session.release_stranded(job_id).await {
                     tracing::warn!(error = %e, "deleting a lock stranded under our own lease failed");
                 }
                 let delay = retry::jittered(&sh.cfg.contention_backoff, 0);
                 retry_later(a.delivery, delay).await;
             }
-            Outcome::Stale { at, step, error } => self.stale(&mut a, at, step, &error).await,
-            Outcome::LeaveToNextOwner => self.release(&mut a.held, ReleaseMode::Prompt).await,
-            bookkeeping @ (Outcome::Fail { .. }
-            | Outcome::Release
-            | Outcome::Regression { .. }
-            | Outcome::DeadLetter { .. }) => {
-                tracing::error!(outcome = ?bookkeeping, "bug: a bookkeeping outcome reached end(); leaving the message to AckWait");
-            }
+            Ending::Stale { at, step, error } => self.stale(&mut a, at, step, &error).await,
+            Ending::LeaveToNextOwner => self.release(&mut a.held, ReleaseMode::Prompt).await,
         }
     }
 
