@@ -1,11 +1,21 @@
-//! Compile-time behaviour of `#[tenure::job]` / `#[tenure::step]`: `ui/pass/*.rs`
-//! must compile and run; `ui/fail/*.rs` must fail with exactly the diagnostics in
-//! the `.stderr` snapshot next to them (regenerate with `TRYBUILD=overwrite`, then
-//! read every snapshot: these are the messages users see).
+//! Compile-time behaviour, in one trybuild pass (one build of the test project
+//! instead of one per file: trybuild builds its own copy of every dependency).
+//!
+//! * `#[tenure::job]` / `#[tenure::step]`: `ui/pass/*.rs` must compile and run;
+//!   `ui/fail/*.rs` must fail with exactly the diagnostics in the `.stderr`
+//!   snapshot next to them (these are the messages users see).
+//! * Invariant 1: only a verified lock grant makes a
+//!   [`FencingToken`](tenure::FencingToken), the only type `claim` and
+//!   `begin_step` take. A number read off the wire or a row (`ObservedFence`) can
+//!   be compared, never used to claim: `ui/token/*.rs` must fail to compile with
+//!   exactly the diagnostics in their snapshots.
+//!
+//! Regenerate snapshots with `TRYBUILD=overwrite`, then read every one.
 
 #[test]
 fn ui() {
     let t = trybuild::TestCases::new();
     t.pass("tests/ui/pass/*.rs");
     t.compile_fail("tests/ui/fail/*.rs");
+    t.compile_fail("tests/ui/token/*.rs");
 }
