@@ -429,6 +429,8 @@ fn workers_table(views: &[WorkerSeen]) -> String {
         .map(|w| {
             vec![
                 w.worker.clone(),
+                w.health.clone().unwrap_or_else(|| "-".into()),
+                w.lease_id.map_or_else(|| "-".into(), |l| format!("{l:x}")),
                 w.last_event_at
                     .as_ref()
                     .map(time)
@@ -444,6 +446,8 @@ fn workers_table(views: &[WorkerSeen]) -> String {
     table(
         &[
             "WORKER",
+            "HEALTH",
+            "LEASE",
             "LAST EVENT",
             "CLAIMS",
             "STEPS",

@@ -831,3 +831,65 @@ async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types
     // The finished job ran each step once: the redelivery ran none again.
     assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
 }
+
+/// The health a worker last reported on the workers page (`None`: no row).
+async fn reported(client: &Client, worker: &str) -> Option<(String, Option<i64>)> {
+    let seen = client
+        .store()
+        .workers_seen(Duration::from_secs(3600))
+        .await
+        .expect("workers");
+    seen.into_iter()
+        .find(|w| w.worker == worker)
+        .and_then(|w| w.health.map(|h| (h, w.lease_id)))
+}
+
+/// Waits (20 s at most) for worker `reporter-1`'s report to say one of `want`;
+/// returns the lease id it reported.
+async fn await_report(client: &Client, want: &[&str]) -> Option<i64> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let last = reported(client, "reporter-1").await;
+        if let Some((h, lease)) = &last
+            && want.contains(&h.as_str())
+        {
+            return *lease;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no report in {want:?}; last: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A worker reports its session lease and the lease's health for operators:
+/// healthy with its lease, then the loss of etcd's quorum as degraded or lost
+/// (reported while PostgreSQL is up, on the health change itself), healthy
+/// again on a new session once the quorum is back, and stopped at shutdown.
+/// Its own dev stack: the quorum loss would disturb the shared one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_reports_its_lease_health_through_a_quorum_loss_and_its_stop() {
+    let stack = DevStack::start().await.expect("dev stack");
+    let ns = DevStack::unique_namespace("report");
+    let cfg = config_for(&stack, &ns, Duration::from_secs(2));
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let worker = three_step_worker(&cfg, &ns, "reporter-1").await;
+    let first = await_report(&client, &["healthy"])
+        .await
+        .expect("a lease id");
+
+    stack.etcd_member(1).pause().unwrap();
+    stack.etcd_member(2).pause().unwrap();
+    await_report(&client, &["degraded", "lost"]).await;
+    stack.etcd_member(1).resume().unwrap();
+    stack.etcd_member(2).resume().unwrap();
+    let second = await_report(&client, &["healthy"])
+        .await
+        .expect("a lease id");
+    assert_ne!(first, second, "a lost session is replaced by a new lease");
+
+    worker.shutdown().await.expect("shutdown");
+    await_report(&client, &["stopped"]).await;
+}

@@ -327,13 +327,17 @@ pub fn dlq(entries: &[DeadLetterView], flash: Option<&str>, viewer: &Viewer) -> 
 
 pub fn workers(ws: &[WorkerSeen], viewer: &Viewer) -> Markup {
     let body = html! {
-        p.note { "From PostgreSQL: the job history of the last hour and the connections open now (application_name = worker id). "
-                 "Session leases and their health live in etcd, which this view does not read (the lease module offers no listing); a worker whose lease is lost shows here only as stale refusals or takeovers of its jobs." }
+        p.note { "From PostgreSQL: each worker's own report (its session lease and the lease's health, on every health change and every half TTL; "
+                 "silent: no report for three TTLs), the job history of the last hour and the connections open now (application_name = worker id). "
+                 "The fence never depends on these: a worker's word about itself is for operators only." }
         table #workers {
-            tr { th { "worker" } th { "last event" } th { "claims" } th { "step commits" } th { "stale refusals" } th { "jobs in flight" } th { "connections" } }
+            tr { th { "worker" } th { "health" } th { "lease" } th { "reported" } th { "last event" } th { "claims" } th { "step commits" } th { "stale refusals" } th { "jobs in flight" } th { "connections" } }
             @for w in ws {
-                tr {
-                    td { (w.worker) } td { (opt(w.last_event_at.as_ref().map(time))) }
+                tr class=(format!("h-{}", w.health.as_deref().unwrap_or("none"))) {
+                    td { (w.worker) } td.health { (opt(w.health.as_deref())) }
+                    td { (opt(w.lease_id.map(|l| format!("{l:x}")))) }
+                    td { (opt(w.reported_at.as_ref().map(time))) }
+                    td { (opt(w.last_event_at.as_ref().map(time))) }
                     td { (w.claims) } td { (w.steps) } td { (w.stale_refusals) } td { (w.jobs_in_flight) } td { (w.connections) }
                 }
             }

@@ -26,6 +26,7 @@ mod job_actor;
 mod keeper;
 mod outcome;
 mod registry;
+mod report;
 mod slots;
 mod stage;
 mod steps;
@@ -47,6 +48,7 @@ use crate::{Config, FencingToken, JobId, StepIndex};
 use fetcher::{Fetcher, FetcherArgs, FetcherMsg};
 use keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
 use registry::Registry;
+use report::Reporter;
 use slots::Slots;
 
 /// Errors starting or stopping a worker.
@@ -264,23 +266,9 @@ impl WorkerBuilder {
         let (supervisor, join) = Actor::spawn(None, WorkerSupervisor, sup_args)
             .await
             .map_err(|e| WorkerError::Actor(e.to_string()))?;
-        // Messages the broker gives up on (MaxDeliver): their rows are marked dead
-        // here first, and only then does the listener dead-letter and delete the
-        // message, so no row stays `pending`/`running` with no message behind it.
-        let (gave_up_tx, mut gave_up_rx) =
-            tokio::sync::mpsc::channel::<crate::queue::GaveUpNotice>(64);
-        let advisories = shared
-            .queue
-            .spawn_max_deliveries_listener_notify(Some(gave_up_tx));
-        {
-            let shared = shared.clone();
-            tasks.spawn(async move {
-                while let Some(notice) = gave_up_rx.recv().await {
-                    let settled = mark_given_up_dead(&shared, &notice.gave_up).await;
-                    notice.settled(settled);
-                }
-            });
-        }
+        let advisories = spawn_gave_up_marking(&shared, &mut tasks);
+        let reporter = Reporter::new(shared.clone(), slots.clone());
+        tasks.spawn(reporter.clone().run(stop_all.clone()));
         Ok(Worker {
             shared,
             supervisor,
@@ -289,8 +277,30 @@ impl WorkerBuilder {
             stop_all,
             tasks,
             _advisories: advisories,
+            reporter,
         })
     }
+}
+
+/// Messages the broker gives up on (MaxDeliver): their rows are marked dead
+/// here first, and only then does the listener dead-letter and delete the
+/// message, so no row stays `pending`/`running` with no message behind it.
+fn spawn_gave_up_marking(
+    shared: &Arc<Shared>,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> crate::queue::AdvisoryListener {
+    let (gave_up_tx, mut gave_up_rx) = tokio::sync::mpsc::channel::<crate::queue::GaveUpNotice>(64);
+    let advisories = shared
+        .queue
+        .spawn_max_deliveries_listener_notify(Some(gave_up_tx));
+    let shared = shared.clone();
+    tasks.spawn(async move {
+        while let Some(notice) = gave_up_rx.recv().await {
+            let settled = mark_given_up_dead(&shared, &notice.gave_up).await;
+            notice.settled(settled);
+        }
+    });
+    advisories
 }
 
 /// Marks the row of a job the broker gave up on `dead`; whether it is terminal now.
@@ -339,6 +349,8 @@ pub struct Worker {
     stop_all: CancellationToken,
     tasks: tokio::task::JoinSet<()>,
     _advisories: crate::queue::AdvisoryListener,
+    /// Writes this worker's reports for operators (`stopped` at shutdown).
+    reporter: Reporter,
 }
 
 impl std::fmt::Debug for Worker {
@@ -400,6 +412,7 @@ impl Worker {
             let _ = tokio::time::timeout(sh.cfg.tuning.shutdown_cancel_wait, self.slots.all_back())
                 .await;
         }
+        self.reporter.stopped().await;
         let _ = ractor::call!(self.supervisor, SupervisorMsg::CloseSession);
         self.stop_all.cancel();
         self.supervisor.stop(Some("shutdown".into()));

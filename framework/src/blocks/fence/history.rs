@@ -147,7 +147,8 @@ pub struct JobEvent {
     pub detail: Option<serde_json::Value>,
 }
 
-/// A worker as the job history and PostgreSQL's connections show it.
+/// A worker as its own reports, the job history and PostgreSQL's connections
+/// show it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct WorkerSeen {
     /// The worker id (`application_name` of its connections).
@@ -164,6 +165,18 @@ pub struct WorkerSeen {
     pub jobs_in_flight: i64,
     /// Its open PostgreSQL connections now.
     pub connections: i64,
+    /// Its session lease, as it last reported (`None`: no report, or no session).
+    pub lease_id: Option<i64>,
+    /// Its last reported health: `healthy`, `degraded`, `lost`, `stopped`, or
+    /// `silent` when no report came for three lease TTLs (a worker that died
+    /// or cannot reach PostgreSQL); `None`: it never reported in the window.
+    pub health: Option<String>,
+    /// Jobs running at its last report.
+    pub reported_in_flight: Option<i32>,
+    /// Its `max_in_flight`.
+    pub max_in_flight: Option<i32>,
+    /// When it last reported.
+    pub reported_at: Option<DateTime<Utc>>,
 }
 
 impl FenceStore {
@@ -324,14 +337,16 @@ impl FenceStore {
         Ok(rows.iter().map(event).collect::<Result<_, _>>()?)
     }
 
-    /// Workers seen in the history within `window`, or connected now, with
-    /// the running jobs whose latest claim is theirs.
+    /// Workers that reported within `window`, seen in the history within it,
+    /// or connected now, with their reported lease and health and the running
+    /// jobs whose latest claim is theirs.
     ///
     /// # Errors
     /// [`FenceError::Db`].
     pub async fn workers_seen(&self, window: Duration) -> Result<Vec<WorkerSeen>, FenceError> {
         let since = Utc::now() - chrono::Duration::from_std(window).unwrap_or_default();
         let (jobs, events) = (self.table("jobs"), self.table("job_events"));
+        let reports = self.table("worker_reports");
         let rows = sqlx::query(&format!(
             "WITH seen AS ( \
                SELECT worker, max(at) AS last_at, \
@@ -348,14 +363,22 @@ impl FenceStore {
              conns AS ( \
                SELECT application_name AS worker, count(*) AS n FROM pg_stat_activity \
                 WHERE datname = current_database() AND application_name <> '' \
-                GROUP BY application_name) \
+                GROUP BY application_name), \
+             rep AS ( \
+               SELECT worker, lease_id, in_flight, max_in_flight, reported_at, \
+                      CASE WHEN health <> 'stopped' AND reported_at < clock_timestamp() \
+                                - 3 * make_interval(secs => lease_ttl_ms / 1000.0) \
+                           THEN 'silent' ELSE health END AS health \
+                 FROM {reports} WHERE reported_at >= $1) \
              SELECT w.worker, s.last_at, coalesce(s.claims, 0) AS claims, \
                     coalesce(s.steps, 0) AS steps, coalesce(s.stale, 0) AS stale, \
-                    coalesce(f.n, 0) AS flight, coalesce(c.n, 0) AS conns \
+                    coalesce(f.n, 0) AS flight, coalesce(c.n, 0) AS conns, \
+                    r.lease_id, r.health, r.in_flight AS rep_flight, r.max_in_flight, \
+                    r.reported_at \
                FROM (SELECT worker FROM seen UNION SELECT worker FROM flight \
-                     UNION SELECT worker FROM conns) w \
+                     UNION SELECT worker FROM conns UNION SELECT worker FROM rep) w \
                LEFT JOIN seen s USING (worker) LEFT JOIN flight f USING (worker) \
-               LEFT JOIN conns c USING (worker) \
+               LEFT JOIN conns c USING (worker) LEFT JOIN rep r USING (worker) \
               WHERE w.worker IS NOT NULL ORDER BY w.worker"
         ))
         .bind(since)
@@ -370,6 +393,11 @@ impl FenceStore {
                 stale_refusals: r.try_get("stale")?,
                 jobs_in_flight: r.try_get("flight")?,
                 connections: r.try_get("conns")?,
+                lease_id: r.try_get("lease_id")?,
+                health: r.try_get("health")?,
+                reported_in_flight: r.try_get("rep_flight")?,
+                max_in_flight: r.try_get("max_in_flight")?,
+                reported_at: r.try_get("reported_at")?,
             })
         };
         Ok(rows.iter().map(worker).collect::<Result<_, _>>()?)

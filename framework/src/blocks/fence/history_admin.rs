@@ -63,3 +63,50 @@ impl FenceStore {
         Ok(done.rows_affected())
     }
 }
+
+/// What a worker says of itself on the workers page (`worker_reports`,
+/// migration 0006). `health` is `healthy`, `degraded`, `lost` or `stopped`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// The worker id (`Config::worker_id`).
+    pub worker: String,
+    /// Its current session lease, if it has one.
+    pub lease_id: Option<i64>,
+    /// The session's health, or `stopped` after a graceful shutdown.
+    pub health: &'static str,
+    /// Jobs running now.
+    pub in_flight: usize,
+    /// `Config::max_in_flight`.
+    pub max_in_flight: usize,
+    /// `Config::lease_ttl`.
+    pub lease_ttl: Duration,
+    /// When the worker started.
+    pub started_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl FenceStore {
+    /// Writes (overwrites) `report` as this worker's row, through the
+    /// `SECURITY DEFINER` function the worker role may execute.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn report_worker(&self, report: &WorkerReport) -> Result<(), FenceError> {
+        let int = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        let ttl_ms = i32::try_from(report.lease_ttl.as_millis()).unwrap_or(i32::MAX);
+        let sql = format!(
+            "SELECT {}($1, $2, $3, $4, $5, $6, $7)",
+            self.table("tenure_report_worker")
+        );
+        sqlx::query(&sql)
+            .bind(&report.worker)
+            .bind(report.lease_id)
+            .bind(report.health)
+            .bind(int(report.in_flight))
+            .bind(int(report.max_in_flight))
+            .bind(ttl_ms)
+            .bind(report.started_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

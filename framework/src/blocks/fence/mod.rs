@@ -100,6 +100,7 @@ pub use history::{
     JobCursor, JobEvent, JobFilter, MAX_JOB_EVENTS, Overview, TypeStatusCount, WindowCounts,
     WorkerSeen,
 };
+pub use history_admin::WorkerReport;
 pub use row::{Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use store::FenceStore;
 pub use tx::FencedTx;

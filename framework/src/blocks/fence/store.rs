@@ -175,6 +175,9 @@ impl FenceStore {
             format!(
                 "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_record_refusal(uuid, bigint, bigint, integer, text) TO {role}"
             ),
+            format!(
+                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_report_worker(text, bigint, text, integer, integer, integer, timestamptz) TO {role}"
+            ),
         ] {
             tx.execute(stmt.as_str()).await?;
         }

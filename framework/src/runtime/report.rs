@@ -1,0 +1,107 @@
+//! The worker's reports of itself for operators (`worker_reports`, through
+//! `fence`): its session lease, the lease's health and its jobs in flight, on
+//! every health change and every half TTL, and `stopped` at a graceful
+//! shutdown. Best effort: a report that fails is logged and the next one tries
+//! again; nothing in the protocol reads them.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use super::slots::Slots;
+use crate::fence::WorkerReport;
+use crate::lease::{Health, Session};
+
+/// What the reports need, for the reporting task and the last report at shutdown.
+#[derive(Clone)]
+pub(super) struct Reporter {
+    shared: Arc<Shared>,
+    slots: Arc<Slots>,
+    started_at: DateTime<Utc>,
+    /// Held while a report is written; `true` once `stopped` was written, after
+    /// which nothing else is (so a periodic report cannot land after it).
+    stopped: Arc<tokio::sync::Mutex<bool>>,
+}
+
+impl Reporter {
+    pub(super) fn new(shared: Arc<Shared>, slots: Arc<Slots>) -> Self {
+        Reporter {
+            shared,
+            slots,
+            started_at: Utc::now(),
+            stopped: Arc::default(),
+        }
+    }
+
+    /// Reports until `stop`: at once, then on every session or health change
+    /// and every half TTL.
+    pub(super) async fn run(self, stop: CancellationToken) {
+        let mut sessions = self.shared.session.clone();
+        let period = self.shared.cfg.lease_ttl / 2;
+        loop {
+            let session = sessions.borrow_and_update().clone();
+            let health = session.as_ref().map_or(Health::Lost, |s| s.health());
+            self.report(session.as_deref(), health_name(health)).await;
+            let mut healths = session.as_ref().map(|s| s.watch_health());
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = sessions.changed() => {}
+                () = health_changed(&mut healths) => {}
+                () = tokio::time::sleep(period) => {}
+            }
+        }
+    }
+
+    /// The last report of a graceful shutdown.
+    pub(super) async fn stopped(&self) {
+        let session = self.shared.session.borrow().clone();
+        self.report(session.as_deref(), "stopped").await;
+    }
+
+    async fn report(&self, session: Option<&Session>, health: &'static str) {
+        let mut stopped = self.stopped.lock().await;
+        if *stopped {
+            return;
+        }
+        *stopped = health == "stopped";
+        let cfg = &self.shared.cfg;
+        let report = WorkerReport {
+            worker: cfg.worker_id.clone(),
+            lease_id: session.map(|s| s.lease_id().get()),
+            health,
+            in_flight: self.slots.running(),
+            max_in_flight: cfg.max_in_flight,
+            lease_ttl: cfg.lease_ttl,
+            started_at: self.started_at,
+        };
+        let write = self.shared.store.report_worker(&report);
+        match tokio::time::timeout(cfg.lease_ttl / 2, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "worker report failed"),
+            Err(_) => tracing::warn!("worker report timed out"),
+        }
+    }
+}
+
+/// Waits for the next change of a session's health (forever without a session).
+async fn health_changed(healths: &mut Option<watch::Receiver<Health>>) {
+    match healths {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+fn health_name(health: Health) -> &'static str {
+    match health {
+        Health::Healthy => "healthy",
+        Health::Degraded => "degraded",
+        Health::Lost => "lost",
+    }
+}
