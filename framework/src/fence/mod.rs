@@ -83,6 +83,8 @@ mod gate;
 mod guard;
 mod guard_admin;
 mod history;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 mod reads;
 mod row;
 mod sql;
