@@ -33,7 +33,9 @@ fn tok(n: i64) -> FencingToken {
 async fn bank(prefix: &str) -> MySqlFence {
     let db = DevStack::unique_namespace(prefix);
     let url = stack().create_mysql_database(&db).await.expect("database");
-    let fence = MySqlFence::connect(&db, &url).await.expect("connect");
+    let fence = MySqlFence::connect(&db, &url, std::time::Duration::from_secs(5))
+        .await
+        .expect("connect");
     fence.migrate().await.expect("migrate");
     sqlx::raw_sql(
         "CREATE TABLE accounts (id INT PRIMARY KEY, balance BIGINT NOT NULL) ENGINE=InnoDB;
@@ -92,7 +94,9 @@ async fn a_stale_tokens_write_is_refused_by_mariadb() {
     assert_eq!(balance(fence.pool()).await, 90, "only owner 9's debit");
     assert_eq!(i64::from(fence.fence_of(job).await.unwrap().unwrap()), 9);
     // An equal token is the same owner: admitted again.
-    debit(&fence, job, tok(9), "k3").await.expect("owner 9 again");
+    debit(&fence, job, tok(9), "k3")
+        .await
+        .expect("owner 9 again");
     assert_eq!(balance(fence.pool()).await, 80);
 }
 
@@ -160,7 +164,9 @@ async fn owners_serialize_on_the_fence_row() {
         .execute(old.conn())
         .await
         .unwrap();
-    old.commit().await.expect("the older owner held the row first");
+    old.commit()
+        .await
+        .expect("the older owner held the row first");
     newer.await.unwrap().expect("the newer owner after it");
     assert_eq!(balance(fence.pool()).await, 89);
     assert!(
@@ -185,7 +191,10 @@ async fn a_crash_between_the_mysql_commit_and_the_checkpoint_moves_the_money_onc
     let store = FenceStore::connect(&cfg).await.unwrap();
     store.migrate().await.unwrap();
     let job = JobId::from_key("test.mysql", "crash");
-    let ins = store.insert_job(job, "test.mysql", &json!({})).await.unwrap();
+    let ins = store
+        .insert_job(job, "test.mysql", &json!({}))
+        .await
+        .unwrap();
     assert_eq!(ins, Inserted::New);
     let key = StepCtx::detached_for_tests(job, StepIndex::new(0), tok(1)).idempotency_key("debit");
 

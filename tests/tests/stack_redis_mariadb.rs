@@ -81,7 +81,10 @@ async fn redis_forgets_its_keys_on_restart_and_a_paused_redis_answers_nothing() 
 
     // No persistence: a restarted Redis has lost every lock it held.
     stack.redis_server().restart().expect("restart");
-    stack.wait_ready(Duration::from_secs(30)).await.expect("ready");
+    stack
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready");
     assert_eq!(redis_get(&url, "lock").await.unwrap(), None);
 }
 
@@ -93,10 +96,12 @@ async fn mariadb_keeps_committed_rows_across_a_kill_and_stops_with_the_stack() {
     let url = stack.create_mysql_database("kept_rows").await.expect("db");
     assert!(url.starts_with("mysql://root@127.0.0.1:"), "{url}");
     let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
-    sqlx::raw_sql("CREATE TABLE kept (id INT PRIMARY KEY) ENGINE=InnoDB; INSERT INTO kept VALUES (1), (2);")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE kept (id INT PRIMARY KEY) ENGINE=InnoDB; INSERT INTO kept VALUES (1), (2);",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
     drop(conn);
 
     stack.mariadb_server().pause().expect("pause");
@@ -106,9 +111,15 @@ async fn mariadb_keeps_committed_rows_across_a_kill_and_stops_with_the_stack() {
     assert_eq!(mysql_count(&url).await.unwrap(), 2);
 
     stack.mariadb_server().kill().expect("kill");
-    assert!(mysql_count(&url).await.is_err(), "a killed MariaDB answered");
+    assert!(
+        mysql_count(&url).await.is_err(),
+        "a killed MariaDB answered"
+    );
     stack.mariadb_server().restart().expect("restart");
-    stack.wait_ready(Duration::from_secs(60)).await.expect("ready");
+    stack
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .expect("ready");
     assert_eq!(mysql_count(&url).await.unwrap(), 2, "InnoDB lost a commit");
 
     let pids: Vec<u32> = stack.processes().filter_map(|p| p.pid()).collect();

@@ -38,7 +38,8 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure::fence::mysql::MySqlFenceError> {
 //! use tenure::fence::mysql::MySqlFence;
-//! let bank = MySqlFence::connect("bank", "mysql://root@127.0.0.1:3306/bank").await?;
+//! let url = "mysql://root@127.0.0.1:3306/bank";
+//! let bank = MySqlFence::connect("bank", url, std::time::Duration::from_secs(5)).await?;
 //! bank.migrate().await?;
 //! bank.install_guard("accounts").await?;
 //! # Ok(()) }
@@ -66,14 +67,36 @@ pub struct MySqlFence {
 impl MySqlFence {
     /// Connects a pool to `url` (`mysql://user:password@host:port/database`);
     /// `name` names this database in errors and in
-    /// [`StepCtx::mysql`](crate::StepCtx::mysql).
+    /// [`StepCtx::mysql`](crate::StepCtx::mysql). Every connection ends an
+    /// idle transaction after `lease_ttl` (`idle_transaction_timeout`) and
+    /// waits at most 2 x `lease_ttl` for a row lock
+    /// (`innodb_lock_wait_timeout`), as Tenure's PostgreSQL connections do: a
+    /// paused owner's open transaction must not hold the job's fence row for
+    /// as long as the pause lasts.
     ///
     /// # Errors
     /// [`MySqlFenceError::Db`] if the URL is malformed. The pool connects
     /// lazily: an unreachable server shows at first use.
-    pub async fn connect(name: &str, url: &str) -> Result<Self, MySqlFenceError> {
+    pub async fn connect(
+        name: &str,
+        url: &str,
+        lease_ttl: std::time::Duration,
+    ) -> Result<Self, MySqlFenceError> {
+        let idle = lease_ttl.as_secs().max(1);
+        let lock_wait = (2 * lease_ttl.as_secs()).max(1);
         let pool = MySqlPoolOptions::new()
             .max_connections(20)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "SET SESSION idle_transaction_timeout = {idle}, \
+                         innodb_lock_wait_timeout = {lock_wait}"
+                    ))
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+                })
+            })
             .connect_lazy(url)?;
         Ok(Self::from_pool(name, pool))
     }
@@ -105,7 +128,9 @@ impl MySqlFence {
         sqlx::raw_sql(sql::MIGRATE_TABLES)
             .execute(&self.pool)
             .await?;
-        sqlx::raw_sql(sql::MIGRATE_GUARD).execute(&self.pool).await?;
+        sqlx::raw_sql(sql::MIGRATE_GUARD)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

@@ -33,8 +33,7 @@ END
 ";
 
 /// Creates the job's fence row at 0 if it has none (no lock wait for others).
-pub(super) const ENSURE_ROW: &str =
-    "INSERT IGNORE INTO tenure_fence (job_id, token) VALUES (?, 0)";
+pub(super) const ENSURE_ROW: &str = "INSERT IGNORE INTO tenure_fence (job_id, token) VALUES (?, 0)";
 /// Locks the job's fence row for the rest of the transaction.
 pub(super) const LOCK_ROW: &str = "SELECT token FROM tenure_fence WHERE job_id = ? FOR UPDATE";
 /// Raises the fence to our token (a no-op at an equal one), under the lock.
