@@ -140,6 +140,7 @@
 //! | `testing` | off | test-only constructors (`FencingToken::for_tests`, `StepCtx::detached_for_tests`). Never enable it in production. |
 //! | `otlp` | off | `telemetry::otlp`: push metrics to an OpenTelemetry collector over gRPC (opentelemetry-otlp). |
 //! | `prometheus` | off | `telemetry::prometheus`: a Prometheus scrape endpoint (`GET /metrics`) for the worker's metrics. |
+//! | `mysql` | off | `fence::mysql` and `StepCtx::mysql`: a MySQL/MariaDB database as a fenced resource (sqlx's MySQL driver, rustls); with `devstack`, `DevStackOptions::mariadb`. |
 
 mod client;
 pub mod config;
