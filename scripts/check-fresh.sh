@@ -8,7 +8,7 @@
 #   scripts/check-fresh.sh [SETUP_SCRIPT]   (default: scripts/setup.sh next to this file)
 #
 # What is checked: the build's files (protoc, the well-known .proto files, the C
-# compiler and libc's start files), the PostgreSQL binaries the dev stack runs,
+# compiler and libc's start files), the PostgreSQL and MariaDB binaries the dev stack runs,
 # and every program the Rust sources start (`Command::new("x")`, `program: "x"`).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,6 +26,8 @@ fixed_files() {
   pg_bin=$(grep -rhoE 'const PG_BIN: &str = "[^"]+"' "$root/framework/src" | sed -E 's/.*"(.*)"/\1/')
   echo "$pg_bin/initdb"
   echo "$pg_bin/postgres"
+  # The dev stack's MariaDB binaries (`const MARIADB_...: &str = "/usr/..."`).
+  grep -rhoE 'const MARIADB_[A-Z_]+: &str = "[^"]+"' "$root/framework/src" | sed -E 's/.*"(.*)"/\1/'
 }
 
 # Programs the Rust sources start by name.

@@ -18,6 +18,9 @@ packages=(
   etcd-client       # etcdctl: snapshots and member operations in the torture test
   nats-server       # NATS 2.9 with JetStream: the queue
   postgresql-15     # initdb / postgres 15: the resource
+  mariadb-server-core # MariaDB 10.11 (mariadbd, mariadb-install-db): the MySQL-protocol fenced resource
+  mariadb-server    # the `mysql` user the dev stack runs mariadbd as (it refuses root)
+  redis-server      # Redis 7.0: the TTL lock of the torture test's negative control (redis-lock)
   protobuf-compiler # protoc, for etcd-client's build script
   libprotobuf-dev   # google/protobuf/*.proto, imported by etcd's protos (a Recommends of protoc only)
   gcc               # C code in dependencies (ring, through the cc crate)
@@ -102,6 +105,10 @@ verify() {
   expect util-linux 'util-linux' setpriv --version
   expect util-linux 'util-linux' runuser --version
   expect procps 'SIG|HUP' /bin/kill -l
+  expect mariadb-server-core 'Ver 10\.11\.' /usr/sbin/mariadbd --version
+  [ -x /usr/bin/mariadb-install-db ] || fail mariadb-server-core "mariadb-install-db is missing"
+  id -u mysql >/dev/null 2>&1 || fail mariadb-server "the mysql user is missing"
+  expect redis-server '^Redis server v=7\.' redis-server --version
   verify_chromium
 }
 

@@ -48,6 +48,7 @@ fn run_example(name: &str) -> (bool, String, Duration) {
     let mut child = Command::new(&path)
         .env_remove("TENURE_LEDGER_WORKER")
         .env_remove("TENURE_PROVISIONING_WORKER")
+        .env_remove("TENURE_LEDGER_MARIADB_WORKER")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -117,5 +118,20 @@ fn provisioning_demo_exits_0_with_one_vm_and_a_refused_stale_token() {
             && output.contains("[ok] exactly one of each resource (one VM)")
             && output.contains("[ok] A's stale token was refused by the service"),
         "the provisioning example exited 0 without its verdict lines\n{output}"
+    );
+}
+
+#[test]
+fn ledger_mariadb_demo_exits_0_only_with_the_stale_write_refused_by_mariadb() {
+    let (ok, output, elapsed) = run_example("ledger_mariadb");
+    eprintln!("ledger_mariadb example took {elapsed:?}");
+    assert!(ok, "the MariaDB ledger example failed\n{output}");
+    assert!(
+        output.contains("ledger consistent: yes   stale write refused by MariaDB: yes"),
+        "the MariaDB ledger example exited 0 without its verdict line\n{output}"
+    );
+    assert!(
+        output.contains("REFUSED by MariaDB"),
+        "the MariaDB ledger example shows no refused write\n{output}"
     );
 }

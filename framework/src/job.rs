@@ -17,6 +17,9 @@ use tokio_util::sync::CancellationToken;
 use crate::runtime::handover::{Asks, Handover};
 use crate::{FencingToken, JobId, StepIndex};
 
+#[cfg(feature = "mysql")]
+mod mysql;
+
 /// A boxed, `Send` future, as returned by [`Job::run_step`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -300,6 +303,9 @@ pub struct StepCtx {
     /// The runtime could not make this attempt's claim durable:
     /// [`db`](StepCtx::db) opens no fenced transaction under this token.
     pub(crate) claim_lost: bool,
+    /// The step's fenced MySQL transaction, opened by `StepCtx::mysql`.
+    #[cfg(feature = "mysql")]
+    pub(crate) mysql: Option<crate::fence::mysql::MySqlFencedTx>,
 }
 
 /// Header carrying the job id next to [`FENCE_TOKEN_HEADER`]
@@ -326,6 +332,8 @@ impl StepCtx {
             tx: None,
             handover: None,
             claim_lost: false,
+            #[cfg(feature = "mysql")]
+            mysql: None,
         }
     }
 

@@ -127,6 +127,8 @@
 //! - [`Job`], [`StepCtx`], [`StepError`] (module [`job`](mod@job)) and the
 //!   [`job`](macro@job) / [`step`] attributes: writing jobs.
 //! - [`JobId`], [`FencingToken`], [`ObservedFence`], [`StepIndex`], [`LeaseId`]: ids and tokens.
+//! - `MySqlFence` (feature `mysql`): a MySQL/MariaDB database your steps write to
+//!   with the same fence ([`StepCtx::mysql`](crate::StepCtx)).
 //! - [`TokenGate`] over [`PgFenceMarks`] ([`GateError`], [`StaleToken`]): a downstream
 //!   service that enforces fences on its own writes.
 //! - [`security`]: TLS files and credentials for etcd, NATS and PostgreSQL
@@ -148,6 +150,7 @@
 //! | `testing` | off | test-only constructors (`FencingToken::for_tests`, `StepCtx::detached_for_tests`). Never enable it in production. |
 //! | `otlp` | off | `telemetry::otlp`: push metrics to an OpenTelemetry collector over gRPC (opentelemetry-otlp). |
 //! | `prometheus` | off | `telemetry::prometheus`: a Prometheus scrape endpoint (`GET /metrics`) for the worker's metrics. |
+//! | `mysql` | off | `fence::mysql` and `StepCtx::mysql`: a MySQL/MariaDB database as a fenced resource (sqlx's MySQL driver, rustls); with `devstack`, `DevStackOptions::mariadb`. |
 
 pub mod blocks;
 mod client;
@@ -177,6 +180,8 @@ pub mod guide {
 pub use client::{Client, ClientError, Enqueued};
 pub use config::Config;
 pub use fence::{GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
+#[cfg(feature = "mysql")]
+pub use fence::mysql::{MySqlFence, MySqlFenceError, MySqlFencedTx};
 pub use job::{Job, StepCtx, StepError};
 pub use lease::Health;
 pub use runtime::{Worker, WorkerBuilder, WorkerError, WorkerObserver};

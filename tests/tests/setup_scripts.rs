@@ -41,6 +41,8 @@ fn the_completeness_check_fails_when_a_needed_package_is_dropped() {
         "protobuf-compiler",
         "nats-server",
         "postgresql-15",
+        "mariadb-server-core",
+        "redis-server",
     ] {
         let without: String = setup
             .lines()

@@ -26,8 +26,10 @@
 //! own namespace with [`DevStack::unique_namespace`] (etcd key prefix, stream names,
 //! PostgreSQL schema). Tests that inject faults start a stack of their own.
 
+mod mariadb;
 mod process;
 mod ready;
+mod redis;
 mod restore;
 mod secure;
 
@@ -98,6 +100,14 @@ pub enum DevStackError {
     /// Fault injection on a process that is not running.
     #[error("{0} is not running")]
     NotRunning(String),
+    /// A server was asked for whose client this build of tenure lacks.
+    #[error("the dev stack's {server} needs tenure's `{feature}` feature")]
+    MissingFeature {
+        /// Which server.
+        server: &'static str,
+        /// The cargo feature of `tenure` that brings its client.
+        feature: &'static str,
+    },
 }
 
 impl DevStackError {
@@ -162,6 +172,12 @@ pub struct DevStackOptions {
     pub auth: bool,
     /// The namespace the limited users of `auth` may use.
     pub namespace: String,
+    /// Start Redis 7 (no persistence): only the torture test's Redis-lock
+    /// negative control uses it ([`DevStack::redis_url`]).
+    pub redis: bool,
+    /// Start MariaDB 10.11, a MySQL-protocol fenced resource
+    /// ([`DevStack::mysql_url`]); needs tenure's `mysql` feature.
+    pub mariadb: bool,
 }
 
 impl Default for DevStackOptions {
@@ -176,6 +192,8 @@ impl Default for DevStackOptions {
             tls: false,
             auth: false,
             namespace: "tenure".into(),
+            redis: false,
+            mariadb: false,
         }
     }
 }
@@ -191,6 +209,8 @@ pub struct DevStack {
     nats_port: u16,
     postgres: Option<ServerProcess>,
     postgres_port: u16,
+    redis: Option<redis::RedisServer>,
+    mariadb: Option<mariadb::MariaDbServer>,
     tls: Option<DevTls>,
     auth: Option<DevAuth>,
     dir: tempfile::TempDir,
@@ -243,6 +263,12 @@ impl DevStack {
         if opts.nats {
             stack.start_nats()?;
         }
+        if opts.redis {
+            stack.start_redis()?;
+        }
+        if opts.mariadb {
+            stack.start_mariadb()?;
+        }
         if opts.etcd {
             stack.wait_etcd(opts.ready_timeout, true).await?;
             if let Some(auth) = &stack.auth {
@@ -257,6 +283,8 @@ impl DevStack {
             stack.wait_postgres(opts.ready_timeout, true).await?;
             stack.create_roles().await?;
         }
+        stack.wait_redis(opts.ready_timeout, true).await?;
+        stack.wait_mariadb(opts.ready_timeout, true).await?;
         Ok(stack)
     }
 
@@ -277,6 +305,8 @@ impl DevStack {
             nats_port: 0,
             postgres: None,
             postgres_port: 0,
+            redis: None,
+            mariadb: None,
             tls: None,
             auth: opts.auth.then(|| DevAuth::new(&opts.namespace)),
             dir,
@@ -300,7 +330,7 @@ impl DevStack {
     /// # Errors
     /// As [`DevStack::start_with`]; the first error is returned to every caller.
     pub fn shared_with(options: DevStackOptions) -> Result<&'static DevStack, String> {
-        type Key = (bool, usize, bool, bool, bool, bool, bool);
+        type Key = (bool, usize, bool, bool, bool, bool, bool, bool, bool);
         type Started = Result<&'static DevStack, String>;
         static SHARED: Mutex<Vec<(Key, Started)>> = Mutex::new(Vec::new());
         let key: Key = (
@@ -311,6 +341,8 @@ impl DevStack {
             options.postgres_fsync,
             options.tls,
             options.auth,
+            options.redis,
+            options.mariadb,
         );
         // Held while a stack starts: a second caller for the same servers waits
         // for it instead of starting another.
@@ -369,6 +401,8 @@ impl DevStack {
         if self.postgres.is_some() {
             self.wait_postgres(timeout, false).await?;
         }
+        self.wait_redis(timeout, false).await?;
+        self.wait_mariadb(timeout, false).await?;
         Ok(())
     }
 
@@ -538,6 +572,8 @@ impl DevStack {
             .iter()
             .chain(self.nats.as_ref())
             .chain(self.postgres.as_ref())
+            .chain(self.redis.as_ref().map(|r| &r.process))
+            .chain(self.mariadb.as_ref().map(|m| &m.process))
     }
 
     fn start_etcd(&mut self, members: usize) -> Result<(), DevStackError> {
@@ -950,6 +986,19 @@ fn check_binaries(opts: &DevStackOptions) -> Result<(), DevStackError> {
     if opts.postgres {
         needed.push((Path::new(PG_BIN).join("initdb"), "postgresql-15"));
         needed.push((Path::new(PG_BIN).join("postgres"), "postgresql-15"));
+    }
+    if opts.redis {
+        needed.push(("redis-server".into(), "redis-server"));
+    }
+    if opts.mariadb {
+        if cfg!(not(feature = "mysql")) {
+            return Err(DevStackError::MissingFeature {
+                server: "mariadb",
+                feature: "mysql",
+            });
+        }
+        needed.push((mariadb::MARIADB_SERVER.into(), "mariadb-server-core"));
+        needed.push((mariadb::MARIADB_INSTALL_DB.into(), "mariadb-server-core"));
     }
     for (binary, package) in needed {
         if !on_path(&binary) {

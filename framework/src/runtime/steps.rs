@@ -109,6 +109,8 @@ impl JobRun {
             tx: None,
             handover: Some(asks_tx),
             claim_lost: false,
+            #[cfg(feature = "mysql")]
+            mysql: None,
         };
         let span = tracing::info_span!(spans::STEP, step = %step.index, name = step.name, token = owned.token.get());
         let mut outcome = self
@@ -169,6 +171,17 @@ impl JobRun {
             let _ = tx.rollback().await;
             tracing::warn!(?health, step = %step.index, "lease not healthy at commit; rolled back, leaving the job to the next owner");
             return Err(Outcome::LeaveToNextOwner);
+        }
+        // The step's MySQL writes commit first, then the checkpoint: two
+        // commits (see `fence::mysql`, "What is atomic with what").
+        #[cfg(feature = "mysql")]
+        if let Err(e) = ctx.commit_mysql().await {
+            let _ = tx.rollback().await;
+            if e.is_fenced_out() {
+                return Err(stale(StaleAt::StepCommit, step, &e));
+            }
+            let reason = format!("mysql commit: {e}");
+            return Err(Outcome::Fail { reason });
         }
         let span =
             tracing::info_span!(spans::COMMIT, step = %step.index, token = owned.token.get());
@@ -344,6 +357,16 @@ fn stale_cause(err: &crate::job::StepError) -> Option<StaleAt> {
         .is_some_and(crate::fence::is_guard_refusal)
     {
         return Some(StaleAt::Guard);
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(e) = err.downcast_ref::<crate::fence::mysql::MySqlFenceError>() {
+        use crate::fence::mysql::MySqlFenceError;
+        if matches!(e, MySqlFenceError::GuardRefused { .. }) {
+            return Some(StaleAt::Guard);
+        }
+        if e.is_fenced_out() {
+            return Some(StaleAt::Admission);
+        }
     }
     None
 }

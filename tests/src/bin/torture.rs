@@ -57,6 +57,13 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+#[path = "../torture/redis_lock.rs"]
+mod redis_lock;
+#[path = "../torture/resource.rs"]
+mod resource;
+
+use tenure::MySqlFence;
+
 /// Number of accounts.
 const ACCOUNTS: i32 = 16;
 /// Initial balance of each account.
@@ -82,6 +89,32 @@ struct Xfer {
 struct Transfer {
     worker: String,
     schema: String,
+    pause: PauseArm,
+    /// `--target mariadb`: the accounts and history live there.
+    mariadb: Option<MySqlFence>,
+}
+
+/// The `worker_sigstop` fault, aimed: armed by the parent, the worker stops
+/// itself (SIGSTOP) at the next step that reaches its write (in redis-lock
+/// mode: right after the lock check passed), the moment the seed's paused
+/// holder is in. An arm not used within [`PauseArm::VALID`] lapses (the parent
+/// then stops the worker wherever it is).
+#[derive(Debug, Clone, Default)]
+struct PauseArm(Arc<Mutex<Option<std::time::Instant>>>);
+
+impl PauseArm {
+    const VALID: Duration = Duration::from_secs(4);
+
+    fn arm(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    fn stop_here_if_armed(&self) {
+        let armed = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if armed.is_some_and(|at| at.elapsed() < Self::VALID) {
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+        }
+    }
 }
 
 impl Transfer {
@@ -96,6 +129,10 @@ impl Transfer {
         // and the process carries on when it wakes, like after a GC pause.
         let ms = rand::rng().random_range(0..=x.delay_ms);
         tokio::time::sleep(Duration::from_millis(ms)).await;
+        self.pause.stop_here_if_armed();
+        if let Some(bank) = &self.mariadb {
+            return resource::apply_mariadb(ctx, bank, &self.worker, account, delta).await;
+        }
         let (job, step, token) = (
             ctx.job_id().as_uuid(),
             i32::try_from(ctx.step().get()).unwrap_or(i32::MAX),
@@ -160,6 +197,8 @@ struct Args {
     seed: u64,
     ttl: Duration,
     unsafe_no_fencing: bool,
+    mode: RunMode,
+    target: Target,
     delay_ms: u64,
     quiesce: Duration,
     /// Debugging: inject only this kind of fault.
@@ -174,6 +213,8 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         seed: 1,
         ttl: Duration::from_secs(2),
         unsafe_no_fencing: false,
+        mode: RunMode::Fenced,
+        target: Target::Postgres,
         delay_ms: 500,
         quiesce: Duration::from_secs(240),
         only: None,
@@ -193,7 +234,9 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--ttl-secs" => a.ttl = Duration::from_secs_f64(val()?.parse()?),
             "--delay-ms" => a.delay_ms = val()?.parse()?,
             "--quiesce-secs" => a.quiesce = Duration::from_secs(val()?.parse()?),
-            "--unsafe-no-fencing" => a.unsafe_no_fencing = true,
+            "--unsafe-no-fencing" => a.mode = RunMode::Unfenced,
+            "--mode" => a.mode = RunMode::parse(&val()?)?,
+            "--target" => a.target = Target::parse(&val()?)?,
             "--only" => a.only = Some(val()?),
             other => bail!("unknown argument {other:?}"),
         }
@@ -201,7 +244,70 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
     if a.workers < 2 {
         bail!("--workers must be at least 2 (a takeover needs a second worker)");
     }
+    a.unsafe_no_fencing = a.mode == RunMode::Unfenced;
+    if a.target == Target::Mariadb && a.mode == RunMode::RedisLock {
+        bail!("--mode redis-lock writes to PostgreSQL only (--target postgres)");
+    }
     Ok(a)
+}
+
+/// What protects the jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunMode {
+    /// Tenure: etcd lease, fencing token checked by the resource.
+    Fenced,
+    /// Tenure with the fence predicates off (`--unsafe-no-fencing`).
+    Unfenced,
+    /// A Redis TTL lock, checked before each write, no token (`redis_lock.rs`).
+    RedisLock,
+}
+
+impl RunMode {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "fenced" => Ok(RunMode::Fenced),
+            "unfenced" => Ok(RunMode::Unfenced),
+            "redis-lock" => Ok(RunMode::RedisLock),
+            other => bail!("--mode must be fenced, unfenced or redis-lock, not {other:?}"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            RunMode::Fenced => "fenced",
+            RunMode::Unfenced => "unfenced",
+            RunMode::RedisLock => "redis-lock",
+        }
+    }
+
+    /// A negative control: the run passes only if it finds violations.
+    fn is_control(self) -> bool {
+        self != RunMode::Fenced
+    }
+}
+
+/// Where the transfers' accounts and history live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Postgres,
+    Mariadb,
+}
+
+impl Target {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "postgres" => Ok(Target::Postgres),
+            "mariadb" => Ok(Target::Mariadb),
+            other => bail!("--target must be postgres or mariadb, not {other:?}"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Target::Postgres => "postgres",
+            Target::Mariadb => "mariadb",
+        }
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -236,14 +342,31 @@ struct Recorder {
 
 impl Recorder {
     fn line(&self, kind: char, job_id: JobId, step: StepIndex, token: FencingToken) {
+        self.raw(kind, job_id.as_uuid(), step.get(), token.get());
+    }
+
+    fn raw(&self, kind: char, job: sqlx::types::Uuid, step: impl std::fmt::Display, token: i64) {
         if let Ok(mut f) = self.file.lock() {
-            let _ = writeln!(
-                f,
-                "{kind} {} {} {}",
-                job_id.as_uuid(),
-                step.get(),
-                token.get()
-            );
+            let _ = writeln!(f, "{kind} {job} {step} {token}");
+        }
+    }
+
+    /// A commit (of the redis-lock mode, which has no token: 0), then the armed
+    /// crash.
+    fn committed(&self, job: sqlx::types::Uuid, step: i32) {
+        self.raw('C', job, step, 0);
+        self.crash_if_armed();
+    }
+
+    /// A write the redis-lock mode's lock check stopped.
+    fn stale(&self, job: sqlx::types::Uuid, step: i32) {
+        self.raw('S', job, step, 0);
+    }
+
+    fn crash_if_armed(&self) {
+        if self.crash_armed.swap(false, Ordering::SeqCst) {
+            // Killed between the step's commit and the message's ack.
+            std::process::abort();
         }
     }
 }
@@ -251,10 +374,7 @@ impl Recorder {
 impl WorkerObserver for Recorder {
     fn step_committed(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
         self.line('C', job_id, step, token);
-        if self.crash_armed.swap(false, Ordering::SeqCst) {
-            // Killed between the step's commit and the message's ack.
-            std::process::abort();
-        }
+        self.crash_if_armed();
     }
     fn stale_rejected(&self, job_id: JobId, step: StepIndex, token: FencingToken) {
         self.line('S', job_id, step, token);
@@ -273,10 +393,56 @@ fn flag_value(args: &[String], name: &str) -> anyhow::Result<String> {
 }
 
 async fn worker_main(args: &[String]) -> anyhow::Result<()> {
+    let id = flag_value(args, "--id")?;
+    let log = flag_value(args, "--log")?;
+    let recorder = Arc::new(Recorder {
+        file: Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .with_context(|| format!("open {log}"))?,
+        ),
+        crash_armed: AtomicBool::new(false),
+    });
+    let pause = PauseArm::default();
+    let mode = RunMode::parse(&flag_value(args, "--mode")?)?;
+    // Held until the process ends: dropping the worker stops it.
+    let _worker = if mode == RunMode::RedisLock {
+        let runner = redis_runner(args, recorder.clone(), pause.clone()).await?;
+        tokio::spawn(runner.run());
+        None
+    } else {
+        Some(tenure_worker(args, recorder.clone(), pause.clone()).await?)
+    };
+    println!("READY {id}");
+    let _ = std::io::stdout().flush();
+    // Commands on stdin; its close (the parent is gone) ends the process.
+    let mut stdin = TokioBufReader::new(tokio::io::stdin());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match stdin.read_line(&mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => match line.trim() {
+                "crash-after-commit" => recorder.crash_armed.store(true, Ordering::SeqCst),
+                "pause-before-write" => pause.arm(),
+                _ => {}
+            },
+        }
+    }
+    std::process::exit(0);
+}
+
+/// A Tenure worker (modes fenced and unfenced) running the transfers.
+async fn tenure_worker(
+    args: &[String],
+    recorder: Arc<Recorder>,
+    pause: PauseArm,
+) -> anyhow::Result<Worker> {
     let ns = flag_value(args, "--ns")?;
     let id = flag_value(args, "--id")?;
     let ttl = Duration::from_millis(flag_value(args, "--ttl-ms")?.parse()?);
-    let log = flag_value(args, "--log")?;
     let mut cfg = Config::new(ns.clone())
         .with_schema(ns.clone())
         .with_etcd_endpoints(flag_value(args, "--etcd")?.split(','))
@@ -292,22 +458,18 @@ async fn worker_main(args: &[String]) -> anyhow::Result<()> {
     cfg.session_backoff.cap = Duration::from_secs(1);
     cfg.max_in_flight = 16;
     cfg.unsafe_no_fencing = args.iter().any(|a| a == "--unsafe-no-fencing");
-    let recorder = Arc::new(Recorder {
-        file: Mutex::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&log)
-                .with_context(|| format!("open {log}"))?,
-        ),
-        crash_armed: AtomicBool::new(false),
-    });
+    let mariadb = match flag_value(args, "--mysql") {
+        Ok(url) => Some(MySqlFence::connect(&ns, &url, ttl).await?),
+        Err(_) => None,
+    };
     // The servers may be down right now (a fault): keep trying.
     let deadline = Instant::now() + Duration::from_secs(120);
-    let worker = loop {
+    loop {
         let job = Transfer {
             worker: id.clone(),
             schema: ns.clone(),
+            pause: pause.clone(),
+            mariadb: mariadb.clone(),
         };
         match Worker::builder(cfg.clone())
             .register(job)
@@ -315,32 +477,46 @@ async fn worker_main(args: &[String]) -> anyhow::Result<()> {
             .start()
             .await
         {
-            Ok(w) => break w,
+            Ok(w) => return Ok(w),
             Err(e) if Instant::now() < deadline => {
                 eprintln!("worker {id}: start failed ({e}); retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => return Err(e.into()),
         }
-    };
-    println!("READY {id}");
-    let _ = std::io::stdout().flush();
-    // Commands on stdin; its close (the parent is gone) ends the process.
-    let mut stdin = TokioBufReader::new(tokio::io::stdin());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        match stdin.read_line(&mut line).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                if line.trim() == "crash-after-commit" {
-                    recorder.crash_armed.store(true, Ordering::SeqCst);
-                }
-            }
-        }
     }
-    drop(worker);
-    std::process::exit(0);
+}
+
+/// A redis-lock worker: its Redis link goes through its fault proxy.
+async fn redis_runner(
+    args: &[String],
+    recorder: Arc<Recorder>,
+    pause: PauseArm,
+) -> anyhow::Result<Arc<redis_lock::LockRunner>> {
+    let ns = flag_value(args, "--ns")?;
+    let ttl = Duration::from_millis(flag_value(args, "--ttl-ms")?.parse()?);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(20)
+        .connect_lazy(&flag_value(args, "--db")?)?;
+    let client = redis::Client::open(flag_value(args, "--redis")?)?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(ttl / 3)
+        .set_response_timeout(ttl / 3)
+        .set_number_of_retries(1);
+    let redis = retry("connect to redis", || {
+        let (client, config) = (client.clone(), config.clone());
+        async move { Ok(redis::aio::ConnectionManager::new_with_config(client, config).await?) }
+    })
+    .await?;
+    Ok(Arc::new(redis_lock::LockRunner {
+        worker: flag_value(args, "--id")?,
+        schema: ns,
+        pool,
+        redis,
+        ttl,
+        recorder,
+        pause,
+    }))
 }
 
 // ---------------------------------------------------------------------------
@@ -537,6 +713,8 @@ struct Run {
     slots: Vec<Slot>,
     counts: BTreeMap<&'static str, u64>,
     unexpected_exits: u64,
+    /// `--target mariadb`: the MariaDB database the transfers write to.
+    mysql_url: Option<String>,
     /// Per restore without a bump: the snapshot's revision and the last revision
     /// handed out before the restore. Revisions in between are handed out again,
     /// so a regression alarm on one of them is expected.
@@ -550,6 +728,15 @@ fn signal(pid: u32, sig: &str) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
+}
+
+/// Whether process `pid` is stopped (state `T`).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "T")
+    })
 }
 
 fn ms(rng: &mut StdRng, lo: Duration, hi: Duration) -> Duration {
@@ -583,9 +770,19 @@ impl Run {
             .arg("--nats")
             .arg(self.stack.nats_url())
             .arg("--db")
-            .arg(self.stack.database_url());
+            .arg(self.stack.database_url())
+            .arg("--mode")
+            .arg(self.args.mode.name());
         if self.args.unsafe_no_fencing {
             cmd.arg("--unsafe-no-fencing");
+        }
+        if let Some(url) = &self.mysql_url {
+            cmd.arg("--mysql").arg(url);
+        }
+        if self.args.mode == RunMode::RedisLock {
+            // The coordinator link through the fault proxy is Redis's.
+            let via = slot.proxy.addrs[0].replace("http://", "redis://");
+            cmd.arg("--redis").arg(via);
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -655,6 +852,53 @@ impl Run {
         r.context("dev stack not ready after a fault")
     }
 
+    /// Stops worker `w` at its next write (it stops itself once armed; after
+    /// 5 s without a write the parent stops it wherever it is), holds it for
+    /// `hold`, then lets it go on.
+    async fn pause_before_write(&mut self, w: usize, hold: Duration) {
+        let Some(pid) = self.slots[w].pid() else {
+            return;
+        };
+        let armed = match self.slots[w].stdin.as_mut() {
+            Some(s) => s
+                .write_all(b"pause-before-write\n")
+                .and_then(|()| s.flush())
+                .is_ok(),
+            None => false,
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while armed && !is_stopped(pid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if !is_stopped(pid) {
+            signal(pid, "STOP");
+        }
+        tokio::time::sleep(hold).await;
+        signal(pid, "CONT");
+    }
+
+    /// The coordinator's server faults in redis-lock mode, where Redis is the
+    /// coordinator: a member kill or a restore (the locks it held are gone)
+    /// restarts Redis, a quorum loss pauses it.
+    async fn redis_fault(&mut self, f: Fault, rng: &mut StdRng) -> anyhow::Result<()> {
+        let redis = self.stack.redis_server();
+        if f == Fault::EtcdQuorumLoss {
+            redis.pause()?;
+            tokio::time::sleep(ms(rng, Duration::from_millis(500), self.args.ttl * 2)).await;
+            redis.resume()?;
+        } else {
+            redis.kill()?;
+            tokio::time::sleep(ms(
+                rng,
+                Duration::from_millis(500),
+                Duration::from_millis(2500),
+            ))
+            .await;
+            redis.restart()?;
+        }
+        self.ready().await
+    }
+
     /// Arms worker `w` to abort right after its next step commit (before the ack).
     fn arm_crash(&mut self, w: usize) -> bool {
         match self.slots[w].stdin.as_mut() {
@@ -707,17 +951,26 @@ impl Run {
         rng: &mut StdRng,
     ) -> anyhow::Result<()> {
         let ttl = self.args.ttl;
+        let coordinator = matches!(
+            f,
+            Fault::EtcdKill
+                | Fault::EtcdLeaderKill
+                | Fault::EtcdQuorumLoss
+                | Fault::EtcdRestore
+                | Fault::EtcdRestoreBumped
+        );
+        if coordinator && self.args.mode == RunMode::RedisLock {
+            self.redis_fault(f, rng).await?;
+            self.count(f);
+            return Ok(());
+        }
         match f {
             Fault::WorkerPause => {
                 // Longer than the lease and the broker's ack wait, so another worker
-                // takes the jobs over while this one sleeps mid-step.
+                // takes the jobs over while this one sleeps right before a write.
                 let hold =
                     ttl * 2 + ms(rng, Duration::from_millis(500), Duration::from_millis(1500));
-                if let Some(pid) = self.slots[w].pid() {
-                    signal(pid, "STOP");
-                    tokio::time::sleep(hold).await;
-                    signal(pid, "CONT");
-                }
+                self.pause_before_write(w, hold).await;
             }
             Fault::WorkerKill => {
                 tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(300))).await;
@@ -780,6 +1033,10 @@ impl Run {
             }
             Fault::PgRestart => {
                 self.stack.postgres().restart()?;
+                if self.mysql_url.is_some() {
+                    // The fenced resource of --target mariadb goes down too.
+                    self.stack.mariadb_server().restart()?;
+                }
                 self.ready().await?;
             }
             Fault::EtcdPartition => {
@@ -909,12 +1166,20 @@ struct Verdict {
     accepted_reported: u64,
     stale_rejected: u64,
     history_rows: i64,
+    /// MariaDB: re-runs absorbed by the idempotency key.
+    replays: i64,
     lost_ids: Vec<JobId>,
 }
 
 async fn parent_main(args: Args) -> anyhow::Result<i32> {
     let started = Instant::now();
-    let stack = DevStack::start().await.context("dev stack")?;
+    let stack = DevStack::start_with(tenure::devstack::DevStackOptions {
+        redis: args.mode == RunMode::RedisLock,
+        mariadb: args.target == Target::Mariadb,
+        ..Default::default()
+    })
+    .await
+    .context("dev stack")?;
     let ns = DevStack::unique_namespace("torture");
     let dir = std::env::temp_dir().join(&ns);
     std::fs::create_dir_all(&dir)?;
@@ -927,9 +1192,20 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         .with_lease_ttl(args.ttl);
     cfg.max_in_flight = 16;
     let client = Client::connect(&cfg).await.context("client")?;
-    setup_schema(&client, &ns, !args.unsafe_no_fencing)
+    setup_schema(&client, &ns, args.mode == RunMode::Fenced)
         .await
         .context("schema")?;
+    let mariadb = match args.target {
+        Target::Postgres => None,
+        Target::Mariadb => {
+            let url = stack.create_mysql_database(&ns).await?;
+            let fence = MySqlFence::connect(&ns, &url, args.ttl).await?;
+            resource::setup_mariadb(&fence, args.mode == RunMode::Fenced)
+                .await
+                .context("mariadb tables")?;
+            Some((url, fence))
+        }
+    };
     eprintln!(
         "torture: ns={ns} dir={} jobs={} workers={} faults={} seed={} ttl={:?}{}",
         dir.display(),
@@ -938,13 +1214,17 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         args.faults,
         args.seed,
         args.ttl,
-        if args.unsafe_no_fencing {
-            " UNSAFE-NO-FENCING"
-        } else {
-            ""
+        match args.mode {
+            RunMode::Fenced => "",
+            RunMode::Unfenced => " UNSAFE-NO-FENCING",
+            RunMode::RedisLock => " REDIS-LOCK",
         }
     );
 
+    let coordinator = match args.mode {
+        RunMode::RedisLock => vec![stack.redis_url().replace("redis://", "http://")],
+        _ => stack.etcd_endpoints(),
+    };
     let mut slots = Vec::new();
     for index in 0..args.workers {
         slots.push(Slot {
@@ -953,7 +1233,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             child: None,
             stdin: None,
             ready: Arc::new(AtomicBool::new(false)),
-            proxy: Proxy::start(&stack.etcd_endpoints()).await?,
+            proxy: Proxy::start(&coordinator).await?,
         });
     }
     let mut run = Run {
@@ -965,8 +1245,10 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         slots,
         counts: BTreeMap::new(),
         unexpected_exits: 0,
+        mysql_url: mariadb.as_ref().map(|(url, _)| url.clone()),
         reused_revisions: Vec::new(),
     };
+    let mariadb = mariadb.map(|(_, fence)| fence);
     for i in 0..args.workers {
         run.spawn(i)?;
     }
@@ -1067,11 +1349,11 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     }
     // Let dead-lettering of the last dead jobs finish.
     let verdict = {
-        let mut v = check(&client, &s, &ids, &dir).await?;
+        let mut v = check(&client, &s, mariadb.as_ref(), &ids, &dir).await?;
         let dlq_deadline = Instant::now() + Duration::from_secs(30);
         while v.lost > 0 && Instant::now() < dlq_deadline {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            v = check(&client, &s, &ids, &dir).await?;
+            v = check(&client, &s, mariadb.as_ref(), &ids, &dir).await?;
         }
         v
     };
@@ -1092,7 +1374,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     println!(
         "torture: history_rows={} accepted_reported={} stale_rejected={} unconfirmed_commits={} \
          ledger_violations={} regression_alarms={} unexplained_alarms={} \
-         worker_restarts_unplanned={} elapsed={:.1}s mode={}",
+         worker_restarts_unplanned={} replays={} elapsed={:.1}s mode={}",
         verdict.history_rows,
         verdict.accepted_reported,
         verdict.stale_rejected,
@@ -1101,12 +1383,14 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         alarms.total,
         alarms.unexplained,
         run.unexpected_exits,
+        verdict.replays,
         started.elapsed().as_secs_f64(),
-        if args.unsafe_no_fencing {
-            "unsafe-no-fencing"
-        } else {
-            "fenced"
-        }
+        args.mode.name()
+    );
+    println!(
+        "torture: mode={} target={}",
+        args.mode.name(),
+        args.target.name()
     );
     println!(
         "torture: jobs={} done={} dead={} lost={} double_commits={} token_regressions={} stale_rejected={} faults={} seed={}",
@@ -1122,7 +1406,10 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     );
     let _ = std::io::stdout().flush();
     let violations = verdict.double_commits + verdict.token_regressions;
-    let code = if args.unsafe_no_fencing {
+    let code = if args.mode == RunMode::RedisLock {
+        // Lost updates show in the ledger.
+        i32::from(violations + verdict.ledger_violations == 0)
+    } else if args.mode.is_control() {
         i32::from(violations == 0)
     } else {
         i32::from(
@@ -1142,7 +1429,13 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     Ok(code)
 }
 
-async fn check(client: &Client, s: &str, ids: &[JobId], dir: &Path) -> anyhow::Result<Verdict> {
+async fn check(
+    client: &Client,
+    s: &str,
+    mariadb: Option<&MySqlFence>,
+    ids: &[JobId],
+    dir: &Path,
+) -> anyhow::Result<Verdict> {
     let pool = client.store().pool();
     let mut v = Verdict::default();
     let rows: Vec<(sqlx::types::Uuid, String, Option<String>)> =
@@ -1150,33 +1443,19 @@ async fn check(client: &Client, s: &str, ids: &[JobId], dir: &Path) -> anyhow::R
             .fetch_all(pool)
             .await?;
     let rows: HashMap<_, _> = rows.into_iter().map(|(id, st, e)| (id, (st, e))).collect();
-    // The DLQ, every page.
-    let mut in_dlq = HashSet::new();
-    let mut after = 0;
-    loop {
-        let page = client.queue().dead_letters_after(after, 500).await?;
-        let Some(last) = page.last() else { break };
-        after = last.dlq_sequence;
-        for d in &page {
-            if let Some(id) = d.job_id
-                && !d.reason.is_empty()
-            {
-                in_dlq.insert(id.as_uuid());
-            }
-        }
-    }
-    // Steps present per job.
-    let steps: Vec<(sqlx::types::Uuid, i64)> = sqlx::query_as(&format!(
-        "SELECT job_id, count(DISTINCT step) FROM {s}.history GROUP BY job_id"
-    ))
-    .fetch_all(pool)
-    .await?;
-    let steps: HashMap<_, _> = steps.into_iter().collect();
+    let in_dlq = dead_lettered(client).await?;
+    let done: HashSet<_> = rows
+        .iter()
+        .filter(|(_, (st, _))| st == "done")
+        .map(|(id, _)| *id)
+        .collect();
+    let (history, balances) = resource::load(pool, s, mariadb).await?;
+    let judged = resource::judge(&history, &balances, &done);
     for id in ids {
         let u = id.as_uuid();
         match rows.get(&u) {
             Some((st, _)) if st == "done" => {
-                if steps.get(&u).copied().unwrap_or(0) == STEPS {
+                if resource::complete(&judged, &u) {
                     v.done += 1;
                 } else {
                     eprintln!("torture: LOST {u}: done but its history has missing steps");
@@ -1199,58 +1478,45 @@ async fn check(client: &Client, s: &str, ids: &[JobId], dir: &Path) -> anyhow::R
             }
         }
     }
-    v.history_rows = sqlx::query_scalar(&format!("SELECT count(*) FROM {s}.history"))
-        .fetch_one(pool)
-        .await?;
-    v.double_commits = sqlx::query_scalar(&format!(
-        "SELECT coalesce(sum(c - 1), 0)::bigint FROM \
-           (SELECT count(*) AS c FROM {s}.history GROUP BY job_id, step HAVING count(*) > 1) d"
-    ))
-    .fetch_one(pool)
-    .await?;
-    v.token_regressions = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM \
-           (SELECT token < lag(token) OVER (PARTITION BY job_id ORDER BY seq) AS r \
-              FROM {s}.history) x WHERE r"
-    ))
-    .fetch_one(pool)
-    .await?;
-    // Ledger: balances = initial + history deltas; each done transfer nets to zero
-    // with exactly one debit and one credit; money is conserved modulo transfers
-    // of dead jobs caught between their debit and credit.
-    let bad_accounts: i64 = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {s}.accounts a WHERE a.balance <> $1 + \
-           coalesce((SELECT sum(delta) FROM {s}.history h WHERE h.account = a.id), 0)"
-    ))
-    .bind(INITIAL)
-    .fetch_one(pool)
-    .await?;
-    let bad_transfers: i64 = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {s}.jobs j WHERE j.status = 'done' AND \
-           (SELECT coalesce(sum(delta), 0) <> 0 OR count(*) FILTER (WHERE delta < 0) <> 1 \
-                   OR count(*) FILTER (WHERE delta > 0) <> 1 \
-              FROM {s}.history h WHERE h.job_id = j.id)"
-    ))
-    .fetch_one(pool)
-    .await?;
-    let conserved: bool = sqlx::query_scalar(&format!(
-        "SELECT (SELECT sum(balance) FROM {s}.accounts) = $1 + \
-           coalesce((SELECT sum(h.delta) FROM {s}.history h JOIN {s}.jobs j ON j.id = h.job_id \
-                      WHERE j.status <> 'done'), 0)"
-    ))
-    .bind(INITIAL * i64::from(ACCOUNTS))
-    .fetch_one(pool)
-    .await?;
-    v.ledger_violations = bad_accounts + bad_transfers + i64::from(!conserved);
-    // The workers' own records of attempted commits.
-    let history: Vec<(sqlx::types::Uuid, i32, i64)> =
-        sqlx::query_as(&format!("SELECT job_id, step, token FROM {s}.history"))
-            .fetch_all(pool)
-            .await?;
+    v.history_rows = i64::try_from(history.len())?;
+    v.double_commits = judged.double_commits;
+    v.token_regressions = judged.token_regressions;
+    v.ledger_violations = judged.ledger_violations;
+    v.replays = judged.replays;
     let history: HashSet<(String, String, String)> = history
-        .into_iter()
-        .map(|(j, st, t)| (j.to_string(), st.to_string(), t.to_string()))
+        .iter()
+        .map(|h| (h.job.to_string(), h.step.to_string(), h.token.to_string()))
         .collect();
+    worker_records(dir, &history, &mut v)?;
+    Ok(v)
+}
+
+/// The jobs in the DLQ with a reason, every page.
+async fn dead_lettered(client: &Client) -> anyhow::Result<HashSet<sqlx::types::Uuid>> {
+    let mut in_dlq = HashSet::new();
+    let mut after = 0;
+    loop {
+        let page = client.queue().dead_letters_after(after, 500).await?;
+        let Some(last) = page.last() else { break };
+        after = last.dlq_sequence;
+        for d in &page {
+            if let Some(id) = d.job_id
+                && !d.reason.is_empty()
+            {
+                in_dlq.insert(id.as_uuid());
+            }
+        }
+    }
+    Ok(in_dlq)
+}
+
+/// The workers' own records of attempted commits: every `C` must have its
+/// history row.
+fn worker_records(
+    dir: &Path,
+    history: &HashSet<(String, String, String)>,
+    v: &mut Verdict,
+) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.extension().and_then(|e| e.to_str()) != Some("commits") {
@@ -1275,7 +1541,7 @@ async fn check(client: &Client, s: &str, ids: &[JobId], dir: &Path) -> anyhow::R
             }
         }
     }
-    Ok(v)
+    Ok(())
 }
 
 /// The workers' token-regression alarms (`A` records).

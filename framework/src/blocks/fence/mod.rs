@@ -84,6 +84,8 @@ mod guard;
 mod guard_admin;
 mod history;
 mod history_admin;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 mod reads;
 mod row;
 mod sql;

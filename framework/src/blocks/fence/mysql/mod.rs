@@ -1,0 +1,224 @@
+//! MySQL/MariaDB as a fenced resource (feature `mysql`): the same guarantee as
+//! a step's PostgreSQL transaction, for a step's writes to a MySQL-protocol
+//! database (InnoDB).
+//!
+//! * [`MySqlFence::migrate`] creates `tenure_fence` (one row per job: the
+//!   largest token this database accepted), `tenure_fence_tx` (the marker of an
+//!   open fenced transaction) and the guard's procedure.
+//! * [`MySqlFence::begin`] opens a [`MySqlFencedTx`]: `SELECT token .. FOR
+//!   UPDATE` on the job's row (a larger token: [`MySqlFenceError::FencedOut`],
+//!   before any write), `UPDATE .. SET token = ? WHERE token <= ?`, then the
+//!   step's own writes, then the commit, all one InnoDB transaction.
+//! * [`MySqlFence::install_guard`] puts triggers on a table that refuse every
+//!   write made outside such a transaction (SQLSTATE `TF001`).
+//! * In a step, [`StepCtx::mysql`](crate::StepCtx::mysql) opens the
+//!   transaction on first use and the runtime commits it just before the
+//!   step's PostgreSQL checkpoint.
+//!
+//! # What is atomic with what
+//! A step that writes to MySQL and checkpoints in PostgreSQL makes **two
+//! commits**: MySQL's first, then PostgreSQL's (with the step CAS). Each is
+//! atomic with its own fence check; the pair is not atomic. The crash between
+//! them (MySQL committed, checkpoint not) leaves the step to be run again, by
+//! this owner or a newer one, against a MySQL that already has its writes. Two
+//! things make that safe:
+//!
+//! 1. **The fence orders owners**: once a newer owner's transaction raised
+//!    `tenure_fence`, no older token commits there again; an older owner whose
+//!    write did land did so before every write of the newer one (it held the
+//!    PostgreSQL job row lock while it committed, which the newer claim waits
+//!    for).
+//! 2. **The idempotency key makes the re-run a no-op**: the step writes
+//!    [`StepCtx::idempotency_key`](crate::StepCtx::idempotency_key) (the same
+//!    for every owner and attempt of the step) into a unique key in the same
+//!    MySQL transaction, and applies its change only if that insert added a
+//!    row. `tests/tests/mysql_fence.rs` crashes between the two commits and
+//!    checks that the balance moved once.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tenure::MySqlFenceError> {
+//! use tenure::MySqlFence;
+//! let url = "mysql://root@127.0.0.1:3306/bank";
+//! let bank = MySqlFence::connect("bank", url, std::time::Duration::from_secs(5)).await?;
+//! bank.migrate().await?;
+//! bank.install_guard("accounts").await?;
+//! # Ok(()) }
+//! ```
+
+mod error;
+mod sql;
+mod tx;
+
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+
+pub use error::{MYSQL_GUARD_SQLSTATE, MySqlFenceError, is_mysql_guard_refusal};
+pub use tx::MySqlFencedTx;
+
+use crate::types::{FencingToken, JobId, ObservedFence};
+
+/// A MySQL/MariaDB database whose writes are fenced per job. Cheap to clone
+/// (a pool and a name).
+#[derive(Debug, Clone)]
+pub struct MySqlFence {
+    name: String,
+    pool: MySqlPool,
+}
+
+impl MySqlFence {
+    /// Connects a pool to `url` (`mysql://user:password@host:port/database`);
+    /// `name` names this database in errors and in
+    /// [`StepCtx::mysql`](crate::StepCtx::mysql). Every connection ends an
+    /// idle transaction after `lease_ttl` (`idle_transaction_timeout`) and
+    /// waits at most 2 x `lease_ttl` for a row lock
+    /// (`innodb_lock_wait_timeout`), as Tenure's PostgreSQL connections do: a
+    /// paused owner's open transaction must not hold the job's fence row for
+    /// as long as the pause lasts.
+    ///
+    /// # Errors
+    /// [`MySqlFenceError::Db`] if the URL is malformed. The pool connects
+    /// lazily: an unreachable server shows at first use.
+    pub async fn connect(
+        name: &str,
+        url: &str,
+        lease_ttl: std::time::Duration,
+    ) -> Result<Self, MySqlFenceError> {
+        let idle = lease_ttl.as_secs().max(1);
+        let lock_wait = (2 * lease_ttl.as_secs()).max(1);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(20)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "SET SESSION idle_transaction_timeout = {idle}, \
+                         innodb_lock_wait_timeout = {lock_wait}"
+                    ))
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+                })
+            })
+            .connect_lazy(url)?;
+        Ok(Self::from_pool(name, pool))
+    }
+
+    /// Uses a pool the application made.
+    pub fn from_pool(name: &str, pool: MySqlPool) -> Self {
+        MySqlFence {
+            name: name.to_string(),
+            pool,
+        }
+    }
+
+    /// The database's name in this process.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pool (reads, and writes to tables that are not guarded).
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// Creates the fence tables and the guard's procedure (idempotent).
+    ///
+    /// # Errors
+    /// [`MySqlFenceError::Db`] (for example without the `CREATE ROUTINE`
+    /// privilege).
+    pub async fn migrate(&self) -> Result<(), MySqlFenceError> {
+        sqlx::raw_sql(sql::MIGRATE_TABLES)
+            .execute(&self.pool)
+            .await?;
+        sqlx::raw_sql(sql::MIGRATE_GUARD)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Guards `table`: from now on MySQL refuses every `INSERT`, `UPDATE` and
+    /// `DELETE` on it that does not come from an open [`MySqlFencedTx`] whose
+    /// token is the job's fence (SQLSTATE `TF001`,
+    /// [`MySqlFenceError::GuardRefused`]).
+    ///
+    /// # Errors
+    /// [`MySqlFenceError::BadTableName`] unless `table` is a plain identifier;
+    /// [`MySqlFenceError::Db`] (no such table, no `TRIGGER` privilege).
+    pub async fn install_guard(&self, table: &str) -> Result<(), MySqlFenceError> {
+        check_table_name(table)?;
+        for stmt in sql::guard_triggers(table) {
+            sqlx::raw_sql(&stmt).execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes the guard of `table` (seeding data, migrations).
+    ///
+    /// # Errors
+    /// As [`install_guard`](Self::install_guard).
+    pub async fn remove_guard(&self, table: &str) -> Result<(), MySqlFenceError> {
+        check_table_name(table)?;
+        for stmt in sql::drop_guard_triggers(table) {
+            sqlx::raw_sql(&stmt).execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    /// Opens a fenced transaction for `job` under `token`.
+    ///
+    /// # Errors
+    /// [`MySqlFenceError::FencedOut`] if this database has seen a larger
+    /// token for the job (nothing written); [`MySqlFenceError::Db`].
+    pub async fn begin(
+        &self,
+        job: JobId,
+        token: FencingToken,
+    ) -> Result<MySqlFencedTx, MySqlFenceError> {
+        let tx = self.pool.begin().await?;
+        MySqlFencedTx::admit(tx, job, token, self.name.clone()).await
+    }
+
+    /// The largest token this database accepted for `job`, if any.
+    ///
+    /// # Errors
+    /// [`MySqlFenceError::Db`].
+    pub async fn fence_of(&self, job: JobId) -> Result<Option<ObservedFence>, MySqlFenceError> {
+        let token: Option<i64> = sqlx::query_scalar(sql::READ_FENCE)
+            .bind(job.as_uuid().to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(token.and_then(|t| ObservedFence::try_from(t).ok()))
+    }
+}
+
+/// A plain identifier that leaves room for the trigger name's affixes.
+fn check_table_name(table: &str) -> Result<(), MySqlFenceError> {
+    let mut chars = table.chars();
+    let plain = table.len() <= 48
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if plain {
+        Ok(())
+    } else {
+        Err(MySqlFenceError::BadTableName(table.to_string()))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        for ok in ["accounts", "_t", "a1_b2"] {
+            assert!(check_table_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "1a", "a-b", "a`b", "a b", &"x".repeat(49)] {
+            assert!(
+                matches!(check_table_name(bad), Err(MySqlFenceError::BadTableName(_))),
+                "{bad}"
+            );
+        }
+    }
+}
