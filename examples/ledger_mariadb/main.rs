@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bank::{Bank, Transfer, TransferReq};
-use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::MySqlFence;
-use tenure::{Worker, WorkerObserver};
+use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::{Client, Config, FencingToken, JobId, StepIndex};
+use tenure::{Worker, WorkerObserver};
 use tenure_examples::{serve_until_stdin_closes, spawn_worker, token_of, wait_for, wait_until};
 
 const TTL: Duration = Duration::from_secs(2);

@@ -179,9 +179,9 @@ pub mod guide {
 
 pub use client::{Client, ClientError, Enqueued};
 pub use config::Config;
-pub use fence::{GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
 #[cfg(feature = "mysql")]
 pub use fence::mysql::{MySqlFence, MySqlFenceError, MySqlFencedTx};
+pub use fence::{GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
 pub use job::{Job, StepCtx, StepError};
 pub use lease::Health;
 pub use runtime::{Worker, WorkerBuilder, WorkerError, WorkerObserver};

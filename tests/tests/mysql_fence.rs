@@ -6,11 +6,11 @@
 
 use serde_json::json;
 use sqlx::mysql::MySqlPool;
-use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::{MySqlFence, MySqlFenceError};
 use tenure::blocks::fence::{FenceStore, Inserted};
+use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::job::StepCtx;
 use tenure::{FencingToken, JobId, StepIndex};
+use tenure::{MySqlFence, MySqlFenceError};
 
 /// PostgreSQL and MariaDB only, one stack per test binary; each test takes its
 /// own MariaDB database (and PostgreSQL schema).

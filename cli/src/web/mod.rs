@@ -14,6 +14,7 @@
 //! ([`auth`]). Its own connections use the CLI's settings, TLS and credentials.
 
 mod auth;
+mod overview;
 mod pages;
 
 use std::convert::Infallible;
@@ -80,6 +81,8 @@ struct App {
     client: Option<Client>,
     auth: Option<Auth>,
     refresh: Duration,
+    /// The overview's last numbers, shared by every viewer.
+    overview: overview::OverviewCache,
 }
 
 type Shared = Arc<App>;
@@ -150,6 +153,7 @@ pub async fn serve(ctx: Ctx, args: ServeArgs) -> anyhow::Result<()> {
         client,
         auth: args.operator_token.map(Auth::new),
         refresh: Duration::from_secs_f64(args.refresh),
+        overview: overview::OverviewCache::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
@@ -222,16 +226,20 @@ async fn app_js() -> Response {
         .into_response()
 }
 
-async fn overview_data(app: &App) -> Result<data::OverviewView, WebError> {
-    Ok(data::overview(&app.ctx, &app.store, &app.queue).await?)
+async fn overview_data(app: &Shared) -> Result<data::OverviewView, WebError> {
+    Ok(app.overview.get(app).await?.view)
 }
 
 async fn overview_page(
     State(app): State<Shared>,
     headers: HeaderMap,
 ) -> Result<Response, WebError> {
-    let v = overview_data(&app).await?;
-    Ok(page(pages::overview(&v, &viewer(&app, &headers))))
+    let o = app.overview.get(&app).await?;
+    Ok(page(pages::overview(
+        &o.view,
+        o.age,
+        &viewer(&app, &headers),
+    )))
 }
 
 async fn overview_api(State(app): State<Shared>) -> Result<Json<data::OverviewView>, ApiError> {

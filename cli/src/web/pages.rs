@@ -104,9 +104,12 @@ fn card(label: &str, key: &str, value: String) -> Markup {
     html! { div.card { span { (label) } b id={ "ov-" (key.replace('.', "-")) } data-k=(key) { (value) } } }
 }
 
-pub fn overview(v: &OverviewView, viewer: &Viewer) -> Markup {
+pub fn overview(v: &OverviewView, age: std::time::Duration, viewer: &Viewer) -> Markup {
     let r = &v.rows.recent;
     let body = html! {
+        @if !age.is_zero() {
+            p.note #counted-ago { "Counts from " (age.as_secs()) " s ago: on a table this large they are counted in the background, once per refresh." }
+        }
         div data-live="/events/overview" {
             div.cards {
                 (card("pending", "pending", v.pending.to_string()))
