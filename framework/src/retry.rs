@@ -18,17 +18,7 @@
 //! `interval * (0.5 + r)` with `r` in `[0, 1]` plus at most one nanosecond, so a
 //! delay lies in `[interval / 2, interval * 3 / 2 + 1 ns]`.
 //!
-//! ```
-//! use std::time::Duration;
-//! use tenure::config::BackoffConfig;
-//! use tenure::retry::Backoff;
-//!
-//! let cfg = BackoffConfig { base: Duration::from_millis(100), cap: Duration::from_secs(5) };
-//! let mut backoff = Backoff::new(cfg);
-//! let first = backoff.next_delay(); // attempt 0: 100 ms * [0.5, 1.5]
-//! assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(150));
-//! assert_eq!(backoff.attempt(), 1);
-//! ```
+//! (The examples are the unit tests `the_module_example` and `interval_doubles_up_to_cap`.)
 //!
 //! [`Config::session_backoff`]: crate::Config::session_backoff
 //! [`Config::contention_backoff`]: crate::Config::contention_backoff
@@ -48,16 +38,6 @@ pub const JITTER: f64 = 0.5;
 
 /// The interval before jitter: `min(cap, base * 2^attempt)`, saturating (a huge
 /// `attempt` gives `cap`, never an overflow). The bound every delay is centred on.
-///
-/// ```
-/// use std::time::Duration;
-/// use tenure::config::BackoffConfig;
-/// let cfg = BackoffConfig { base: Duration::from_millis(100), cap: Duration::from_secs(1) };
-/// assert_eq!(tenure::retry::interval(&cfg, 0), Duration::from_millis(100));
-/// assert_eq!(tenure::retry::interval(&cfg, 3), Duration::from_millis(800));
-/// assert_eq!(tenure::retry::interval(&cfg, 4), Duration::from_secs(1));
-/// assert_eq!(tenure::retry::interval(&cfg, u32::MAX), Duration::from_secs(1));
-/// ```
 pub fn interval(cfg: &BackoffConfig, attempt: u32) -> Duration {
     let factor = 1u32.checked_shl(attempt).unwrap_or(u32::MAX);
     cfg.base.saturating_mul(factor).min(cfg.cap)
@@ -142,6 +122,30 @@ impl Backoff {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_module_example() {
+        let cfg = BackoffConfig {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(5),
+        };
+        let mut backoff = Backoff::new(cfg);
+        let first = backoff.next_delay(); // attempt 0: 100 ms * [0.5, 1.5]
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(150));
+        assert_eq!(backoff.attempt(), 1);
+    }
+
+    #[test]
+    fn interval_doubles_up_to_cap() {
+        let cfg = BackoffConfig {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(1),
+        };
+        assert_eq!(interval(&cfg, 0), Duration::from_millis(100));
+        assert_eq!(interval(&cfg, 3), Duration::from_millis(800));
+        assert_eq!(interval(&cfg, 4), Duration::from_secs(1));
+        assert_eq!(interval(&cfg, u32::MAX), Duration::from_secs(1));
+    }
 
     fn cfg() -> BackoffConfig {
         BackoffConfig {

@@ -139,6 +139,9 @@ fn assert_guard_refused(res: Result<sqlx::postgres::PgQueryResult, sqlx::Error>)
 
 // ---------------------------------------------------------------------------------
 
+/// The migrations `framework/migrations` holds (0001 to 0006).
+const MIGRATIONS: i64 = 6;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_are_idempotent_concurrent_and_per_schema() {
     let p = pool(16).await;
@@ -165,8 +168,8 @@ async fn migrations_are_idempotent_concurrent_and_per_schema() {
         .unwrap();
         assert_eq!(
             applied,
-            5,
-            "each of the five migrations recorded once in {}",
+            MIGRATIONS,
+            "each of the {MIGRATIONS} migrations recorded once in {}",
             s.schema()
         );
     }

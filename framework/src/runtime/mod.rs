@@ -9,7 +9,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use tenure::{Config, runtime::Worker};
+//! # use tenure::{Config, Worker};
 //! # async fn demo<J: tenure::Job>(job: J) -> Result<(), Box<dyn std::error::Error>> {
 //! let worker = Worker::builder(Config::from_env()?)
 //!     .register(job)

@@ -258,7 +258,7 @@ impl FenceError {
     /// ack; it is a stale rejection, never contention.
     ///
     /// ```
-    /// use tenure::{fence::FenceError, JobId, ObservedFence};
+    /// use tenure::{blocks::fence::FenceError, JobId, ObservedFence};
     /// let e = FenceError::FencedOut {
     ///     job_id: JobId::from_key("t", "k"),
     ///     ours: ObservedFence::new(41).unwrap(),

@@ -182,17 +182,6 @@ impl Session {
     /// only; the channel closes when the keeper stops. Costs one `watch` store per
     /// keepalive when nobody listens (the runtime records it as
     /// `tenure.lease.keepalive.duration`).
-    ///
-    /// ```no_run
-    /// # async fn demo(session: &tenure::blocks::lease::Session) {
-    /// let mut rtt = session.watch_keepalive_rtt();
-    /// while rtt.changed().await.is_ok() {
-    ///     if let Some(d) = *rtt.borrow_and_update() {
-    ///         println!("keepalive answered in {d:?}");
-    ///     }
-    /// }
-    /// # }
-    /// ```
     pub(crate) fn watch_keepalive_rtt(&self) -> watch::Receiver<Option<Duration>> {
         self.keepalive_rtt.clone()
     }
