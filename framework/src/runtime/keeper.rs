@@ -171,7 +171,7 @@ fn install(myself: &ActorRef<KeeperMsg>, state: &mut KeeperState, session: Sessi
             }
             let now = *health.borrow_and_update();
             if now != last {
-                metrics.lease_transition(name(last), name(now), level(now));
+                metrics.lease_transition(last.as_str(), now.as_str(), level(now));
                 last = now;
             }
             if now == Health::Lost {
@@ -198,14 +198,6 @@ where
         }
     }
     tasks.spawn(task);
-}
-
-fn name(h: Health) -> &'static str {
-    match h {
-        Health::Healthy => "healthy",
-        Health::Degraded => "degraded",
-        Health::Lost => "lost",
-    }
 }
 
 fn level(h: Health) -> i64 {

@@ -44,7 +44,7 @@ impl Reporter {
         loop {
             let session = sessions.borrow_and_update().clone();
             let health = session.as_ref().map_or(Health::Lost, |s| s.health());
-            self.report(session.as_deref(), health_name(health)).await;
+            self.report(session.as_deref(), health.as_str()).await;
             let mut healths = session.as_ref().map(|s| s.watch_health());
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -95,13 +95,5 @@ async fn health_changed(healths: &mut Option<watch::Receiver<Health>>) {
             }
         }
         None => std::future::pending::<()>().await,
-    }
-}
-
-fn health_name(health: Health) -> &'static str {
-    match health {
-        Health::Healthy => "healthy",
-        Health::Degraded => "degraded",
-        Health::Lost => "lost",
     }
 }

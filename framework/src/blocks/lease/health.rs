@@ -26,6 +26,17 @@ pub enum Health {
     Lost,
 }
 
+impl Health {
+    /// `healthy`, `degraded` or `lost`: the name in metrics and worker reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Degraded => "degraded",
+            Health::Lost => "lost",
+        }
+    }
+}
+
 /// A change of state computed by the clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Transition {
