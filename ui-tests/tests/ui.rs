@@ -1,4 +1,4 @@
-//! Compile-time behaviour, in one trybuild pass (one build of the test project
+//! Compile-time behaviour of `tenure`, in one trybuild pass (one build of the test project
 //! instead of one per file: trybuild builds its own copy of every dependency).
 //!
 //! * `#[tenure::job]` / `#[tenure::step]`: `ui/pass/*.rs` must compile and run;
