@@ -302,8 +302,9 @@ async fn server_setup(cfg: &Config) -> Vec<String> {
     let names = QueueNames::new(&cfg.namespace);
     let js = async_nats::jetstream::new(async_nats::connect(&cfg.nats_url).await.unwrap());
     let mut out = Vec::new();
+    let type_consumer = names.type_consumer("cli.flaky");
     for (stream, consumer) in [
-        (&names.stream, Some(&names.consumer)),
+        (&names.stream, Some(&type_consumer)),
         (&names.dlq_stream, None),
         (&names.advisory_stream, Some(&names.advisory_consumer)),
     ] {
