@@ -779,7 +779,8 @@ async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types
     worker.shutdown().await.unwrap();
 
     // With no worker running, queue a group: the finished job's message again,
-    // a message without a row, one whose row names an unknown type, and a new job.
+    // a message without a row, one whose row names a type this worker does not
+    // run, and a new job.
     let queue = client.queue();
     queue
         .publish_redrive(done, "test.three_step", "{}".into())
@@ -796,8 +797,9 @@ async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types
         .insert_job(unknown, "test.nobody", &serde_json::json!({}))
         .await
         .unwrap();
+    // Routed by the subject to this worker's type; the row names another.
     queue
-        .publish_job(unknown, "test.nobody", "{}".into())
+        .publish_job(unknown, "test.three_step", "{}".into())
         .await
         .unwrap();
     let fresh_job = client
