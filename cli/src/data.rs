@@ -53,7 +53,11 @@ async fn mark_waiting(ctx: &Ctx, store: &FenceStore, views: &mut [JobView]) -> a
         return Ok(());
     }
     let routed = ctx
-        .call(&ctx.postgres(), "reading the workers' job types", store.registered_job_types())
+        .call(
+            &ctx.postgres(),
+            "reading the workers' job types",
+            store.registered_job_types(),
+        )
         .await?;
     for v in views.iter_mut() {
         if v.status == "pending" && !routed.contains(&v.job_type) {

@@ -733,11 +733,18 @@ async fn nats_restart_loses_no_published_message_and_fetch_resumes() {
             .expect("publish");
     }
     let mut done = BTreeSet::new();
-    for d in queue.fetch("test.job", 5, Duration::from_secs(2)).await.expect("fetch") {
+    for d in queue
+        .fetch("test.job", 5, Duration::from_secs(2))
+        .await
+        .expect("fetch")
+    {
         done.insert(d.job_id().expect("id"));
         d.ack().await.expect("ack");
     }
-    let held = queue.fetch("test.job", 5, Duration::from_secs(2)).await.expect("fetch");
+    let held = queue
+        .fetch("test.job", 5, Duration::from_secs(2))
+        .await
+        .expect("fetch");
     assert_eq!((done.len(), held.len()), (5, 5));
 
     stack.nats().kill().expect("kill NATS");
@@ -769,7 +776,10 @@ async fn nats_restart_loses_no_published_message_and_fetch_resumes() {
     let until = Instant::now() + Duration::from_secs(30);
     let mut resumed = false;
     while Instant::now() < until && done.len() < total {
-        match queue.fetch("test.job", 10, Duration::from_millis(500)).await {
+        match queue
+            .fetch("test.job", 10, Duration::from_millis(500))
+            .await
+        {
             Ok(batch) => {
                 resumed = true;
                 for d in batch {
@@ -941,7 +951,12 @@ async fn each_job_type_is_fetched_from_its_own_consumer() {
         })
         .await
         .expect("the old consumer");
-    let mut held = legacy.fetch().max_messages(1).messages().await.expect("pull");
+    let mut held = legacy
+        .fetch()
+        .max_messages(1)
+        .messages()
+        .await
+        .expect("pull");
     assert!(held.next().await.is_some(), "the old consumer delivered it");
 
     let queue = Queue::provision(&cfg).await.expect("provision");
@@ -950,12 +965,19 @@ async fn each_job_type_is_fetched_from_its_own_consumer() {
         "provisioning removed the consumer of all types"
     );
     for (n, t) in [(2, "route.a"), (3, "route.b"), (4, "route.nobody")] {
-        queue.publish_job(job(n), t, t.into()).await.expect("publish");
+        queue
+            .publish_job(job(n), t, t.into())
+            .await
+            .expect("publish");
     }
     let mut a = Vec::new();
     let until = Instant::now() + Duration::from_secs(10);
     while a.len() < 2 && Instant::now() < until {
-        for d in queue.fetch("route.a", 10, Duration::from_millis(500)).await.expect("fetch a") {
+        for d in queue
+            .fetch("route.a", 10, Duration::from_millis(500))
+            .await
+            .expect("fetch a")
+        {
             assert_eq!(d.job_type(), Ok("route.a"));
             a.push(d.job_id().expect("id"));
             d.ack().await.expect("ack");
@@ -964,8 +986,14 @@ async fn each_job_type_is_fetched_from_its_own_consumer() {
     a.sort();
     let mut want = vec![job(1), job(2)];
     want.sort();
-    assert_eq!(a, want, "the old consumer's message went to the type's consumer");
-    let mut b = queue.fetch("route.b", 10, Duration::from_secs(2)).await.expect("fetch b");
+    assert_eq!(
+        a, want,
+        "the old consumer's message went to the type's consumer"
+    );
+    let mut b = queue
+        .fetch("route.b", 10, Duration::from_secs(2))
+        .await
+        .expect("fetch b");
     assert_eq!(b.len(), 1);
     let b = b.pop().expect("one");
     assert_eq!(b.job_id(), Ok(job(3)));
@@ -976,7 +1004,14 @@ async fn each_job_type_is_fetched_from_its_own_consumer() {
     assert_eq!(stored.get("route.a"), None, "{stored:?}");
     let routed = queue.routed_types().await.expect("routed");
     assert_eq!(routed.keys().collect::<Vec<_>>(), ["route.a", "route.b"]);
-    let mut late = queue.fetch("route.nobody", 10, Duration::from_secs(2)).await.expect("fetch late");
-    assert_eq!(late.len(), 1, "the waiting message goes to the first consumer of its type");
+    let mut late = queue
+        .fetch("route.nobody", 10, Duration::from_secs(2))
+        .await
+        .expect("fetch late");
+    assert_eq!(
+        late.len(),
+        1,
+        "the waiting message goes to the first consumer of its type"
+    );
     late.pop().expect("one").ack().await.expect("ack");
 }

@@ -118,16 +118,21 @@ async fn fresh(prefix: &str) -> (String, tenure::Config, Client) {
     let sql = format!(
         "CREATE TABLE {ns}.ran (job_id uuid NOT NULL, job_type text NOT NULL, worker text NOT NULL)"
     );
-    sqlx::query(&sql).execute(client.store().pool()).await.expect("ran table");
+    sqlx::query(&sql)
+        .execute(client.store().pool())
+        .await
+        .expect("ran table");
     (ns, cfg, client)
 }
 
 /// (job type, worker) -> number of steps run.
 async fn ran(client: &Client, ns: &str) -> Vec<(String, String, i64)> {
-    let sql = format!(
-        "SELECT job_type, worker, count(*) FROM {ns}.ran GROUP BY 1, 2 ORDER BY 1, 2"
-    );
-    sqlx::query_as(&sql).fetch_all(client.store().pool()).await.expect("ran")
+    let sql =
+        format!("SELECT job_type, worker, count(*) FROM {ns}.ran GROUP BY 1, 2 ORDER BY 1, 2");
+    sqlx::query_as(&sql)
+        .fetch_all(client.store().pool())
+        .await
+        .expect("ran")
 }
 
 async fn enqueue(client: &Client, job_type: &str, n: usize, ms: u64) -> Vec<JobId> {
@@ -157,7 +162,12 @@ async fn all_done(client: &Client, ids: &[JobId], within: Duration) -> bool {
 }
 
 /// The last value of gauge `name` with `job_type` = `t`.
-fn gauge(provider: &SdkMeterProvider, exporter: &InMemoryMetricExporter, name: &str, t: &str) -> Option<i64> {
+fn gauge(
+    provider: &SdkMeterProvider,
+    exporter: &InMemoryMetricExporter,
+    name: &str,
+    t: &str,
+) -> Option<i64> {
     exporter.reset();
     provider.force_flush().expect("flush");
     let exported = exporter.get_finished_metrics().expect("metrics");
@@ -166,7 +176,9 @@ fn gauge(provider: &SdkMeterProvider, exporter: &InMemoryMetricExporter, name: &
         for metric in scope.metrics().filter(|m| m.name() == name) {
             if let AggregatedMetrics::I64(MetricData::Gauge(g)) = metric.data() {
                 for p in g.data_points() {
-                    if p.attributes().any(|kv| kv.key.as_str() == "job_type" && kv.value.as_str() == t) {
+                    if p.attributes()
+                        .any(|kv| kv.key.as_str() == "job_type" && kv.value.as_str() == t)
+                    {
                         return Some(p.value());
                     }
                 }
@@ -184,13 +196,20 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
         .with_reader(PeriodicReader::builder(exporter.clone()).build())
         .build();
     let gpu_pool = Worker::builder(cfg.clone().with_worker_id("pool-gpu"))
-        .register(Gpu { schema: ns.clone(), worker: "pool-gpu".into() })
+        .register(Gpu {
+            schema: ns.clone(),
+            worker: "pool-gpu".into(),
+        })
         .meter(provider.meter("tenure"))
         .start()
         .await
         .expect("gpu pool");
     let pay_pool = Worker::builder(cfg.clone().with_worker_id("pool-pay"))
-        .register(Pay { schema: ns.clone(), worker: "pool-pay".into(), running: None })
+        .register(Pay {
+            schema: ns.clone(),
+            worker: "pool-pay".into(),
+            running: None,
+        })
         .start()
         .await
         .expect("pay pool");
@@ -198,8 +217,14 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
     let late = enqueue(&client, "route.late", 3, 0).await;
     let gpu = enqueue(&client, "route.gpu", 20, 5).await;
     let pay = enqueue(&client, "route.pay", 20, 5).await;
-    assert!(all_done(&client, &gpu, Duration::from_secs(60)).await, "gpu jobs done");
-    assert!(all_done(&client, &pay, Duration::from_secs(60)).await, "pay jobs done");
+    assert!(
+        all_done(&client, &gpu, Duration::from_secs(60)).await,
+        "gpu jobs done"
+    );
+    assert!(
+        all_done(&client, &pay, Duration::from_secs(60)).await,
+        "pay jobs done"
+    );
     assert_eq!(
         ran(&client, &ns).await,
         vec![
@@ -212,12 +237,26 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
     // The unregistered type waits: pending, in the stream, not dead-lettered,
     // shown as waiting for a worker and counted by the gauge.
     for id in &late {
-        assert_eq!(client.job(*id).await.unwrap().unwrap().status, JobStatus::Pending);
+        assert_eq!(
+            client.job(*id).await.unwrap().unwrap().status,
+            JobStatus::Pending
+        );
     }
-    assert_eq!(client.queue().stored_by_type().await.unwrap().get("route.late"), Some(&3));
+    assert_eq!(
+        client
+            .queue()
+            .stored_by_type()
+            .await
+            .unwrap()
+            .get("route.late"),
+        Some(&3)
+    );
     assert!(client.queue().dead_letters(10).await.unwrap().is_empty());
     let routed = client.store().registered_job_types().await.unwrap();
-    assert!(routed.contains("route.gpu") && routed.contains("route.pay"), "{routed:?}");
+    assert!(
+        routed.contains("route.gpu") && routed.contains("route.pay"),
+        "{routed:?}"
+    );
     assert!(!routed.contains("route.late"), "{routed:?}");
     let counted = wait_until(Duration::from_secs(10), || async {
         gauge(&provider, &exporter, "tenure.jobs.unrouted", "route.late") == Some(3)
@@ -227,17 +266,30 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
 
     // A worker that registers it starts: the waiting jobs run there.
     let late_pool = Worker::builder(cfg.clone().with_worker_id("pool-late"))
-        .register(Late { schema: ns.clone(), worker: "pool-late".into() })
+        .register(Late {
+            schema: ns.clone(),
+            worker: "pool-late".into(),
+        })
         .start()
         .await
         .expect("late pool");
-    assert!(all_done(&client, &late, Duration::from_secs(60)).await, "late jobs done");
-    assert!(ran(&client, &ns).await.contains(&("route.late".into(), "pool-late".into(), 3)));
+    assert!(
+        all_done(&client, &late, Duration::from_secs(60)).await,
+        "late jobs done"
+    );
+    assert!(
+        ran(&client, &ns)
+            .await
+            .contains(&("route.late".into(), "pool-late".into(), 3))
+    );
     let cleared = wait_until(Duration::from_secs(10), || async {
         gauge(&provider, &exporter, "tenure.jobs.unrouted", "route.late") == Some(0)
     })
     .await;
-    assert!(cleared, "the gauge goes back to 0 once a worker registers the type");
+    assert!(
+        cleared,
+        "the gauge goes back to 0 once a worker registers the type"
+    );
     assert!(client.queue().dead_letters(10).await.unwrap().is_empty());
     for w in [gpu_pool, pay_pool, late_pool] {
         w.shutdown().await.expect("shutdown");
@@ -257,14 +309,24 @@ async fn a_types_limit_keeps_its_backlog_from_taking_the_whole_worker() {
     let fast = enqueue(&client, "route.gpu", 12, 5).await;
     let worker = Worker::builder(cfg)
         .register_with(
-            Pay { schema: ns.clone(), worker: "limited".into(), running: Some(running.clone()) },
+            Pay {
+                schema: ns.clone(),
+                worker: "limited".into(),
+                running: Some(running.clone()),
+            },
             JobLimits::default().max_in_flight(1),
         )
-        .register(Gpu { schema: ns.clone(), worker: "limited".into() })
+        .register(Gpu {
+            schema: ns.clone(),
+            worker: "limited".into(),
+        })
         .start()
         .await
         .expect("worker");
-    assert!(all_done(&client, &fast, Duration::from_secs(30)).await, "fast jobs done");
+    assert!(
+        all_done(&client, &fast, Duration::from_secs(30)).await,
+        "fast jobs done"
+    );
     let slow_done = {
         let mut n = 0;
         for id in &slow {
@@ -274,14 +336,33 @@ async fn a_types_limit_keeps_its_backlog_from_taking_the_whole_worker() {
         }
         n
     };
-    assert!(slow_done < slow.len(), "the fast type did not wait for the slow backlog");
-    assert!(all_done(&client, &slow, Duration::from_secs(60)).await, "slow jobs done");
-    assert_eq!(running.max.load(Ordering::SeqCst), 1, "one slow job at a time");
+    assert!(
+        slow_done < slow.len(),
+        "the fast type did not wait for the slow backlog"
+    );
+    assert!(
+        all_done(&client, &slow, Duration::from_secs(60)).await,
+        "slow jobs done"
+    );
+    assert_eq!(
+        running.max.load(Ordering::SeqCst),
+        1,
+        "one slow job at a time"
+    );
     worker.shutdown().await.expect("shutdown");
 
     let zero = Worker::builder(config_for(stack(), &ns, Duration::from_secs(4)))
-        .register_with(Gpu { schema: ns.clone(), worker: "z".into() }, JobLimits::default().max_in_flight(0))
+        .register_with(
+            Gpu {
+                schema: ns.clone(),
+                worker: "z".into(),
+            },
+            JobLimits::default().max_in_flight(0),
+        )
         .start()
         .await;
-    assert!(matches!(zero, Err(tenure::WorkerError::ZeroLimit("route.gpu"))), "{zero:?}");
+    assert!(
+        matches!(zero, Err(tenure::WorkerError::ZeroLimit("route.gpu"))),
+        "{zero:?}"
+    );
 }

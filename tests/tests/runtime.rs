@@ -801,7 +801,10 @@ async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types
     // run (routing by type makes this a forged or misrouted message).
     let js = async_nats::jetstream::new(async_nats::connect(&cfg.nats_url).await.unwrap());
     let mut h = async_nats::HeaderMap::new();
-    h.insert(tenure::blocks::queue::headers::JOB_ID, unknown.to_string().as_str());
+    h.insert(
+        tenure::blocks::queue::headers::JOB_ID,
+        unknown.to_string().as_str(),
+    );
     h.insert(tenure::blocks::queue::headers::JOB_TYPE, "test.nobody");
     let subject = queue.names().work_subject("test.three_step");
     js.publish_with_headers(subject, h, "{}".into())

@@ -119,13 +119,19 @@ impl FetcherState {
                     break;
                 }
                 let max = room.min(holds.len());
-                got |= self.pull(index, name, max, t.fetch_wait_now, &mut holds).await;
+                got |= self
+                    .pull(index, name, max, t.fetch_wait_now, &mut holds)
+                    .await;
             }
             if got || holds.is_empty() {
                 return got;
             }
         }
-        let wait = if round.len() > 1 { t.fetch_wait_several } else { t.fetch_wait };
+        let wait = if round.len() > 1 {
+            t.fetch_wait_several
+        } else {
+            t.fetch_wait
+        };
         let mut pulls = futures::stream::FuturesUnordered::new();
         for ((index, name, _), mut share) in round.iter().copied().zip(share_out(&round, holds)) {
             if !share.is_empty() {

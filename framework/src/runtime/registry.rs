@@ -114,12 +114,18 @@ impl Registry {
 
     /// Every type's name, sorted.
     pub(crate) fn names(&self) -> Vec<String> {
-        self.routes().into_iter().map(|(n, _)| n.to_string()).collect()
+        self.routes()
+            .into_iter()
+            .map(|(n, _)| n.to_string())
+            .collect()
     }
 
     /// A type whose limit is zero, if any.
     pub(crate) fn zero_limit(&self) -> Option<&'static str> {
-        self.routes().into_iter().find(|&(_, l)| l == 0).map(|(n, _)| n)
+        self.routes()
+            .into_iter()
+            .find(|&(_, l)| l == 0)
+            .map(|(n, _)| n)
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<Arc<dyn DynJob>> {

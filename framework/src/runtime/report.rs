@@ -99,11 +99,20 @@ impl Reporter {
     async fn record_unrouted(&self) {
         let sh = &self.shared;
         let bound = sh.cfg.lease_ttl / 2;
-        let read = async { (sh.queue.stored_by_type().await, sh.store.registered_job_types().await) };
+        let read = async {
+            (
+                sh.queue.stored_by_type().await,
+                sh.store.registered_job_types().await,
+            )
+        };
         let (stored, routed) = match tokio::time::timeout(bound, read).await {
             Ok((Ok(stored), Ok(routed))) => (stored, routed),
-            Ok((Err(e), _)) => return tracing::debug!(error = %e, "reading the work stream's types failed"),
-            Ok((_, Err(e))) => return tracing::debug!(error = %e, "reading the registered types failed"),
+            Ok((Err(e), _)) => {
+                return tracing::debug!(error = %e, "reading the work stream's types failed");
+            }
+            Ok((_, Err(e))) => {
+                return tracing::debug!(error = %e, "reading the registered types failed");
+            }
             Err(_) => return tracing::debug!("reading the unrouted job types timed out"),
         };
         let now: BTreeMap<String, u64> = stored

@@ -105,7 +105,8 @@ mod tests {
     #[test]
     fn rounds_rotate_and_skip_types_at_their_limit() {
         let routes = TypeRoutes::new([("a", 2), ("b", usize::MAX), ("c", 1)]);
-        let names = |r: Vec<(usize, &'static str, usize)>| r.into_iter().map(|t| t.1).collect::<Vec<_>>();
+        let names =
+            |r: Vec<(usize, &'static str, usize)>| r.into_iter().map(|t| t.1).collect::<Vec<_>>();
         assert_eq!(names(routes.round()), ["a", "b", "c"]);
         assert_eq!(names(routes.round()), ["b", "c", "a"]);
         let c = routes.hold(2);

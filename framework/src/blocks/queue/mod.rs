@@ -591,7 +591,12 @@ impl Queue {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
-        let span = tracing::debug_span!("tenure.queue.fetch", job_type, max, got = tracing::field::Empty);
+        let span = tracing::debug_span!(
+            "tenure.queue.fetch",
+            job_type,
+            max,
+            got = tracing::field::Empty
+        );
         let consumer = self.type_consumer(job_type).await?;
         let name = self.inner.names.type_consumer(job_type);
         let messages = self
@@ -789,7 +794,8 @@ mod tests {
     fn each_job_type_has_its_own_consumer_name() {
         let n = QueueNames::new("ns");
         let types = ["a.b", "a_b", "a_db", "a__b", "a-b", "a.b.c", "a_d.b"];
-        let names: std::collections::HashSet<_> = types.iter().map(|t| n.type_consumer(t)).collect();
+        let names: std::collections::HashSet<_> =
+            types.iter().map(|t| n.type_consumer(t)).collect();
         assert_eq!(names.len(), types.len(), "one-to-one: {names:?}");
         for t in types {
             let name = n.type_consumer(t);

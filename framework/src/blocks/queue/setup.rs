@@ -88,8 +88,12 @@ impl Queue {
         if mode == Provisioning::Apply {
             super::routes::remove_legacy_consumer(&work_stream, &names).await?;
         }
-        let advisories =
-            ensure_consumer(&advisory_stream, advisory_consumer_config(cfg, &names), mode).await?;
+        let advisories = ensure_consumer(
+            &advisory_stream,
+            advisory_consumer_config(cfg, &names),
+            mode,
+        )
+        .await?;
         tracing::info!(stream = %names.stream, ?mode, "queue ready");
         Ok(Queue {
             gave_up: None,
