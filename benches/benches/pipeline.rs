@@ -416,7 +416,9 @@ async fn unfenced_run(stack: &DevStack, c: usize, n: usize, mode: Baseline) -> R
                         Err(_) => break,
                     }
                 }
-                let Ok(deliveries) = queue.fetch(slots.len(), Duration::from_millis(500)).await
+                let Ok(deliveries) = queue
+                    .fetch(JOB_TYPE, slots.len(), Duration::from_millis(500))
+                    .await
                 else {
                     continue;
                 };

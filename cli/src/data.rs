@@ -39,6 +39,32 @@ pub struct JobView {
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Why a pending job is not running: `no worker registered` when no live
+    /// worker registers its type (it waits in the stream until one does).
+    pub waiting: Option<String>,
+}
+
+/// What a pending job of a type no live worker registers shows.
+pub const NO_WORKER: &str = "no worker registered";
+
+/// Marks the pending jobs of `views` whose type no live worker registers.
+async fn mark_waiting(ctx: &Ctx, store: &FenceStore, views: &mut [JobView]) -> anyhow::Result<()> {
+    if !views.iter().any(|v| v.status == "pending") {
+        return Ok(());
+    }
+    let routed = ctx
+        .call(
+            &ctx.postgres(),
+            "reading the workers' job types",
+            store.registered_job_types(),
+        )
+        .await?;
+    for v in views.iter_mut() {
+        if v.status == "pending" && !routed.contains(&v.job_type) {
+            v.waiting = Some(NO_WORKER.to_string());
+        }
+    }
+    Ok(())
 }
 
 impl From<&JobRow> for JobView {
@@ -55,6 +81,7 @@ impl From<&JobRow> for JobView {
             last_error: r.last_error.clone(),
             created_at: r.created_at,
             updated_at: r.updated_at,
+            waiting: None,
         }
     }
 }
@@ -183,7 +210,9 @@ pub async fn jobs(
             store.list_jobs(status, i64::from(limit)),
         )
         .await?;
-    Ok(rows.iter().map(JobView::from).collect())
+    let mut views: Vec<JobView> = rows.iter().map(JobView::from).collect();
+    mark_waiting(ctx, store, &mut views).await?;
+    Ok(views)
 }
 
 pub async fn jobs_page(
@@ -204,10 +233,9 @@ pub async fn jobs_page(
         Some(last) if rows.len() == limit as usize => Some(cursor_text(&JobCursor::after(last))),
         _ => None,
     };
-    Ok(JobsPage {
-        jobs: rows.iter().map(JobView::from).collect(),
-        next,
-    })
+    let mut jobs: Vec<JobView> = rows.iter().map(JobView::from).collect();
+    mark_waiting(ctx, store, &mut jobs).await?;
+    Ok(JobsPage { jobs, next })
 }
 
 pub async fn job(

@@ -505,7 +505,10 @@ fn jobs_table(views: &[JobView]) -> String {
             vec![
                 v.id.clone(),
                 v.job_type.clone(),
-                v.status.clone(),
+                match &v.waiting {
+                    Some(why) => format!("{} ({why})", v.status),
+                    None => v.status.clone(),
+                },
                 v.step.to_string(),
                 v.fence.to_string(),
                 v.takeovers.to_string(),

@@ -248,6 +248,27 @@ async fn jobs_job_dlq_and_redrive_against_the_dev_stack() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not dead"), "{stderr}");
 
+    // A job of a type no running worker registers waits, and says why.
+    let nobody = client
+        .enqueue_json("cli.nobody", "waits", serde_json::json!(1))
+        .await
+        .unwrap()
+        .job_id;
+    let table = ok(&tenure(&cfg, &["jobs", "--status", "pending"]));
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(&nobody.to_string()))
+        .unwrap_or_else(|| panic!("{nobody} missing from:\n{table}"));
+    assert!(line.contains("pending (no worker registered)"), "{line}");
+    let listed = json(&tenure(&cfg, &["--json", "jobs", "--status", "pending"]));
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == nobody.to_string())
+        .expect("listed");
+    assert_eq!(entry["waiting"], "no worker registered", "{entry}");
+
     worker.shutdown().await.unwrap();
 }
 
@@ -302,8 +323,9 @@ async fn server_setup(cfg: &Config) -> Vec<String> {
     let names = QueueNames::new(&cfg.namespace);
     let js = async_nats::jetstream::new(async_nats::connect(&cfg.nats_url).await.unwrap());
     let mut out = Vec::new();
+    let type_consumer = names.type_consumer("cli.flaky");
     for (stream, consumer) in [
-        (&names.stream, Some(&names.consumer)),
+        (&names.stream, Some(&type_consumer)),
         (&names.dlq_stream, None),
         (&names.advisory_stream, Some(&names.advisory_consumer)),
     ] {

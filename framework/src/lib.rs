@@ -184,7 +184,7 @@ pub use fence::mysql::{MySqlFence, MySqlFenceError, MySqlFencedTx};
 pub use fence::{GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
 pub use job::{Job, StepCtx, StepError};
 pub use lease::Health;
-pub use runtime::{Worker, WorkerBuilder, WorkerError, WorkerObserver};
+pub use runtime::{JobLimits, Worker, WorkerBuilder, WorkerError, WorkerObserver};
 pub use tenure_macros::{job, step};
 pub use types::{FencingToken, InvalidFence, JobId, LeaseId, ObservedFence, StepIndex};
 

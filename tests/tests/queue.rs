@@ -6,6 +6,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use tenure::blocks::queue::{
     BadMessage, DeadLetterInfo, Delivery, Queue, QueueError, headers, reasons,
 };
@@ -50,7 +52,7 @@ async fn fetch_one(queue: &Queue, within: Duration) -> Option<Delivery> {
     while Instant::now() < until {
         let left = until - Instant::now();
         let mut got = queue
-            .fetch(1, left.min(Duration::from_secs(1)))
+            .fetch("test.job", 1, left.min(Duration::from_secs(1)))
             .await
             .expect("fetch");
         if let Some(d) = got.pop() {
@@ -87,7 +89,10 @@ async fn provision_is_idempotent_and_applies_changed_settings() {
     changed.duplicate_window = Duration::from_secs(30);
     Queue::provision(&changed)
         .await
-        .expect("connect with changed settings");
+        .expect("connect with changed settings")
+        .route(&["test.job"])
+        .await
+        .expect("the type's consumer, updated");
 
     let js = raw(stack).await;
     let mut stream = js.get_stream(&q1.names().stream).await.expect("stream");
@@ -102,16 +107,13 @@ async fn provision_is_idempotent_and_applies_changed_settings() {
         "re-connecting keeps the stored message"
     );
     let consumer: async_nats::jetstream::consumer::PullConsumer = stream
-        .get_consumer(&q1.names().consumer)
+        .get_consumer(&q1.names().type_consumer("test.job"))
         .await
         .expect("consumer");
     let c = consumer.cached_info();
     assert_eq!(c.config.ack_wait, Duration::from_secs(7));
     assert_eq!(c.config.max_deliver, 9);
-    assert_eq!(
-        c.config.filter_subject,
-        format!("{}>", q1.names().subject_prefix)
-    );
+    assert_eq!(c.config.filter_subject, q1.names().work_subject("test.job"));
 
     let mut bad = cfg.clone();
     bad.namespace = "Not Valid".into();
@@ -146,7 +148,7 @@ async fn duplicate_publish_inside_the_window_is_one_message() {
     assert_eq!(queue.stats().await.expect("stats").work_messages, 1);
 
     let got = queue
-        .fetch(10, Duration::from_secs(2))
+        .fetch("test.job", 10, Duration::from_secs(2))
         .await
         .expect("fetch");
     assert_eq!(got.len(), 1, "one message for the job");
@@ -223,7 +225,7 @@ async fn unacked_message_is_redelivered_after_ack_wait() {
     assert_eq!(first.delivery_count(), 1);
     // Not acked, not dropped either: just silent, like a stalled worker.
     let early = queue
-        .fetch(1, Duration::from_millis(300))
+        .fetch("test.job", 1, Duration::from_millis(300))
         .await
         .expect("fetch");
     assert!(early.is_empty(), "no redelivery before AckWait");
@@ -242,7 +244,7 @@ async fn unacked_message_is_redelivered_after_ack_wait() {
     drop(first);
     assert!(
         queue
-            .fetch(1, Duration::from_millis(1500))
+            .fetch("test.job", 1, Duration::from_millis(1500))
             .await
             .expect("fetch")
             .is_empty()
@@ -267,7 +269,7 @@ async fn progress_acks_prevent_redelivery() {
     while Instant::now() < until {
         d.progress().await.expect("progress");
         let other = queue
-            .fetch(1, Duration::from_millis(300))
+            .fetch("test.job", 1, Duration::from_millis(300))
             .await
             .expect("fetch");
         assert!(other.is_empty(), "redelivered despite progress: {other:?}");
@@ -275,7 +277,7 @@ async fn progress_acks_prevent_redelivery() {
     d.ack().await.expect("ack");
     assert!(
         queue
-            .fetch(1, Duration::from_millis(1500))
+            .fetch("test.job", 1, Duration::from_millis(1500))
             .await
             .expect("fetch")
             .is_empty()
@@ -304,7 +306,7 @@ async fn retry_after_redelivers_after_the_delay_with_a_higher_count() {
         .expect("nak");
     assert!(
         queue
-            .fetch(1, Duration::from_millis(500))
+            .fetch("test.job", 1, Duration::from_millis(500))
             .await
             .expect("fetch")
             .is_empty()
@@ -512,7 +514,7 @@ async fn message_exceeding_max_deliver_lands_in_the_dlq_via_the_advisory() {
     // runs yet: the advisory stream keeps it.
     assert!(
         queue
-            .fetch(1, Duration::from_secs(1))
+            .fetch("test.job", 1, Duration::from_secs(1))
             .await
             .expect("fetch")
             .is_empty()
@@ -576,7 +578,7 @@ async fn message_exceeding_max_deliver_lands_in_the_dlq_via_the_advisory() {
             "second poison message not dead-lettered"
         );
         let _ = queue
-            .fetch(1, Duration::from_millis(200))
+            .fetch("test.job", 1, Duration::from_millis(200))
             .await
             .expect("fetch");
     }
@@ -641,7 +643,7 @@ async fn garbage_is_a_bad_message_and_the_consumer_keeps_serving() {
     while reasons_seen.len() + good < 5 {
         assert!(Instant::now() < until, "not all messages were served");
         for d in queue
-            .fetch(10, Duration::from_secs(1))
+            .fetch("test.job", 10, Duration::from_secs(1))
             .await
             .expect("fetch")
         {
@@ -731,17 +733,24 @@ async fn nats_restart_loses_no_published_message_and_fetch_resumes() {
             .expect("publish");
     }
     let mut done = BTreeSet::new();
-    for d in queue.fetch(5, Duration::from_secs(2)).await.expect("fetch") {
+    for d in queue
+        .fetch("test.job", 5, Duration::from_secs(2))
+        .await
+        .expect("fetch")
+    {
         done.insert(d.job_id().expect("id"));
         d.ack().await.expect("ack");
     }
-    let held = queue.fetch(5, Duration::from_secs(2)).await.expect("fetch");
+    let held = queue
+        .fetch("test.job", 5, Duration::from_secs(2))
+        .await
+        .expect("fetch");
     assert_eq!((done.len(), held.len()), (5, 5));
 
     stack.nats().kill().expect("kill NATS");
     let down_at = Instant::now();
     let err = queue
-        .fetch(5, Duration::from_millis(500))
+        .fetch("test.job", 5, Duration::from_millis(500))
         .await
         .expect_err("fetch while NATS is down");
     assert!(err.is_transient(), "{err}");
@@ -767,7 +776,10 @@ async fn nats_restart_loses_no_published_message_and_fetch_resumes() {
     let until = Instant::now() + Duration::from_secs(30);
     let mut resumed = false;
     while Instant::now() < until && done.len() < total {
-        match queue.fetch(10, Duration::from_millis(500)).await {
+        match queue
+            .fetch("test.job", 10, Duration::from_millis(500))
+            .await
+        {
             Ok(batch) => {
                 resumed = true;
                 for d in batch {
@@ -820,7 +832,7 @@ async fn nats_restart_loses_no_published_message_and_fetch_resumes() {
             "a message stays in the stream: {stats:?}, leftovers {leftovers:?}"
         );
         for d in queue
-            .fetch(10, Duration::from_millis(500))
+            .fetch("test.job", 10, Duration::from_millis(500))
             .await
             .expect("fetch")
         {
@@ -846,7 +858,7 @@ async fn empty_fetch_returns_within_the_wait() {
     let t = Instant::now();
     assert!(
         queue
-            .fetch(8, Duration::from_millis(700))
+            .fetch("test.job", 8, Duration::from_millis(700))
             .await
             .expect("fetch")
             .is_empty()
@@ -855,7 +867,7 @@ async fn empty_fetch_returns_within_the_wait() {
     assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
     assert!(
         queue
-            .fetch(0, Duration::from_secs(5))
+            .fetch("test.job", 0, Duration::from_secs(5))
             .await
             .expect("fetch 0")
             .is_empty()
@@ -869,7 +881,7 @@ async fn empty_fetch_returns_within_the_wait() {
             .expect("publish");
     });
     let got = queue
-        .fetch(8, Duration::from_secs(10))
+        .fetch("test.job", 8, Duration::from_secs(10))
         .await
         .expect("fetch");
     publisher.await.expect("publisher");
@@ -909,4 +921,97 @@ async fn stream_replicas_reach_jetstream_and_a_single_server_refuses_three() {
         text.to_lowercase().contains("replica"),
         "the error says why: {text}"
     );
+}
+
+/// Routing by job type: each type has its own consumer, a fetch of one type
+/// never delivers another's message, a type nobody fetches keeps its messages
+/// in the stream (counted by `stored_by_type`), and a namespace provisioned by
+/// Tenure before routing loses its consumer of all types to the per-type ones
+/// without losing the messages that consumer held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_job_type_is_fetched_from_its_own_consumer() {
+    let stack = nats();
+    let cfg = config(stack, "q_route", 5);
+    let js = raw(stack).await;
+    // What Tenure before routing set up: one consumer of every type, holding
+    // a delivered, unacked message.
+    let names = tenure::blocks::queue::QueueNames::new(&cfg.namespace);
+    let before = Queue::connect_or_create(&cfg).await.expect("streams");
+    before
+        .publish_job(job(1), "route.a", "held by the old consumer".into())
+        .await
+        .expect("publish");
+    let stream = js.get_stream(&names.stream).await.expect("stream");
+    let legacy: async_nats::jetstream::consumer::PullConsumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some(names.legacy_consumer.clone()),
+            filter_subject: format!("{}>", names.subject_prefix),
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .expect("the old consumer");
+    let mut held = legacy
+        .fetch()
+        .max_messages(1)
+        .messages()
+        .await
+        .expect("pull");
+    assert!(held.next().await.is_some(), "the old consumer delivered it");
+
+    let queue = Queue::provision(&cfg).await.expect("provision");
+    assert!(
+        stream.consumer_info(&names.legacy_consumer).await.is_err(),
+        "provisioning removed the consumer of all types"
+    );
+    for (n, t) in [(2, "route.a"), (3, "route.b"), (4, "route.nobody")] {
+        queue
+            .publish_job(job(n), t, t.into())
+            .await
+            .expect("publish");
+    }
+    let mut a = Vec::new();
+    let until = Instant::now() + Duration::from_secs(10);
+    while a.len() < 2 && Instant::now() < until {
+        for d in queue
+            .fetch("route.a", 10, Duration::from_millis(500))
+            .await
+            .expect("fetch a")
+        {
+            assert_eq!(d.job_type(), Ok("route.a"));
+            a.push(d.job_id().expect("id"));
+            d.ack().await.expect("ack");
+        }
+    }
+    a.sort();
+    let mut want = vec![job(1), job(2)];
+    want.sort();
+    assert_eq!(
+        a, want,
+        "the old consumer's message went to the type's consumer"
+    );
+    let mut b = queue
+        .fetch("route.b", 10, Duration::from_secs(2))
+        .await
+        .expect("fetch b");
+    assert_eq!(b.len(), 1);
+    let b = b.pop().expect("one");
+    assert_eq!(b.job_id(), Ok(job(3)));
+    b.ack().await.expect("ack");
+
+    let stored = queue.stored_by_type().await.expect("stored");
+    assert_eq!(stored.get("route.nobody"), Some(&1), "{stored:?}");
+    assert_eq!(stored.get("route.a"), None, "{stored:?}");
+    let routed = queue.routed_types().await.expect("routed");
+    assert_eq!(routed.keys().collect::<Vec<_>>(), ["route.a", "route.b"]);
+    let mut late = queue
+        .fetch("route.nobody", 10, Duration::from_secs(2))
+        .await
+        .expect("fetch late");
+    assert_eq!(
+        late.len(),
+        1,
+        "the waiting message goes to the first consumer of its type"
+    );
+    late.pop().expect("one").ack().await.expect("ack");
 }

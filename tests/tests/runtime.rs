@@ -779,7 +779,8 @@ async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types
     worker.shutdown().await.unwrap();
 
     // With no worker running, queue a group: the finished job's message again,
-    // a message without a row, one whose row names an unknown type, and a new job.
+    // a message without a row, one whose row names a type this worker does not
+    // run, and a new job.
     let queue = client.queue();
     queue
         .publish_redrive(done, "test.three_step", "{}".into())
@@ -796,8 +797,19 @@ async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types
         .insert_job(unknown, "test.nobody", &serde_json::json!({}))
         .await
         .unwrap();
-    queue
-        .publish_job(unknown, "test.nobody", "{}".into())
+    // On this worker's subject, but row and header name a type it does not
+    // run (routing by type makes this a forged or misrouted message).
+    let js = async_nats::jetstream::new(async_nats::connect(&cfg.nats_url).await.unwrap());
+    let mut h = async_nats::HeaderMap::new();
+    h.insert(
+        tenure::blocks::queue::headers::JOB_ID,
+        unknown.to_string().as_str(),
+    );
+    h.insert(tenure::blocks::queue::headers::JOB_TYPE, "test.nobody");
+    let subject = queue.names().work_subject("test.three_step");
+    js.publish_with_headers(subject, h, "{}".into())
+        .await
+        .unwrap()
         .await
         .unwrap();
     let fresh_job = client

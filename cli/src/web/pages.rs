@@ -169,7 +169,10 @@ fn job_rows(jobs: &[JobView]) -> Markup {
             @for j in jobs {
                 tr {
                     td { a href={ "/jobs/" (j.id) } { (j.id) } }
-                    td { (j.job_type) } td class={ "s-" (j.status) } { (j.status) }
+                    td { (j.job_type) } td class={ "s-" (j.status) } {
+                        (j.status)
+                        @if let Some(why) = &j.waiting { " " small.waiting { "(" (why) ")" } }
+                    }
                     td { (j.step) } td { (j.fence) } td { (j.takeovers) } td { (j.attempts) }
                     td { (time(&j.created_at)) } td { (opt(j.last_error.as_deref())) }
                 }
@@ -390,6 +393,7 @@ mod tests {
             last_error: Some(evil.into()),
             created_at: Utc::now(),
             updated_at: Utc::now(),
+            waiting: None,
         };
         let page = JobsPage {
             jobs: vec![view],

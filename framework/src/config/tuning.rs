@@ -42,6 +42,17 @@ pub struct Tuning {
     /// enough that an idle worker asks about twice a second, short enough that a
     /// draining worker stops fetching soon.
     pub fetch_wait: Duration,
+    /// How long a fetch round of a worker with several job types waits for the
+    /// first message of any of them (default 100 ms). Each type has its own pull
+    /// request and the round ends when all have: a burst of one type that
+    /// arrives while another type's request waits is fetched past its first
+    /// messages only after this. The cost of shorter: an idle worker asks
+    /// about each of its types ten times a second.
+    pub fetch_wait_several: Duration,
+    /// How long, after a round that delivered something, a worker with several
+    /// job types waits on each type in turn (default 5 ms): the messages there
+    /// come at once, an empty type costs this much.
+    pub fetch_wait_now: Duration,
     /// How often a fetcher whose session is not `Healthy` looks again (default
     /// 200 ms), besides waking on every health change.
     pub fetch_unhealthy_recheck: Duration,
@@ -93,6 +104,8 @@ impl Tuning {
         hold_ahead_max_wait: Duration::from_secs(1),
         run_time_mean_shift: 3,
         fetch_wait: Duration::from_millis(500),
+        fetch_wait_several: Duration::from_millis(100),
+        fetch_wait_now: Duration::from_millis(5),
         fetch_unhealthy_recheck: Duration::from_millis(200),
         fetch_error_pause: Duration::from_millis(250),
         lock_acquire_linger: Duration::from_millis(2),
@@ -127,6 +140,9 @@ impl Tuning {
         }
         if self.fetch_wait.is_zero() {
             return invalid("tuning.fetch_wait", "must be positive");
+        }
+        if self.fetch_wait_several.is_zero() || self.fetch_wait_now.is_zero() {
+            return invalid("tuning.fetch_wait_several", "fetch waits must be positive");
         }
         if self.lock_release_flush == 0 {
             return invalid("tuning.lock_release_flush", "must be at least 1");

@@ -1,8 +1,9 @@
 //! `Fetcher`: pulls deliveries from JetStream only while the session is
 //! `Healthy`, as many as the worker's [`Slots`] allow (at most
 //! `Config::max_in_flight` running, up to `Config::prefetch` more locked and
-//! waiting, fetched in groups), and spawns one `JobActor` per delivery under the
-//! supervisor.
+//! waiting, fetched in groups), from the consumers of the job types the worker
+//! registered, each type up to its own limit ([`TypeRoutes`]), and spawns one
+//! `JobActor` per delivery under the supervisor.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,7 +12,8 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use super::Shared;
 use super::job_actor::{JobActor, JobArgs};
-use super::slots::Slots;
+use super::routes::TypeRoutes;
+use super::slots::{HoldSlot, Slots};
 use crate::JobId;
 use crate::fence::JobRow;
 use crate::lease::Health;
@@ -20,6 +22,7 @@ use crate::queue::Delivery;
 pub(crate) struct FetcherArgs {
     pub(crate) shared: Arc<Shared>,
     pub(crate) slots: Arc<Slots>,
+    pub(crate) routes: Arc<TypeRoutes>,
     pub(crate) supervisor: ActorCell,
 }
 
@@ -29,9 +32,15 @@ pub(crate) enum FetcherMsg {
 
 pub(crate) struct Fetcher;
 
+pub(crate) struct FetcherState {
+    args: FetcherArgs,
+    /// The last round delivered something: look at every type at once first.
+    busy: bool,
+}
+
 impl Actor for Fetcher {
     type Msg = FetcherMsg;
-    type State = FetcherArgs;
+    type State = FetcherState;
     type Arguments = FetcherArgs;
 
     async fn pre_start(
@@ -40,7 +49,7 @@ impl Actor for Fetcher {
         args: FetcherArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.send_message(FetcherMsg::Tick)?;
-        Ok(args)
+        Ok(FetcherState { args, busy: false })
     }
 
     async fn handle(
@@ -49,7 +58,7 @@ impl Actor for Fetcher {
         _msg: FetcherMsg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let sh = &st.shared;
+        let sh = st.args.shared.clone();
         if sh.draining.is_cancelled() {
             return Ok(());
         }
@@ -59,55 +68,160 @@ impl Actor for Fetcher {
             tokio::select! {
                 () = sh.draining.cancelled() => return Ok(()),
                 _ = current.changed() => {}
-                () = wait_healthy(sh) => {}
+                () = wait_healthy(&sh) => {}
                 () = tokio::time::sleep(sh.cfg.tuning.fetch_unhealthy_recheck) => {}
             }
             myself.send_message(FetcherMsg::Tick)?;
             return Ok(());
         }
-        let mut holds = tokio::select! {
+        let holds = tokio::select! {
             () = sh.draining.cancelled() => return Ok(()),
-            h = st.slots.to_fetch() => h,
+            h = st.args.slots.to_fetch() => h,
         };
-        let fetched = tokio::select! {
-            () = sh.draining.cancelled() => return Ok(()),
-            r = sh.queue.fetch(holds.len(), sh.cfg.tuning.fetch_wait) => r,
-        };
-        match fetched {
-            Ok(deliveries) => {
-                let mut rows = admission_rows(sh, &deliveries).await;
-                for delivery in deliveries {
-                    let Some(hold) = holds.pop() else {
-                        tracing::error!(
-                            "queue returned more deliveries than asked for; the extra is redelivered"
-                        );
-                        break;
-                    };
-                    let admitted = match (&mut rows, delivery.job_id()) {
-                        (Some(rows), Ok(id)) => Some(rows.remove(&id)),
-                        _ => None,
-                    };
-                    let args = JobArgs {
-                        shared: st.shared.clone(),
-                        admitted,
-                        delivery,
-                        hold,
-                    };
-                    if let Err(e) =
-                        Actor::spawn_linked(None, JobActor, args, st.supervisor.clone()).await
-                    {
-                        tracing::error!(error = %e, "cannot spawn a job actor; the delivery is redelivered after AckWait");
-                    }
-                }
+        let round = st.args.routes.round();
+        if round.is_empty() {
+            // Every type is at its limit: wait for one of its jobs to end.
+            drop(holds);
+            tokio::select! {
+                () = sh.draining.cancelled() => return Ok(()),
+                () = st.args.routes.freed(sh.cfg.tuning.fetch_wait) => {}
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "fetch failed; retrying");
-                tokio::time::sleep(st.shared.cfg.tuning.fetch_error_pause).await;
+        } else {
+            tokio::select! {
+                () = sh.draining.cancelled() => return Ok(()),
+                busy = st.round(round, holds) => st.busy = busy,
             }
         }
         myself.send_message(FetcherMsg::Tick)?;
         Ok(())
     }
+}
+
+/// A round's types: (index, name, deliveries it may take).
+type Round = Vec<(usize, &'static str, usize)>;
+
+impl FetcherState {
+    /// One fetch round over the types below their limit; whether it delivered
+    /// anything.
+    ///
+    /// One type: one pull request for all the holds, waiting up to
+    /// `Tuning::fetch_wait`. Several: after a busy round, first a pull without
+    /// waiting from each type in turn (messages are there: take them); if that
+    /// finds nothing, or after an idle round, one waiting pull per type at once,
+    /// the holds shared out, each ending at its type's first message or after
+    /// `Tuning::fetch_wait_several`, and each pull's deliveries started as it ends.
+    async fn round(&self, round: Round, mut holds: Vec<HoldSlot>) -> bool {
+        let t = &self.args.shared.cfg.tuning;
+        if round.len() > 1 && self.busy {
+            let mut got = false;
+            for &(index, name, room) in &round {
+                if holds.is_empty() {
+                    break;
+                }
+                let max = room.min(holds.len());
+                got |= self
+                    .pull(index, name, max, t.fetch_wait_now, &mut holds)
+                    .await;
+            }
+            if got || holds.is_empty() {
+                return got;
+            }
+        }
+        let wait = if round.len() > 1 {
+            t.fetch_wait_several
+        } else {
+            t.fetch_wait
+        };
+        let mut pulls = futures::stream::FuturesUnordered::new();
+        for ((index, name, _), mut share) in round.iter().copied().zip(share_out(&round, holds)) {
+            if !share.is_empty() {
+                pulls.push(async move {
+                    let max = share.len();
+                    self.pull(index, name, max, wait, &mut share).await
+                });
+            }
+        }
+        let mut got = false;
+        while let Some(g) = futures::StreamExt::next(&mut pulls).await {
+            got |= g;
+        }
+        got
+    }
+
+    /// One pull request of type `name` for up to `max` deliveries, each
+    /// started with one of `holds`; whether it delivered anything.
+    async fn pull(
+        &self,
+        index: usize,
+        name: &'static str,
+        max: usize,
+        wait: std::time::Duration,
+        holds: &mut Vec<HoldSlot>,
+    ) -> bool {
+        let sh = &self.args.shared;
+        match sh.queue.fetch(name, max, wait).await {
+            Ok(deliveries) => {
+                let got = !deliveries.is_empty();
+                self.start(index, deliveries, holds).await;
+                got
+            }
+            Err(e) => {
+                tracing::warn!(job_type = name, error = %e, "fetch failed; retrying");
+                tokio::time::sleep(sh.cfg.tuning.fetch_error_pause).await;
+                false
+            }
+        }
+    }
+
+    /// Spawns a job actor per delivery, each with one of `holds`.
+    async fn start(&self, index: usize, deliveries: Vec<Delivery>, holds: &mut Vec<HoldSlot>) {
+        let sh = &self.args.shared;
+        let mut rows = admission_rows(sh, &deliveries).await;
+        for delivery in deliveries {
+            let Some(hold) = holds.pop() else {
+                tracing::error!(
+                    "queue returned more deliveries than asked for; the extra is redelivered"
+                );
+                break;
+            };
+            let admitted = match (&mut rows, delivery.job_id()) {
+                (Some(rows), Ok(id)) => Some(rows.remove(&id)),
+                _ => None,
+            };
+            let args = JobArgs {
+                shared: sh.clone(),
+                admitted,
+                delivery,
+                hold: hold.of_type(self.args.routes.hold(index)),
+            };
+            if let Err(e) =
+                Actor::spawn_linked(None, JobActor, args, self.args.supervisor.clone()).await
+            {
+                tracing::error!(error = %e, "cannot spawn a job actor; the delivery is redelivered after AckWait");
+            }
+        }
+    }
+}
+
+/// The holds dealt out one at a time over the round's types, each type up to
+/// the deliveries it may take.
+fn share_out<T>(round: &Round, mut holds: Vec<T>) -> Vec<Vec<T>> {
+    let mut shares: Vec<Vec<T>> = round.iter().map(|_| Vec::new()).collect();
+    while !holds.is_empty() {
+        let mut dealt = false;
+        for (share, &(_, _, room)) in shares.iter_mut().zip(round) {
+            if share.len() < room {
+                if let Some(h) = holds.pop() {
+                    share.push(h);
+                    dealt = true;
+                }
+            }
+        }
+        if !dealt {
+            break;
+        }
+    }
+    shares
 }
 
 /// The job rows of a group of deliveries, read in one query (the admission
@@ -134,5 +248,22 @@ async fn wait_healthy(sh: &Shared) {
         let _ = h.wait_for(|h| *h == Health::Healthy).await;
     } else {
         std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_are_dealt_out_fairly_up_to_each_types_room() {
+        let round: Round = vec![(0, "a", 1), (1, "b", 10), (2, "c", 10)];
+        let shares = share_out(&round, (0..6).collect());
+        let sizes: Vec<usize> = shares.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [1, 3, 2]);
+        let few = share_out(&round, vec![1, 2]);
+        assert_eq!(few.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 0]);
+        let capped = share_out(&vec![(0, "a", 1)], vec![1, 2, 3]);
+        assert_eq!(capped[0].len(), 1, "the rest go back to the slots");
     }
 }

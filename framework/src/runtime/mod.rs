@@ -27,6 +27,7 @@ mod keeper;
 mod outcome;
 mod registry;
 mod report;
+mod routes;
 mod slots;
 mod stage;
 mod steps;
@@ -47,6 +48,7 @@ use crate::{Config, FencingToken, JobId, StepIndex};
 
 use fetcher::{Fetcher, FetcherArgs, FetcherMsg};
 use keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
+pub use registry::JobLimits;
 use registry::Registry;
 use report::Reporter;
 use slots::Slots;
@@ -64,6 +66,9 @@ pub enum WorkerError {
     /// Two job types share a name.
     #[error("job type {0:?} registered twice")]
     DuplicateJob(&'static str),
+    /// A job type's `JobLimits::max_in_flight` is 0: it would never run.
+    #[error("job type {0:?} has max_in_flight 0: it would never run")]
+    ZeroLimit(&'static str),
     /// etcd could not be reached or refused the session.
     #[error("etcd: {0}")]
     Lease(#[from] LeaseError),
@@ -187,9 +192,28 @@ impl std::fmt::Debug for WorkerBuilder {
 }
 
 impl WorkerBuilder {
-    /// Registers a job type. Each name once.
-    pub fn register<J: Job>(mut self, job: J) -> Self {
-        if !self.registry.insert(job) && self.duplicate.is_none() {
+    /// Registers a job type. Each name once. The worker fetches only the job
+    /// types it registered (one NATS consumer per type): a job of a type no
+    /// running worker registers waits in the stream until one does.
+    pub fn register<J: Job>(self, job: J) -> Self {
+        self.register_with(job, JobLimits::default())
+    }
+
+    /// Registers a job type with limits of its own, so that it cannot take the
+    /// whole worker from the other types.
+    ///
+    /// ```no_run
+    /// # async fn demo<A: tenure::Job, B: tenure::Job>(a: A, b: B) -> Result<(), Box<dyn std::error::Error>> {
+    /// use tenure::{JobLimits, Worker};
+    /// let worker = Worker::builder(tenure::Config::from_env()?)
+    ///     .register_with(a, JobLimits::default().max_in_flight(4)) // slow: at most 4 at once
+    ///     .register(b)
+    ///     .start()
+    ///     .await?;
+    /// # let _ = worker; Ok(()) }
+    /// ```
+    pub fn register_with<J: Job>(mut self, job: J, limits: JobLimits) -> Self {
+        if !self.registry.insert(job, limits) && self.duplicate.is_none() {
             self.duplicate = Some(J::NAME);
         }
         self
@@ -223,6 +247,9 @@ impl WorkerBuilder {
         if self.registry.is_empty() {
             return Err(WorkerError::NoJobs);
         }
+        if let Some(name) = self.registry.zero_limit() {
+            return Err(WorkerError::ZeroLimit(name));
+        }
         let cfg = self.cfg;
         let metrics = match &self.meter {
             Some(m) => Metrics::new(m, &cfg.worker_id),
@@ -230,6 +257,8 @@ impl WorkerBuilder {
         };
         let store = FenceStore::connect(&cfg).await?;
         let queue = Queue::provision(&cfg).await?;
+        let routes = routes::TypeRoutes::new(self.registry.routes());
+        queue.route(&routes.names()).await?;
         let first = Session::establish(&cfg).await?;
 
         let draining = CancellationToken::new();
@@ -255,6 +284,7 @@ impl WorkerBuilder {
         let sup_args = SupervisorArgs {
             shared: shared.clone(),
             slots: slots.clone(),
+            routes,
             keeper: Some(KeeperArgs {
                 cfg: cfg.clone(),
                 metrics,
@@ -438,6 +468,7 @@ impl Drop for Worker {
 struct SupervisorArgs {
     shared: Arc<Shared>,
     slots: Arc<Slots>,
+    routes: Arc<routes::TypeRoutes>,
     keeper: Option<KeeperArgs>,
 }
 
@@ -462,6 +493,7 @@ impl WorkerSupervisor {
         let args = FetcherArgs {
             shared: st.args.shared.clone(),
             slots: st.args.slots.clone(),
+            routes: st.args.routes.clone(),
             supervisor: myself.get_cell(),
         };
         let (fetcher, _) = Actor::spawn_linked(None, Fetcher, args, myself.get_cell()).await?;

@@ -43,10 +43,42 @@ impl<J: Job> DynJob for J {
     }
 }
 
+/// How much of a worker one job type may take
+/// ([`WorkerBuilder::register_with`](crate::WorkerBuilder::register_with)).
+///
+/// ```
+/// let limits = tenure::JobLimits::default().max_in_flight(4);
+/// assert_eq!(limits.get_max_in_flight(), Some(4));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobLimits {
+    max_in_flight: Option<usize>,
+}
+
+impl JobLimits {
+    /// At most `n` deliveries of this type in hand at once (running, or locked
+    /// and waiting for a run slot); the worker's own
+    /// [`Config::max_in_flight`](crate::Config::max_in_flight) and
+    /// [`Config::prefetch`](crate::Config::prefetch) bound all types together.
+    /// `0` is refused by [`WorkerBuilder::start`](crate::WorkerBuilder::start).
+    #[must_use]
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = Some(n);
+        self
+    }
+
+    /// The limit set, if any.
+    pub fn get_max_in_flight(&self) -> Option<usize> {
+        self.max_in_flight
+    }
+}
+
 /// Job types by name.
 #[derive(Default, Clone)]
 pub(crate) struct Registry {
     jobs: HashMap<&'static str, Arc<dyn DynJob>>,
+    limits: HashMap<&'static str, JobLimits>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -57,12 +89,43 @@ impl std::fmt::Debug for Registry {
 
 impl Registry {
     /// Adds a job type; `false` if the name was taken.
-    pub(crate) fn insert<J: Job>(&mut self, job: J) -> bool {
+    pub(crate) fn insert<J: Job>(&mut self, job: J, limits: JobLimits) -> bool {
         if self.jobs.contains_key(J::NAME) {
             return false;
         }
         self.jobs.insert(J::NAME, Arc::new(job));
+        self.limits.insert(J::NAME, limits);
         true
+    }
+
+    /// Every type with its deliveries limit (`usize::MAX`: none), by name.
+    pub(crate) fn routes(&self) -> Vec<(&'static str, usize)> {
+        let mut out: Vec<_> = self
+            .jobs
+            .keys()
+            .map(|&name| {
+                let limit = self.limits.get(name).and_then(|l| l.max_in_flight);
+                (name, limit.unwrap_or(usize::MAX))
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Every type's name, sorted.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.routes()
+            .into_iter()
+            .map(|(n, _)| n.to_string())
+            .collect()
+    }
+
+    /// A type whose limit is zero, if any.
+    pub(crate) fn zero_limit(&self) -> Option<&'static str> {
+        self.routes()
+            .into_iter()
+            .find(|&(_, l)| l == 0)
+            .map(|(n, _)| n)
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<Arc<dyn DynJob>> {

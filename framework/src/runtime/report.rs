@@ -4,6 +4,7 @@
 //! shutdown. Best effort: a report that fails is logged and the next one tries
 //! again; nothing in the protocol reads them.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -24,6 +25,8 @@ pub(super) struct Reporter {
     /// Held while a report is written; `true` once `stopped` was written, after
     /// which nothing else is (so a periodic report cannot land after it).
     stopped: Arc<tokio::sync::Mutex<bool>>,
+    /// The job types last recorded as unrouted (recorded 0 once they are not).
+    unrouted: Arc<std::sync::Mutex<BTreeSet<String>>>,
 }
 
 impl Reporter {
@@ -33,6 +36,7 @@ impl Reporter {
             slots,
             started_at: Utc::now(),
             stopped: Arc::default(),
+            unrouted: Arc::default(),
         }
     }
 
@@ -45,6 +49,7 @@ impl Reporter {
             let session = sessions.borrow_and_update().clone();
             let health = session.as_ref().map_or(Health::Lost, |s| s.health());
             self.report(session.as_deref(), health.as_str()).await;
+            self.record_unrouted().await;
             let mut healths = session.as_ref().map(|s| s.watch_health());
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -76,6 +81,7 @@ impl Reporter {
             max_in_flight: cfg.max_in_flight,
             lease_ttl: cfg.lease_ttl,
             started_at: self.started_at,
+            job_types: self.shared.registry.names(),
         };
         let write = self.shared.store.report_worker(&report);
         match tokio::time::timeout(cfg.lease_ttl / 2, write).await {
@@ -83,6 +89,44 @@ impl Reporter {
             Ok(Err(e)) => tracing::warn!(error = %e, "worker report failed"),
             Err(_) => tracing::warn!("worker report timed out"),
         }
+    }
+}
+
+impl Reporter {
+    /// Records `tenure.jobs.unrouted`: the messages waiting in the work stream
+    /// per job type that no live worker registers (from the workers' reports),
+    /// and 0 for a type recorded before that has a worker or no messages now.
+    async fn record_unrouted(&self) {
+        let sh = &self.shared;
+        let bound = sh.cfg.lease_ttl / 2;
+        let read = async {
+            (
+                sh.queue.stored_by_type().await,
+                sh.store.registered_job_types().await,
+            )
+        };
+        let (stored, routed) = match tokio::time::timeout(bound, read).await {
+            Ok((Ok(stored), Ok(routed))) => (stored, routed),
+            Ok((Err(e), _)) => {
+                return tracing::debug!(error = %e, "reading the work stream's types failed");
+            }
+            Ok((_, Err(e))) => {
+                return tracing::debug!(error = %e, "reading the registered types failed");
+            }
+            Err(_) => return tracing::debug!("reading the unrouted job types timed out"),
+        };
+        let now: BTreeMap<String, u64> = stored
+            .into_iter()
+            .filter(|(t, n)| *n > 0 && !routed.contains(t))
+            .collect();
+        let mut last = self.unrouted.lock().unwrap_or_else(|p| p.into_inner());
+        for gone in last.iter().filter(|t| !now.contains_key(*t)) {
+            sh.metrics.unrouted(gone, 0);
+        }
+        for (t, n) in &now {
+            sh.metrics.unrouted(t, *n);
+        }
+        *last = now.into_keys().collect();
     }
 }
 

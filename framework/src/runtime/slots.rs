@@ -52,6 +52,8 @@ pub(crate) struct Slots {
 pub(crate) struct HoldSlot {
     _permit: OwnedSemaphorePermit,
     slots: Arc<Slots>,
+    /// The delivery's place in its job type's limit.
+    typed: Option<super::routes::TypeHold>,
 }
 
 impl HoldSlot {
@@ -59,10 +61,18 @@ impl HoldSlot {
     pub(crate) fn slots(&self) -> &Arc<Slots> {
         &self.slots
     }
+
+    /// The slot of a delivery of a job type whose limit `typed` counts it in.
+    pub(crate) fn of_type(mut self, typed: super::routes::TypeHold) -> Self {
+        self.typed = Some(typed);
+        self
+    }
 }
 
 impl Drop for HoldSlot {
     fn drop(&mut self) {
+        // The type's count first, so a fetcher woken below sees it.
+        drop(self.typed.take());
         // The permit returns after this body; `notify_one` keeps the wakeup
         // until the fetcher next waits.
         self.slots.changed.notify_one();
@@ -158,6 +168,7 @@ impl Slots {
                         Ok(permit) => got.push(HoldSlot {
                             _permit: permit,
                             slots: self.clone(),
+                            typed: None,
                         }),
                         Err(_) => break,
                     }

@@ -23,6 +23,7 @@
 //! | `tenure.dlq.routed` | counter | job_type, reason |
 //! | `tenure.jobs.in_flight` | up-down counter | worker |
 //! | `tenure.jobs.completed` | counter | job_type |
+//! | `tenure.jobs.unrouted` | gauge (messages waiting in the work stream of a type no live worker registers; every worker records it with each report) | job_type |
 //!
 //! # Exporting
 //!
@@ -146,6 +147,7 @@ pub(crate) struct Metrics {
     dlq: Counter<u64>,
     in_flight: UpDownCounter<i64>,
     completed: Counter<u64>,
+    unrouted: Gauge<i64>,
 }
 
 /// Bucket boundaries (seconds) of every duration histogram: 1 ms to 30 s, about
@@ -234,6 +236,10 @@ impl Metrics {
                 .u64_counter("tenure.jobs.completed")
                 .with_description("jobs that reached done")
                 .build(),
+            unrouted: meter
+                .i64_gauge("tenure.jobs.unrouted")
+                .with_description("messages waiting for a job type no live worker registers")
+                .build(),
         }
     }
 
@@ -242,6 +248,12 @@ impl Metrics {
         Self::new(&opentelemetry::global::meter("tenure"), worker)
     }
 
+    /// `n` messages of `job_type` wait and no live worker registers the type.
+    pub fn unrouted(&self, job_type: &str, n: u64) {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        self.unrouted
+            .record(n, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
     /// A session lease was granted.
     pub fn lease_granted(&self) {
         self.lease_grants.add(1, std::slice::from_ref(&self.worker));

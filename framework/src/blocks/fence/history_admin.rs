@@ -65,7 +65,8 @@ impl FenceStore {
 }
 
 /// What a worker says of itself on the workers page (`worker_reports`,
-/// migration 0006). `health` is `healthy`, `degraded`, `lost` or `stopped`.
+/// migrations 0006 and 0009). `health` is `healthy`, `degraded`, `lost` or
+/// `stopped`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerReport {
     /// The worker id (`Config::worker_id`).
@@ -82,6 +83,8 @@ pub struct WorkerReport {
     pub lease_ttl: Duration,
     /// When the worker started.
     pub started_at: chrono::DateTime<chrono::Utc>,
+    /// The job types it registered (the only ones it receives).
+    pub job_types: Vec<String>,
 }
 
 impl FenceStore {
@@ -94,7 +97,7 @@ impl FenceStore {
         let int = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
         let ttl_ms = i32::try_from(report.lease_ttl.as_millis()).unwrap_or(i32::MAX);
         let sql = format!(
-            "SELECT {}($1, $2, $3, $4, $5, $6, $7)",
+            "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8)",
             self.table("tenure_report_worker")
         );
         sqlx::query(&sql)
@@ -105,8 +108,29 @@ impl FenceStore {
             .bind(int(report.max_in_flight))
             .bind(ttl_ms)
             .bind(report.started_at)
+            .bind(&report.job_types)
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// The job types some live worker registered: one whose last report is
+    /// `healthy` or `degraded` and not older than three of its TTLs. A pending
+    /// job of any other type has no worker to receive it and waits.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn registered_job_types(
+        &self,
+    ) -> Result<std::collections::BTreeSet<String>, FenceError> {
+        let sql = format!(
+            "SELECT DISTINCT unnest(job_types) FROM {} \
+              WHERE health IN ('healthy', 'degraded') \
+                AND reported_at >= clock_timestamp() \
+                    - 3 * make_interval(secs => lease_ttl_ms / 1000.0)",
+            self.table("worker_reports")
+        );
+        let types: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&self.pool).await?;
+        Ok(types.into_iter().collect())
     }
 }

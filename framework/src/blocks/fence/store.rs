@@ -176,7 +176,7 @@ impl FenceStore {
                 "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_record_refusal(uuid, bigint, bigint, integer, text) TO {role}"
             ),
             format!(
-                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_report_worker(text, bigint, text, integer, integer, integer, timestamptz) TO {role}"
+                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_report_worker(text, bigint, text, integer, integer, integer, timestamptz, text[]) TO {role}"
             ),
         ] {
             tx.execute(stmt.as_str()).await?;

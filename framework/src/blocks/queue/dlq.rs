@@ -630,7 +630,7 @@ impl Queue {
                 return Ok(());
             }
         };
-        if adv.stream != names.stream || adv.consumer != names.consumer {
+        if adv.stream != names.stream || names.consumer_job_type(&adv.consumer).is_none() {
             return Ok(());
         }
         let span = tracing::info_span!(

@@ -14,15 +14,17 @@
 //! - the **work stream** `TENURE_<NS>_JOBS` on `<ns>.jobs.>`: file storage,
 //!   work-queue retention (an acked or terminated message leaves the stream), a
 //!   duplicate window of [`Config::duplicate_window`](crate::Config::duplicate_window) for `Nats-Msg-Id`;
-//! - the durable pull **consumer** `<ns>_workers`: explicit acks, one
-//!   `filter_subject` (nats-server 2.9 ignores `filter_subjects`), `AckWait` =
+//! - one durable pull **consumer per job type**, `<ns>_workers_<job type>`
+//!   ([`QueueNames::type_consumer`]), created by the first worker that registers
+//!   the type ([`Queue::route`]): explicit acks, the one
+//!   `filter_subject` `<ns>.jobs.<job type>` (nats-server 2.9 ignores `filter_subjects`), `AckWait` =
 //!   [`Config::ack_wait`](crate::Config::ack_wait) (the lease TTL), `MaxDeliver` = [`Config::max_deliver`](crate::Config::max_deliver),
 //!   no `MaxAckPending` limit (each worker bounds its own in-flight jobs);
 //! - the **DLQ stream** `TENURE_<NS>_DLQ` on `<ns>.dlq.>` (subject
 //!   `<ns>.dlq.<job_id>`, or `<ns>.dlq._invalid` for a message without a valid
 //!   job id), file storage, kept until an operator redrives or purges it;
 //! - the **advisory stream** `TENURE_<NS>_ADVISORIES`, which captures the server's
-//!   `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>` events, and
+//!   `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.*` events, and
 //!   its durable consumer `<ns>_advisories`. Core NATS advisories are fire and
 //!   forget; captured in a stream, an advisory raised while no worker listens (or
 //!   while a worker reconnects) is handled later instead of lost, and several
@@ -51,7 +53,7 @@
 //! assert!(!published.duplicate);
 //!
 //! let _listener = queue.spawn_max_deliveries_listener();
-//! for delivery in queue.fetch(64, Duration::from_secs(1)).await? {
+//! for delivery in queue.fetch("ledger.transfer", 64, Duration::from_secs(1)).await? {
 //!     match delivery.job_id() {
 //!         Ok(_id) => delivery.ack().await?,
 //!         Err(bad) => delivery.dead_letter(bad.dead_letter_info()).await?,
@@ -64,6 +66,7 @@ mod access;
 mod delivery;
 mod dlq;
 pub mod headers;
+mod routes;
 mod setup;
 
 use std::sync::Arc;
@@ -237,12 +240,12 @@ enum Cause {
 /// let n = QueueNames::new("payments");
 /// assert_eq!(n.stream, "TENURE_PAYMENTS_JOBS");
 /// assert_eq!(n.subject_prefix, "payments.jobs.");
-/// assert_eq!(n.consumer, "payments_workers");
+/// assert_eq!(n.type_consumer("ledger.transfer"), "payments_workers_ledger_dtransfer");
 /// assert_eq!(n.dlq_stream, "TENURE_PAYMENTS_DLQ");
 /// assert_eq!(n.dlq_subject_prefix, "payments.dlq.");
 /// assert_eq!(
 ///     n.advisory_subject,
-///     "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TENURE_PAYMENTS_JOBS.payments_workers"
+///     "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TENURE_PAYMENTS_JOBS.*"
 /// );
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,8 +255,13 @@ pub struct QueueNames {
     pub stream: String,
     /// Work subjects are `<ns>.jobs.<job_type>`.
     pub subject_prefix: String,
-    /// The durable pull consumer of the work stream, `<ns>_workers`.
-    pub consumer: String,
+    /// The work stream's durable pull consumers are one per job type,
+    /// `<ns>_workers_<job type>` ([`QueueNames::type_consumer`]).
+    pub consumer_prefix: String,
+    /// The one consumer of all job types that Tenure before job-type routing
+    /// used, `<ns>_workers`: a worker that provisions removes it (on a work-queue
+    /// stream it would overlap the per-type consumers).
+    pub legacy_consumer: String,
     /// The DLQ stream, `TENURE_<NS>_DLQ`.
     pub dlq_stream: String,
     /// DLQ subjects are `<ns>.dlq.<job_id>` (or `<ns>.dlq._invalid`).
@@ -261,7 +269,8 @@ pub struct QueueNames {
     /// The stream capturing the consumer's max-deliveries advisories,
     /// `TENURE_<NS>_ADVISORIES`.
     pub advisory_stream: String,
-    /// `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>`.
+    /// `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.*` (every consumer
+    /// of the work stream; the listener handles those of [`Self::consumer_prefix`]).
     pub advisory_subject: String,
     /// The durable consumer of the advisory stream, `<ns>_advisories`.
     pub advisory_consumer: String,
@@ -275,14 +284,12 @@ impl QueueNames {
     pub fn new(namespace: &str) -> Self {
         let upper = namespace.to_ascii_uppercase();
         let stream = format!("TENURE_{upper}_JOBS");
-        let consumer = format!("{namespace}_workers");
         QueueNames {
-            advisory_subject: format!(
-                "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
-            ),
+            advisory_subject: format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*"),
             stream,
             subject_prefix: format!("{namespace}.jobs."),
-            consumer,
+            consumer_prefix: format!("{namespace}_workers_"),
+            legacy_consumer: format!("{namespace}_workers"),
             dlq_stream: format!("TENURE_{upper}_DLQ"),
             dlq_subject_prefix: format!("{namespace}.dlq."),
             advisory_stream: format!("TENURE_{upper}_ADVISORIES"),
@@ -293,6 +300,38 @@ impl QueueNames {
     /// The work subject of `job_type`.
     pub fn work_subject(&self, job_type: &str) -> String {
         format!("{}{job_type}", self.subject_prefix)
+    }
+
+    /// The durable consumer of `job_type`'s work subject: the prefix, then the
+    /// type with `_` written `__` and `.` written `_d` (consumer names cannot
+    /// hold a dot; the spelling is one-to-one).
+    pub fn type_consumer(&self, job_type: &str) -> String {
+        let mut name = self.consumer_prefix.clone();
+        for c in job_type.chars() {
+            match c {
+                '_' => name.push_str("__"),
+                '.' => name.push_str("_d"),
+                c => name.push(c),
+            }
+        }
+        name
+    }
+
+    /// The job type whose consumer is `consumer` (`None`: not one of ours).
+    pub fn consumer_job_type(&self, consumer: &str) -> Option<String> {
+        let mut rest = consumer.strip_prefix(&self.consumer_prefix)?.chars();
+        let mut job_type = String::new();
+        while let Some(c) = rest.next() {
+            match (c, c == '_') {
+                (_, true) => match rest.next()? {
+                    '_' => job_type.push('_'),
+                    'd' => job_type.push('.'),
+                    _ => return None,
+                },
+                (c, false) => job_type.push(c),
+            }
+        }
+        (!job_type.is_empty()).then_some(job_type)
     }
 
     /// The DLQ subject of a job (`None`: a message without a valid job id).
@@ -351,7 +390,8 @@ pub struct QueueStats {
     pub work_messages: u64,
     /// Messages in the DLQ stream.
     pub dlq_messages: u64,
-    /// Messages the consumer has not delivered yet.
+    /// Messages the per-type consumers have not delivered yet (a message of a
+    /// type no worker ever registered is in `work_messages` only).
     pub pending: u64,
     /// Messages delivered and not yet acked.
     pub ack_pending: u64,
@@ -374,7 +414,7 @@ struct Inner {
     client: async_nats::Client,
     js: jetstream::Context,
     names: QueueNames,
-    work: consumer::PullConsumer,
+    routes: routes::Routes,
     work_stream: stream::Stream<()>,
     dlq_stream: stream::Stream<()>,
     advisories: consumer::PullConsumer,
@@ -528,27 +568,39 @@ impl Queue {
         })
     }
 
-    /// One pull request for up to `max` messages: waits up to `wait` for the first
-    /// message, then returns what the server has ready (at most `max`, maybe fewer;
-    /// an empty `Vec` when nothing arrived within `wait`). The server ends the
-    /// request once it has delivered something, so no request stays open after
-    /// the call returns and nothing is delivered to a caller that stopped
-    /// listening. Each [`Delivery`] must be acked, retried or dead-lettered; one
-    /// that is dropped is redelivered after `AckWait`.
+    /// One pull request for up to `max` messages of `job_type`: waits up to
+    /// `wait` for the first message, then returns what the server has ready (at
+    /// most `max`, maybe fewer; an empty `Vec` when nothing arrived within
+    /// `wait`). The server ends the request once it has delivered something, so
+    /// no request stays open after the call returns and nothing is delivered to
+    /// a caller that stopped listening. Each [`Delivery`] must be acked, retried
+    /// or dead-lettered; one that is dropped is redelivered after `AckWait`.
     ///
-    /// Call it in a loop with `max` = the free slots of the worker; it uses the
-    /// consumer created by [`Queue::connect`] (no per-call setup besides the
-    /// pull request's reply subscription).
+    /// Call it in a loop with `max` = the free slots of the worker. It uses the
+    /// job type's own consumer ([`Queue::route`]), opened on the first call.
     ///
     /// # Errors
     /// [`QueueError::Disconnected`] when NATS is down for the whole `wait` (the
     /// client keeps reconnecting: call again later); [`QueueError::Fetch`] when the
     /// server answers with an error or not within `wait` +
-    /// [`Config::nats_request_timeout`](crate::Config::nats_request_timeout).
-    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
-        let span = tracing::debug_span!("tenure.queue.fetch", max, got = tracing::field::Empty);
+    /// [`Config::nats_request_timeout`](crate::Config::nats_request_timeout);
+    /// as [`Queue::route`] when the consumer cannot be opened.
+    pub async fn fetch(
+        &self,
+        job_type: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let span = tracing::debug_span!(
+            "tenure.queue.fetch",
+            job_type,
+            max,
+            got = tracing::field::Empty
+        );
+        let consumer = self.type_consumer(job_type).await?;
+        let name = self.inner.names.type_consumer(job_type);
         let messages = self
-            .pull(&self.inner.work, &self.inner.names.consumer, max, wait)
+            .pull(&consumer, &name, max, wait)
             .instrument(span.clone())
             .await?;
         span.record("got", messages.len());
@@ -633,7 +685,8 @@ impl Queue {
         }
     }
 
-    /// Counts of the work stream, its consumer, the DLQ and pending advisories.
+    /// Counts of the work stream, its per-type consumers (summed), the DLQ and
+    /// pending advisories.
     ///
     /// # Errors
     /// [`QueueError::Read`].
@@ -651,20 +704,24 @@ impl Queue {
             .get_stream(&names.dlq_stream)
             .await
             .map_err(read(&names.dlq_stream))?;
-        let mut consumer = self.inner.work.clone();
-        let info = consumer
-            .info()
-            .await
-            .map_err(read(&names.consumer))?
-            .clone();
+        let (mut pending, mut ack_pending, mut redelivered) = (0, 0, 0);
+        let mut infos = self.inner.work_stream.consumers();
+        while let Some(info) = infos.next().await {
+            let info = info.map_err(read(&names.stream))?;
+            if names.consumer_job_type(&info.name).is_some() {
+                pending += info.num_pending;
+                ack_pending += info.num_ack_pending as u64;
+                redelivered += info.num_redelivered as u64;
+            }
+        }
         let mut adv = self.inner.advisories.clone();
         let adv = adv.info().await.map_err(read(&names.advisory_consumer))?;
         Ok(QueueStats {
             work_messages: work.cached_info().state.messages,
             dlq_messages: dlq.cached_info().state.messages,
-            pending: info.num_pending,
-            ack_pending: info.num_ack_pending as u64,
-            redelivered: info.num_redelivered as u64,
+            pending,
+            ack_pending,
+            redelivered,
             advisories: adv.num_pending + adv.num_ack_pending as u64,
         })
     }
@@ -731,5 +788,22 @@ mod tests {
         assert_eq!(n.dlq_subject(Some(id)), format!("ns.dlq.{id}"));
         assert_eq!(n.dlq_subject(None), "ns.dlq._invalid");
         assert_eq!(n.work_subject("a.b"), "ns.jobs.a.b");
+    }
+
+    #[test]
+    fn each_job_type_has_its_own_consumer_name() {
+        let n = QueueNames::new("ns");
+        let types = ["a.b", "a_b", "a_db", "a__b", "a-b", "a.b.c", "a_d.b"];
+        let names: std::collections::HashSet<_> =
+            types.iter().map(|t| n.type_consumer(t)).collect();
+        assert_eq!(names.len(), types.len(), "one-to-one: {names:?}");
+        for t in types {
+            let name = n.type_consumer(t);
+            assert!(!name.contains('.'), "{name}");
+            assert_eq!(n.consumer_job_type(&name).as_deref(), Some(t));
+        }
+        assert_eq!(n.consumer_job_type("ns_workers"), None);
+        assert_eq!(n.consumer_job_type("ns_advisories"), None);
+        assert_eq!(n.consumer_job_type("ns_workers_a_x"), None);
     }
 }

@@ -25,7 +25,7 @@ use crate::Config;
 
 /// What opening a queue may do to the server's streams and consumers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Provisioning {
+pub(crate) enum Provisioning {
     /// Bind to what exists; change nothing.
     Bind,
     /// Create what is missing; change nothing that exists.
@@ -85,17 +85,23 @@ impl Queue {
         let work_stream = ensure_stream(&js, work_cfg, mode).await?;
         let dlq_stream = ensure_stream(&js, dlq_cfg, mode).await?;
         let advisory_stream = ensure_stream(&js, advisory_cfg, mode).await?;
-        let [work_consumer, advisory_consumer] = consumer_configs(cfg, &names);
-        let work = ensure_consumer(&work_stream, work_consumer, mode).await?;
-        let advisories = ensure_consumer(&advisory_stream, advisory_consumer, mode).await?;
-        tracing::info!(stream = %names.stream, consumer = %names.consumer, ?mode, "queue ready");
+        if mode == Provisioning::Apply {
+            super::routes::remove_legacy_consumer(&work_stream, &names).await?;
+        }
+        let advisories = ensure_consumer(
+            &advisory_stream,
+            advisory_consumer_config(cfg, &names),
+            mode,
+        )
+        .await?;
+        tracing::info!(stream = %names.stream, ?mode, "queue ready");
         Ok(Queue {
             gave_up: None,
             inner: Arc::new(Inner {
                 client,
                 js,
                 names,
-                work,
+                routes: super::routes::Routes::new(mode),
                 work_stream,
                 dlq_stream,
                 advisories,
@@ -192,28 +198,17 @@ fn stream_configs(cfg: &Config, names: &QueueNames) -> [stream::Config; 3] {
     ]
 }
 
-/// The workers' and the advisory listeners' durable consumers.
-fn consumer_configs(cfg: &Config, names: &QueueNames) -> [consumer::pull::Config; 2] {
-    [
-        consumer::pull::Config {
-            durable_name: Some(names.consumer.clone()),
-            description: Some("Tenure workers".into()),
-            filter_subject: format!("{}>", names.subject_prefix),
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: cfg.ack_wait(),
-            max_deliver: cfg.max_deliver,
-            max_ack_pending: -1,
-            ..Default::default()
-        },
-        consumer::pull::Config {
-            durable_name: Some(names.advisory_consumer.clone()),
-            description: Some("Tenure max-deliveries listeners".into()),
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: cfg.ack_wait(),
-            max_ack_pending: -1,
-            ..Default::default()
-        },
-    ]
+/// The advisory listeners' durable consumer (the workers' are per job type:
+/// `routes.rs`).
+fn advisory_consumer_config(cfg: &Config, names: &QueueNames) -> consumer::pull::Config {
+    consumer::pull::Config {
+        durable_name: Some(names.advisory_consumer.clone()),
+        description: Some("Tenure max-deliveries listeners".into()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: cfg.ack_wait(),
+        max_ack_pending: -1,
+        ..Default::default()
+    }
 }
 
 /// The stream `spec` names, bound, created or updated as `mode` says.
@@ -253,7 +248,7 @@ fn stream_missing_or(e: GetStreamError, name: &str) -> QueueError {
 }
 
 /// The durable consumer `spec` names on `stream`, bound, created or updated.
-async fn ensure_consumer(
+pub(super) async fn ensure_consumer(
     stream: &Stream<()>,
     spec: consumer::pull::Config,
     mode: Provisioning,

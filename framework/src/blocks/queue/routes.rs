@@ -1,0 +1,161 @@
+//! Routing by job type: one durable pull consumer per job type, each with the
+//! one `filter_subject` `<ns>.jobs.<job_type>` (nats-server 2.9 ignores
+//! `filter_subjects`). A worker fetches only from the consumers of the types it
+//! registered, so a message of a type no running worker registers stays in the
+//! work stream (work-queue retention keeps it until it is acked) and is
+//! delivered once a worker registering that type creates its consumer.
+//!
+//! On a work-queue stream consumers may not overlap, so the one consumer of
+//! every type that Tenure used before ([`QueueNames::legacy_consumer`]) is
+//! removed when a worker provisions the namespace; its unacknowledged messages
+//! stay in the stream and go to the per-type consumers.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_nats::jetstream::consumer;
+use futures::StreamExt;
+
+use super::setup::{Provisioning, ensure_consumer};
+use super::{Queue, QueueError, QueueNames, Settings, read, validate_job_type};
+
+/// The per-type consumers a queue handle has opened.
+pub(super) struct Routes {
+    pub(super) mode: Provisioning,
+    consumers: std::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
+}
+
+impl Routes {
+    pub(super) fn new(mode: Provisioning) -> Self {
+        Routes {
+            mode,
+            consumers: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cached(&self, job_type: &str) -> Option<consumer::PullConsumer> {
+        let map = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(job_type).cloned()
+    }
+
+    fn keep(&self, job_type: &str, c: consumer::PullConsumer) {
+        let mut map = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(job_type.to_string(), c);
+    }
+}
+
+/// The durable consumer of one job type's work subject.
+pub(super) fn type_consumer_config(
+    names: &QueueNames,
+    settings: &Settings,
+    job_type: &str,
+) -> consumer::pull::Config {
+    consumer::pull::Config {
+        durable_name: Some(names.type_consumer(job_type)),
+        description: Some(format!("Tenure workers of job type {job_type}")),
+        filter_subject: names.work_subject(job_type),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: settings.ack_wait,
+        max_deliver: settings.max_deliver,
+        max_ack_pending: -1,
+        ..Default::default()
+    }
+}
+
+impl Queue {
+    /// Opens the consumers of `job_types` (workers call it once at start, with
+    /// the types they registered): created or updated by a queue from
+    /// [`Queue::provision`], bound by one from [`Queue::connect`] (then
+    /// [`QueueError::NotProvisioned`] if no worker of the type ever ran).
+    ///
+    /// # Errors
+    /// [`QueueError::InvalidJobType`], [`QueueError::NotProvisioned`],
+    /// [`QueueError::Setup`].
+    pub async fn route(&self, job_types: &[&str]) -> Result<(), QueueError> {
+        for job_type in job_types {
+            self.type_consumer(job_type).await?;
+        }
+        Ok(())
+    }
+
+    /// The consumer of `job_type`, opened on first use as [`Queue::route`] says.
+    pub(super) async fn type_consumer(
+        &self,
+        job_type: &str,
+    ) -> Result<consumer::PullConsumer, QueueError> {
+        let routes = &self.inner.routes;
+        if let Some(c) = routes.cached(job_type) {
+            return Ok(c);
+        }
+        validate_job_type(job_type)?;
+        let spec = type_consumer_config(&self.inner.names, &self.inner.settings, job_type);
+        // A producer's queue (`CreateMissing`) never fetches; binding suffices.
+        let mode = match routes.mode {
+            Provisioning::Apply => Provisioning::Apply,
+            _ => Provisioning::Bind,
+        };
+        let c = ensure_consumer(&self.inner.work_stream, spec, mode).await?;
+        routes.keep(job_type, c.clone());
+        Ok(c)
+    }
+
+    /// The job types that have a consumer on the server (a worker registering
+    /// them ran at some time), with the messages each has not delivered yet.
+    ///
+    /// # Errors
+    /// [`QueueError::Read`].
+    pub async fn routed_types(&self) -> Result<BTreeMap<String, u64>, QueueError> {
+        let names = &self.inner.names;
+        let mut infos = self.inner.work_stream.consumers();
+        let mut out = BTreeMap::new();
+        while let Some(info) = infos.next().await {
+            let info = info.map_err(read(&names.stream))?;
+            if let Some(job_type) = names.consumer_job_type(&info.name) {
+                out.insert(job_type, info.num_pending);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Messages in the work stream by job type (the subject's last tokens),
+    /// whether or not any consumer takes them.
+    ///
+    /// # Errors
+    /// [`QueueError::Read`].
+    pub async fn stored_by_type(&self) -> Result<BTreeMap<String, u64>, QueueError> {
+        let names = &self.inner.names;
+        let filter = format!("{}>", names.subject_prefix);
+        let stream = self.inner.work_stream.clone();
+        let mut subjects = stream
+            .info_with_subjects(filter)
+            .await
+            .map_err(read(&names.stream))?;
+        let mut out = BTreeMap::new();
+        while let Some(entry) = subjects.next().await {
+            let (subject, count) = entry.map_err(read(&names.stream))?;
+            if let Some(job_type) = subject.strip_prefix(&names.subject_prefix) {
+                *out.entry(job_type.to_string()).or_insert(0) += count as u64;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Removes the consumer of every type that Tenure used before routing by job
+/// type, if it is there (see the module docs).
+pub(super) async fn remove_legacy_consumer(
+    stream: &async_nats::jetstream::stream::Stream<()>,
+    names: &QueueNames,
+) -> Result<(), QueueError> {
+    if stream.consumer_info(&names.legacy_consumer).await.is_err() {
+        return Ok(());
+    }
+    stream
+        .delete_consumer(&names.legacy_consumer)
+        .await
+        .map_err(super::setup(&names.legacy_consumer))?;
+    tracing::warn!(
+        consumer = %names.legacy_consumer,
+        "removed the consumer of all job types (Tenure before routing by job type); its messages go to the per-type consumers"
+    );
+    Ok(())
+}
