@@ -141,13 +141,16 @@ impl FenceStore {
     /// Up to `limit` jobs awaiting publication whose `run_at` has come (by
     /// PostgreSQL's clock), earliest first. Reads the front of the partial
     /// index `jobs_due_idx`: the cost does not grow with the jobs still waiting.
+    /// The bound is `now()`, not `clock_timestamp()`: a volatile bound is only a
+    /// filter, and with fewer than `limit` due the scan walks every waiting row
+    /// (measured: 1 000 000 waiting, none due, 0.08 ms with `now()`).
     ///
     /// # Errors
     /// [`FenceError::Db`].
     pub async fn due_jobs(&self, limit: usize) -> Result<Vec<DueJob>, FenceError> {
         let sql = format!(
             "SELECT id, job_type, input, run_at FROM {} \
-             WHERE awaiting_publish AND run_at <= clock_timestamp() \
+             WHERE awaiting_publish AND run_at <= now() \
              ORDER BY run_at, id LIMIT $1",
             self.table("jobs")
         );
