@@ -9,7 +9,8 @@ use anyhow::anyhow;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tenure::blocks::fence::{
-    FenceStore, JobCursor, JobEvent, JobFilter, JobRow, JobStatus, Overview, WorkerSeen,
+    FenceStore, JobCursor, JobEvent, JobFilter, JobRow, JobStatus, LeaderRow, Overview,
+    ScheduleRow, WorkerSeen,
 };
 use tenure::blocks::queue::{DeadLetter, Queue};
 use tenure::{Client, ClientError, JobId};
@@ -353,6 +354,77 @@ pub async fn workers(ctx: &Ctx, store: &FenceStore) -> anyhow::Result<Vec<Worker
         store.workers_seen(WINDOW),
     )
     .await
+}
+
+/// The cron schedules and the scheduler leader PostgreSQL last accepted.
+#[derive(Debug, Clone, Serialize)]
+pub struct SchedulesView {
+    /// The scheduler leader: worker, token (the role's fence), since when.
+    pub leader: Option<LeaderView>,
+    pub schedules: Vec<ScheduleView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaderView {
+    pub worker: String,
+    pub token: i64,
+    pub since: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleView {
+    pub name: String,
+    pub job_type: String,
+    pub expr: String,
+    pub time_zone: String,
+    pub missed: String,
+    pub last_tick: Option<DateTime<Utc>>,
+    pub next_tick: Option<DateTime<Utc>>,
+    pub enqueued: i64,
+    pub skipped: i64,
+}
+
+impl From<&ScheduleRow> for ScheduleView {
+    fn from(r: &ScheduleRow) -> Self {
+        ScheduleView {
+            name: r.name.clone(),
+            job_type: r.job_type.clone(),
+            expr: r.expr.clone(),
+            time_zone: r.time_zone.clone(),
+            missed: r.missed.clone(),
+            last_tick: r.last_tick,
+            next_tick: r.next_tick,
+            enqueued: r.enqueued,
+            skipped: r.skipped,
+        }
+    }
+}
+
+impl From<LeaderRow> for LeaderView {
+    fn from(r: LeaderRow) -> Self {
+        LeaderView {
+            worker: r.worker,
+            token: r.fence,
+            since: r.since,
+        }
+    }
+}
+
+pub async fn schedules(ctx: &Ctx, store: &FenceStore) -> anyhow::Result<SchedulesView> {
+    let rows = ctx
+        .call(&ctx.postgres(), "reading the schedules", store.schedules())
+        .await?;
+    let leader = ctx
+        .call(
+            &ctx.postgres(),
+            "reading the scheduler leader",
+            store.leader("scheduler"),
+        )
+        .await?;
+    Ok(SchedulesView {
+        leader: leader.map(Into::into),
+        schedules: rows.iter().map(ScheduleView::from).collect(),
+    })
 }
 
 /// The distinct job ids of DLQ entries whose reason is `reason` or starts with

@@ -240,6 +240,9 @@ enum Command {
     Overview,
     /// Workers seen in the last hour's job history or connected to PostgreSQL now.
     Workers,
+    /// Cron schedules (expression, time zone, missed-ticks policy, last and
+    /// next tick, ticks enqueued and skipped) and the scheduler leader.
+    Schedules,
     /// Serve the operator's web view (read-only without --operator-token).
     Serve(web::ServeArgs),
 }
@@ -359,6 +362,11 @@ async fn run_command(ctx: &Ctx, command: Command) -> anyhow::Result<()> {
             let views = data::workers(ctx, &store).await?;
             ctx.print(&views, || workers_table(&views))
         }
+        Command::Schedules => {
+            let store = ctx.store().await?;
+            let view = data::schedules(ctx, &store).await?;
+            ctx.print(&view, || schedules_table(&view))
+        }
         Command::Redrive { id, reason } => {
             let client = ctx.client().await?;
             let ids = match (id, reason) {
@@ -420,6 +428,52 @@ fn overview_table(v: &OverviewView) -> String {
         })
         .collect();
     s.push_str(&table(&["TYPE", "STATUS", "JOBS", "TAKEOVERS"], &rows));
+    s
+}
+
+fn schedules_table(v: &data::SchedulesView) -> String {
+    let mut s = match &v.leader {
+        Some(l) => format!(
+            "scheduler leader: {} (token {}, since {})\n",
+            l.worker,
+            l.token,
+            time(&l.since)
+        ),
+        None => "scheduler leader: none yet\n".to_string(),
+    };
+    let opt =
+        |t: &Option<chrono::DateTime<chrono::Utc>>| t.as_ref().map_or_else(|| "-".into(), time);
+    let rows: Vec<Vec<String>> = v
+        .schedules
+        .iter()
+        .map(|r| {
+            vec![
+                r.name.clone(),
+                r.job_type.clone(),
+                r.expr.clone(),
+                r.time_zone.clone(),
+                r.missed.clone(),
+                opt(&r.last_tick),
+                opt(&r.next_tick),
+                r.enqueued.to_string(),
+                r.skipped.to_string(),
+            ]
+        })
+        .collect();
+    s.push_str(&table(
+        &[
+            "NAME",
+            "TYPE",
+            "CRON",
+            "ZONE",
+            "MISSED",
+            "LAST TICK",
+            "NEXT TICK",
+            "ENQUEUED",
+            "SKIPPED",
+        ],
+        &rows,
+    ));
     s
 }
 

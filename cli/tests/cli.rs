@@ -449,3 +449,61 @@ async fn tls_and_credential_flags_reach_a_secured_stack() {
     );
     assert!(!err.contains(auth.postgres_password.expose()), "{err}");
 }
+
+/// `tenure schedules` shows each schedule (expression, zone, policy, ticks)
+/// and the scheduler leader PostgreSQL accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_lists_the_schedules_and_the_leader() {
+    let ns = DevStack::unique_namespace("cli_sched");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let empty = ok(&tenure(&cfg, &["schedules"]));
+    assert!(empty.contains("scheduler leader: none yet"), "{empty}");
+    let worker = Worker::builder(cfg.clone().with_worker_id("sched-w"))
+        .register(Flaky)
+        .schedule_with::<Flaky>(
+            tenure::Schedule::new("every-second", "* * * * * *")
+                .missed(tenure::MissedTicks::CatchUp { max: 2 }),
+            &1,
+        )
+        .schedule_with::<Flaky>(
+            tenure::Schedule::new("nightly", "0 0 3 * * *").in_time_zone("Europe/Berlin"),
+            &2,
+        )
+        .start()
+        .await
+        .unwrap();
+    let ticked = wait_until(Duration::from_secs(15), || async {
+        let v = json(&tenure(&cfg, &["--json", "schedules"]));
+        v["schedules"][0]["enqueued"].as_i64().unwrap_or(0) >= 2
+    })
+    .await;
+    assert!(ticked, "the every-second schedule ticked");
+    let text = ok(&tenure(&cfg, &["schedules"]));
+    assert!(text.contains("scheduler leader: sched-w (token "), "{text}");
+    for needle in [
+        "every-second",
+        "* * * * * *",
+        "catch_up:2",
+        "nightly",
+        "0 0 3 * * *",
+        "Europe/Berlin",
+        "skip",
+        "cli.flaky",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing:\n{text}");
+    }
+    let v = json(&tenure(&cfg, &["--json", "schedules"]));
+    assert_eq!(v["leader"]["worker"], "sched-w");
+    let nightly = &v["schedules"][1];
+    assert_eq!(nightly["name"], "nightly");
+    assert_eq!(nightly["enqueued"], 0);
+    let next: chrono::DateTime<chrono::Utc> =
+        nightly["next_tick"].as_str().unwrap().parse().unwrap();
+    assert!(
+        next.format("%M:%S").to_string() == "00:00" && next > chrono::Utc::now(),
+        "next 03:00 Berlin: {next}"
+    );
+    worker.shutdown().await.unwrap();
+}

@@ -29,6 +29,15 @@ pub enum ClientError {
     /// Invalid configuration.
     #[error("configuration: {0}")]
     Config(#[from] crate::config::ConfigError),
+    /// A delay longer than [`Config::max_delay`] (or a `run_at` further ahead
+    /// than that): nothing was enqueued.
+    #[error("delay {delay:?} exceeds the configured maximum {max:?}: nothing enqueued")]
+    DelayTooLong {
+        /// The delay asked for.
+        delay: std::time::Duration,
+        /// [`Config::max_delay`].
+        max: std::time::Duration,
+    },
     /// Redrive of a job that is not dead.
     #[error("job {job_id} is {status:?}, not dead: nothing to redrive")]
     NotDead {
@@ -63,6 +72,7 @@ pub struct Enqueued {
 pub struct Client {
     store: FenceStore,
     queue: Queue,
+    max_delay: std::time::Duration,
 }
 
 impl Client {
@@ -77,6 +87,7 @@ impl Client {
         Ok(Client {
             store: FenceStore::connect(cfg).await?,
             queue: Queue::connect_or_create(cfg).await?,
+            max_delay: cfg.max_delay,
         })
     }
 
@@ -124,10 +135,96 @@ impl Client {
     ) -> Result<Enqueued, ClientError> {
         let job_id = JobId::from_key(job_type, idempotency_key);
         let inserted = self.store.insert_job(job_id, job_type, &input).await?;
+        self.publish_unless_waiting(job_id, job_type, inserted, false, input)
+            .await
+    }
+
+    /// Enqueues a job of type `J` under `idempotency_key`, due `delay` from now.
+    ///
+    /// The row is inserted with `run_at` and no message is published: the
+    /// elected scheduler leader (one worker per namespace) publishes it once
+    /// due, so a waiting job costs the broker nothing. Nothing runs it before
+    /// `run_at`. A zero delay runs it now, like [`Client::enqueue`]. The same
+    /// idempotency rules as `enqueue` hold; an existing job keeps its own
+    /// `run_at`.
+    ///
+    /// ```no_run
+    /// # async fn demo<J: tenure::Job>(client: tenure::Client, input: J::Input) -> Result<(), tenure::ClientError> {
+    /// use std::time::Duration;
+    /// client.enqueue_after::<J>("reminder-42", &input, Duration::from_secs(3600)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ClientError::DelayTooLong`] beyond [`Config::max_delay`] (nothing
+    /// enqueued); as [`Client::enqueue`] otherwise.
+    pub async fn enqueue_after<J: Job>(
+        &self,
+        idempotency_key: &str,
+        input: &J::Input,
+        delay: std::time::Duration,
+    ) -> Result<Enqueued, ClientError> {
+        let delay_chrono = chrono::Duration::from_std(delay).map_err(|_| self.too_long(delay))?;
+        let run_at = chrono::Utc::now()
+            .checked_add_signed(delay_chrono)
+            .ok_or_else(|| self.too_long(delay))?;
+        self.enqueue_at::<J>(idempotency_key, input, run_at).await
+    }
+
+    /// Enqueues a job of type `J` under `idempotency_key`, due at `run_at`. A
+    /// `run_at` in the past is not an error: the job runs now. See
+    /// [`Client::enqueue_after`].
+    ///
+    /// # Errors
+    /// [`ClientError::DelayTooLong`] when `run_at` is further ahead than
+    /// [`Config::max_delay`] (nothing enqueued); as [`Client::enqueue`].
+    pub async fn enqueue_at<J: Job>(
+        &self,
+        idempotency_key: &str,
+        input: &J::Input,
+        run_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Enqueued, ClientError> {
+        let ahead = (run_at - chrono::Utc::now()).to_std().unwrap_or_default();
+        if ahead > self.max_delay {
+            return Err(self.too_long(ahead));
+        }
+        let value = serde_json::to_value(input).map_err(|source| ClientError::Input {
+            job_type: J::NAME,
+            source,
+        })?;
+        let job_id = JobId::from_key(J::NAME, idempotency_key);
+        let inserted = self
+            .store
+            .insert_job_at(job_id, J::NAME, &value, run_at)
+            .await?;
+        self.publish_unless_waiting(job_id, J::NAME, inserted, true, value)
+            .await
+    }
+
+    fn too_long(&self, delay: std::time::Duration) -> ClientError {
+        ClientError::DelayTooLong {
+            delay,
+            max: self.max_delay,
+        }
+    }
+
+    /// Publishes the job's message unless its row says not to: a terminal job,
+    /// or a delayed one awaiting publication by the scheduler leader (a message
+    /// now would run it early). The row is read only for a duplicate or a
+    /// `delayed` insert: a new immediate job needs no look.
+    async fn publish_unless_waiting(
+        &self,
+        job_id: JobId,
+        job_type: &str,
+        inserted: Inserted,
+        delayed: bool,
+        input: serde_json::Value,
+    ) -> Result<Enqueued, ClientError> {
         let duplicate = matches!(inserted, Inserted::Existing);
-        if duplicate {
+        if duplicate || delayed {
             if let Some(row) = self.store.job(job_id).await? {
-                if matches!(row.status, JobStatus::Done | JobStatus::Dead) {
+                let terminal = matches!(row.status, JobStatus::Done | JobStatus::Dead);
+                if terminal || row.awaiting_publish {
                     return Ok(Enqueued { job_id, duplicate });
                 }
             }
@@ -171,6 +268,8 @@ impl Client {
             .ok_or(FenceError::NotFound(job_id))?;
         match row.status {
             JobStatus::Dead => {}
+            // A delayed job not yet due: the scheduler leader publishes it.
+            JobStatus::Pending if row.awaiting_publish => return Ok(0),
             JobStatus::Pending | JobStatus::Running => {
                 self.publish_row(&row).await?;
                 return Ok(1);

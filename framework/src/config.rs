@@ -136,6 +136,12 @@ pub struct Config {
     pub nats_request_timeout: Duration,
     /// How long graceful shutdown waits for running steps.
     pub shutdown_grace: Duration,
+    /// The longest delay [`Client::enqueue_after`](crate::Client::enqueue_after)
+    /// and [`Client::enqueue_at`](crate::Client::enqueue_at) accept (default 366
+    /// days); a longer one is refused with
+    /// [`ClientError::DelayTooLong`](crate::ClientError::DelayTooLong) and
+    /// nothing is enqueued.
+    pub max_delay: Duration,
     /// The runtime's delays, windows and sizes (batching, fetching, hand-overs),
     /// each with the reason for its default. None affects safety.
     pub tuning: Tuning,
@@ -193,6 +199,7 @@ impl Config {
             stream_replicas: 1,
             nats_request_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(10),
+            max_delay: Duration::from_secs(366 * 24 * 3600),
             tuning: Tuning::default(),
             #[cfg(feature = "testing")]
             unsafe_no_fencing: false,

@@ -104,6 +104,46 @@
 //! }
 //! ```
 //!
+//! # Later, and on a schedule
+//! [`Client::enqueue_after`] and [`Client::enqueue_at`] delay a job: its row holds
+//! `run_at`, nothing is published until it is due, and the namespace's elected
+//! scheduler leader (one worker, elected through etcd and fenced in PostgreSQL
+//! like a job owner) publishes due jobs in batches.
+//! [`WorkerBuilder::schedule`] enqueues a job at every tick of a cron
+//! expression, once per tick across the fleet (the tick is the idempotency key).
+//!
+//! ```no_run
+//! # use tenure::{StepCtx, StepError};
+//! # struct Report;
+//! # #[tenure::job(name = "reports.daily")]
+//! # impl Report {
+//! #     #[step]
+//! #     async fn build(&self, _ctx: &mut StepCtx, day: String) -> Result<(), StepError> { Ok(()) }
+//! # }
+//! use std::time::Duration;
+//! use tenure::{Client, Config, MissedTicks, Schedule, Worker};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let cfg = Config::from_env()?;
+//! let client = Client::connect(&cfg).await?;
+//! // Runs in ten minutes, not before; the same key again is a duplicate.
+//! client.enqueue_after::<Report>("report-2026-12-01", &"2026-12-01".to_string(), Duration::from_secs(600)).await?;
+//!
+//! // Every day at 06:00 in New York; missed days are skipped (the default).
+//! let worker = Worker::builder(cfg)
+//!     .register(Report)
+//!     .schedule::<Report>("daily-report", "0 0 6 * * *", &"today".to_string())
+//!     .schedule_with::<Report>(
+//!         Schedule::new("ny-report", "0 0 6 * * *")
+//!             .in_time_zone("America/New_York")
+//!             .missed(MissedTicks::CatchUp { max: 3 }),
+//!         &"today".to_string(),
+//!     )
+//!     .start()
+//!     .await?;
+//! # worker.shutdown().await?; Ok(()) }
+//! ```
+//!
 //! Two runnable demos live in the repository's `examples/` package:
 //! `cargo run --example ledger` (a paused worker is fenced out of a money
 //! transfer) and `cargo run --example provisioning` (idempotency keys and a fence
@@ -120,7 +160,10 @@
 //! What an application uses is at the crate root:
 //! - [`Worker`] (built with [`Worker::builder`]) runs jobs; [`WorkerObserver`] sees
 //!   every commit and refusal; [`Health`] is its lease's state.
-//! - [`Client`]: migrate, enqueue, inspect ([`JobRow`], [`JobStatus`]), redrive dead
+//! - [`Schedule`], [`MissedTicks`], [`ScheduleError`]: cron schedules for
+//!   [`WorkerBuilder::schedule_with`].
+//! - [`Client`]: migrate, enqueue (now, [after a delay](Client::enqueue_after),
+//!   [at a time](Client::enqueue_at)), inspect ([`JobRow`], [`JobStatus`]), redrive dead
 //!   letters, and guard your own tables ([`Client::install_guard`]).
 //! - [`Config`] (module [`config`]): every name, timeout and tuning number, from code
 //!   or the environment.
@@ -158,6 +201,7 @@ pub mod config;
 pub mod job;
 mod retry;
 mod runtime;
+mod schedule;
 pub mod security;
 pub mod telemetry;
 mod types;
@@ -185,6 +229,7 @@ pub use fence::{GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGat
 pub use job::{Job, StepCtx, StepError};
 pub use lease::Health;
 pub use runtime::{JobLimits, Worker, WorkerBuilder, WorkerError, WorkerObserver};
+pub use schedule::{MissedTicks, Schedule, ScheduleError};
 pub use tenure_macros::{job, step};
 pub use types::{FencingToken, InvalidFence, JobId, LeaseId, ObservedFence, StepIndex};
 

@@ -87,6 +87,24 @@ pub struct Tuning {
     /// The shortest period of a running step's progress acks to the broker
     /// (default 100 ms; the period is a third of the broker's ack wait).
     pub progress_min_period: Duration,
+    /// The longest the due-job publisher (the elected scheduler leader) sleeps
+    /// between looks for due delayed jobs and cron ticks (default 250 ms): it
+    /// wakes earlier for the earliest `run_at` it knows, and a job enqueued
+    /// meanwhile for sooner is seen within this bound. A due job starts within
+    /// about this much of its `run_at`.
+    pub due_poll: Duration,
+    /// Due jobs published per batch (default 500): one read, concurrent
+    /// publishes, one fenced update marking them published.
+    pub due_batch: usize,
+    /// How often a worker that is not the scheduler leader tries the election
+    /// again (default 500 ms); a leader that stopped gracefully is replaced
+    /// within this, one that died within its session TTL plus this.
+    pub leader_retry: Duration,
+    /// A cron tick older than this when the leader sees it counts as missed
+    /// (default 2 s): missed ticks follow the schedule's
+    /// [`MissedTicks`](crate::MissedTicks) policy, on-time ones are always
+    /// enqueued.
+    pub schedule_grace: Duration,
 }
 
 impl Default for Tuning {
@@ -119,6 +137,10 @@ impl Tuning {
         lock_queue: 4096,
         shutdown_cancel_wait: Duration::from_secs(5),
         progress_min_period: Duration::from_millis(100),
+        due_poll: Duration::from_millis(250),
+        due_batch: 500,
+        leader_retry: Duration::from_millis(500),
+        schedule_grace: Duration::from_secs(2),
     };
 
     /// Checks that every number can work.
@@ -160,6 +182,15 @@ impl Tuning {
         }
         if self.progress_min_period.is_zero() {
             return invalid("tuning.progress_min_period", "must be positive");
+        }
+        if self.due_poll.is_zero() || self.leader_retry.is_zero() {
+            return invalid(
+                "tuning.due_poll",
+                "due_poll and leader_retry must be positive",
+            );
+        }
+        if self.due_batch == 0 {
+            return invalid("tuning.due_batch", "must be at least 1");
         }
         Ok(())
     }

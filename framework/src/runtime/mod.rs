@@ -28,6 +28,7 @@ mod outcome;
 mod registry;
 mod report;
 mod routes;
+mod scheduler;
 mod slots;
 mod stage;
 mod steps;
@@ -43,6 +44,7 @@ use crate::fence::{FenceError, FenceStore};
 use crate::job::Job;
 use crate::lease::{Health, LeaseError, LockService, Session};
 use crate::queue::{Queue, QueueError};
+use crate::schedule::{Parsed, Schedule, ScheduleError};
 use crate::telemetry::Metrics;
 use crate::{Config, FencingToken, JobId, StepIndex};
 
@@ -81,6 +83,9 @@ pub enum WorkerError {
     /// An actor could not be spawned.
     #[error("actor: {0}")]
     Actor(String),
+    /// A cron schedule that cannot be used (checked before anything connects).
+    #[error("schedule: {0}")]
+    Schedule(#[from] crate::schedule::ScheduleError),
 }
 
 /// Observes what the runtime commits and refuses (for audits and torture tests).
@@ -180,7 +185,12 @@ pub struct WorkerBuilder {
     duplicate: Option<&'static str>,
     meter: Option<opentelemetry::metrics::Meter>,
     observer: Option<Arc<dyn WorkerObserver>>,
+    schedules: Vec<ScheduleEntry>,
 }
+
+/// A schedule given to the builder: checked, with its job type and input, or
+/// the first error found (reported by `start`).
+type ScheduleEntry = Result<(Parsed, &'static str, serde_json::Value), ScheduleError>;
 
 impl std::fmt::Debug for WorkerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -219,6 +229,51 @@ impl WorkerBuilder {
         self
     }
 
+    /// Enqueues a job of type `J` with `input` at every tick of `cron_expr`
+    /// (five fields, or six with seconds first), read in UTC, missed ticks
+    /// skipped: [`WorkerBuilder::schedule_with`] with [`Schedule::new`].
+    ///
+    /// ```no_run
+    /// # async fn demo<J: tenure::Job>(job: J, input: J::Input) -> Result<(), tenure::WorkerError> {
+    /// let worker = tenure::Worker::builder(tenure::Config::from_env()?)
+    ///     .register(job)
+    ///     .schedule::<J>("every-ten-seconds", "*/10 * * * * *", &input)
+    ///     .start() // a bad expression is WorkerError::Schedule here
+    ///     .await?;
+    /// # let _ = worker; Ok(()) }
+    /// ```
+    pub fn schedule<J: Job>(self, name: &str, cron_expr: &str, input: &J::Input) -> Self {
+        self.schedule_with::<J>(Schedule::new(name, cron_expr), input)
+    }
+
+    /// Enqueues a job of type `J` with `input` at every tick of `schedule`,
+    /// once across the whole fleet: the namespace's elected scheduler leader
+    /// enqueues each tick under the key `cron:<name>:<tick, RFC 3339 UTC>`.
+    /// Every worker may declare the same schedules; the job type need not be
+    /// registered on this worker. A schedule that does not check (see
+    /// [`Schedule::check`]) makes [`start`](Self::start) fail with
+    /// [`WorkerError::Schedule`] before anything connects.
+    pub fn schedule_with<J: Job>(mut self, schedule: Schedule, input: &J::Input) -> Self {
+        let name = schedule.name().to_string();
+        let entry = schedule.parsed().and_then(|p| {
+            let value = serde_json::to_value(input).map_err(|e| ScheduleError::Input {
+                name: name.clone(),
+                reason: e.to_string(),
+            })?;
+            Ok((p, J::NAME, value))
+        });
+        let duplicate = self
+            .schedules
+            .iter()
+            .any(|e| matches!(e, Ok((p, ..)) if p.def.name() == name));
+        self.schedules.push(if duplicate {
+            Err(ScheduleError::Duplicate(name))
+        } else {
+            entry
+        });
+        self
+    }
+
     /// Records metrics with `meter` instead of the global meter provider.
     pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
         self.meter = Some(meter);
@@ -250,12 +305,14 @@ impl WorkerBuilder {
         if let Some(name) = self.registry.zero_limit() {
             return Err(WorkerError::ZeroLimit(name));
         }
+        let schedules = self.schedules.into_iter().collect::<Result<Vec<_>, _>>()?;
         let cfg = self.cfg;
         let metrics = match &self.meter {
             Some(m) => Metrics::new(m, &cfg.worker_id),
             None => Metrics::global(&cfg.worker_id),
         };
         let store = FenceStore::connect(&cfg).await?;
+        let schedules = register_schedules(&store, schedules).await?;
         let queue = Queue::provision(&cfg).await?;
         let routes = routes::TypeRoutes::new(self.registry.routes());
         queue.route(&routes.names()).await?;
@@ -299,6 +356,11 @@ impl WorkerBuilder {
         let advisories = spawn_gave_up_marking(&shared, &mut tasks);
         let reporter = Reporter::new(shared.clone(), slots.clone());
         tasks.spawn(reporter.clone().run(stop_all.clone()));
+        let scheduler = scheduler::Scheduler {
+            shared: shared.clone(),
+            schedules,
+        };
+        tasks.spawn(scheduler.run(stop_all.clone()));
         Ok(Worker {
             shared,
             supervisor,
@@ -310,6 +372,33 @@ impl WorkerBuilder {
             reporter,
         })
     }
+}
+
+/// Writes each schedule's definition to its row (for operators and the
+/// leader's last tick); returns the parsed schedules.
+async fn register_schedules(
+    store: &FenceStore,
+    entries: Vec<(Parsed, &'static str, serde_json::Value)>,
+) -> Result<Vec<Parsed>, WorkerError> {
+    let mut parsed = Vec::with_capacity(entries.len());
+    for (p, job_type, input) in entries {
+        let row = crate::fence::ScheduleRow {
+            name: p.def.name().to_string(),
+            job_type: job_type.to_string(),
+            expr: p.def.expr().to_string(),
+            time_zone: p.def.zone().to_string(),
+            missed: p.def.policy().as_text(),
+            input,
+            last_tick: None,
+            next_tick: None,
+            enqueued: 0,
+            skipped: 0,
+            created_at: chrono::Utc::now(),
+        };
+        store.upsert_schedule(&row).await?;
+        parsed.push(p);
+    }
+    Ok(parsed)
 }
 
 /// Messages the broker gives up on (MaxDeliver): their rows are marked dead
@@ -400,6 +489,7 @@ impl Worker {
             duplicate: None,
             meter: None,
             observer: None,
+            schedules: Vec::new(),
         }
     }
 

@@ -1,6 +1,9 @@
 //! A worker process for tests that need to pause (SIGSTOP) or kill a worker.
 //!
-//! `tenure-test-worker --etcd E1,E2,E3 --nats URL --db URL --ns NS --ttl-secs N --worker ID`
+//! `tenure-test-worker --etcd E1,E2,E3 --nats URL --db URL --ns NS --ttl-secs N --worker ID [--cron NAME]`
+//!
+//! With `--cron NAME` it also declares the schedule NAME: a [`ThreeStep`] job
+//! every second, missed ticks caught up (at most 1000).
 //!
 //! Prints `READY` once started, `COMMIT <job> <step> <token>` for each committed
 //! step and `STALE <job> <step> <token>` for each refused stale write. Exits when
@@ -65,12 +68,14 @@ async fn main() {
         worker: worker.clone(),
         schema: ns.clone(),
     };
-    let w = Worker::builder(cfg)
-        .register(job)
-        .observer(Arc::new(Print))
-        .start()
-        .await
-        .expect("worker start");
+    let mut builder = Worker::builder(cfg).register(job).observer(Arc::new(Print));
+    if let Some(i) = args.iter().position(|a| a == "--cron") {
+        let name = args.get(i + 1).expect("--cron NAME");
+        let every_second = tenure::Schedule::new(name, "* * * * * *")
+            .missed(tenure::MissedTicks::CatchUp { max: 1000 });
+        builder = builder.schedule_with::<ThreeStep>(every_second, &tenure_tests::Work::default());
+    }
+    let w = builder.start().await.expect("worker start");
     println!("READY {worker}");
     let _ = std::io::stdout().flush();
 

@@ -210,6 +210,17 @@ pub enum FenceError {
         /// Its status.
         status: JobStatus,
     },
+    /// A leader's write refused: the role's fence in PostgreSQL is not the
+    /// leader's token (a newer leader claimed it, or this one never did).
+    #[error("leader of {role}: fenced out, token {ours} (current fence {current:?})")]
+    LeaderFencedOut {
+        /// The elected role.
+        role: String,
+        /// Our token.
+        ours: ObservedFence,
+        /// The role's fence now (`None`: never claimed).
+        current: Option<ObservedFence>,
+    },
     /// A schema or table name that is not a plain identifier.
     #[error("invalid {what} name {name:?}: {reason}")]
     InvalidName {

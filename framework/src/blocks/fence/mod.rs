@@ -84,10 +84,12 @@ mod guard;
 mod guard_admin;
 mod history;
 mod history_admin;
+mod leader;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod reads;
 mod row;
+mod schedules;
 mod sql;
 mod store;
 mod tx;
@@ -103,6 +105,8 @@ pub use history::{
     WorkerSeen,
 };
 pub use history_admin::WorkerReport;
+pub use leader::{DueJob, LeaderRow};
 pub use row::{Claim, Inserted, JobRow, JobStatus, UnknownStatus};
+pub use schedules::{ScheduleRow, TickBatch, tick_key};
 pub use store::FenceStore;
 pub use tx::FencedTx;

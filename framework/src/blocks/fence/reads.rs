@@ -25,6 +25,36 @@ impl FenceStore {
         job_type: &str,
         input: &serde_json::Value,
     ) -> Result<Inserted, FenceError> {
+        self.insert_row(id, job_type, input, None).await
+    }
+
+    /// Inserts a delayed job row: due at `run_at`. A `run_at` in the future
+    /// (by PostgreSQL's clock) leaves the row `awaiting_publish`: no message is
+    /// sent for it until the scheduler leader publishes it once due
+    /// ([`FenceStore::due_jobs`], [`FenceStore::mark_published`]); a `run_at`
+    /// now or past makes an ordinary row, to be published by the caller.
+    /// Idempotent as [`FenceStore::insert_job`]: an existing row (same type and
+    /// input) is [`Inserted::Existing`] and keeps its own `run_at`.
+    ///
+    /// # Errors
+    /// As [`FenceStore::insert_job`].
+    pub async fn insert_job_at(
+        &self,
+        id: JobId,
+        job_type: &str,
+        input: &serde_json::Value,
+        run_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Inserted, FenceError> {
+        self.insert_row(id, job_type, input, Some(run_at)).await
+    }
+
+    async fn insert_row(
+        &self,
+        id: JobId,
+        job_type: &str,
+        input: &serde_json::Value,
+        run_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Inserted, FenceError> {
         let span = tracing::info_span!("tenure.fence.insert_job", job_id = %id, job_type);
         async {
             for _ in 0..CLAIM_RETRIES {
@@ -32,6 +62,7 @@ impl FenceStore {
                     .bind(id.as_uuid())
                     .bind(job_type)
                     .bind(input)
+                    .bind(run_at)
                     .execute(&self.pool)
                     .await?;
                 if done.rows_affected() == 1 {

@@ -105,6 +105,11 @@ pub struct JobRow {
     pub created_at: DateTime<Utc>,
     /// When the row last changed.
     pub updated_at: DateTime<Utc>,
+    /// When a delayed job is due (`None`: enqueued to run now).
+    pub run_at: Option<DateTime<Utc>>,
+    /// A delayed job that is not due yet, or not yet published by the
+    /// scheduler leader: no message exists for it.
+    pub awaiting_publish: bool,
 }
 
 /// What [`FenceStore::insert_job`](super::FenceStore::insert_job) did.
@@ -157,6 +162,8 @@ pub(crate) fn job_row(row: &PgRow) -> Result<JobRow, FenceError> {
         last_error: row.try_get("last_error")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        run_at: row.try_get("run_at")?,
+        awaiting_publish: row.try_get("awaiting_publish")?,
     })
 }
 

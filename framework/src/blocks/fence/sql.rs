@@ -3,7 +3,7 @@
 
 /// Columns of a full [`JobRow`](super::JobRow).
 pub(crate) const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status, released, \
-                           takeovers, attempts, last_error, created_at, updated_at";
+                           takeovers, attempts, last_error, created_at, updated_at, run_at, awaiting_publish";
 
 /// Columns a claim returns.
 const CLAIM_RETURNING: &str =
@@ -118,7 +118,8 @@ impl Sql {
         let set_gucs = SET_GUCS;
         Sql {
             insert: format!(
-                "INSERT INTO {t} (id, job_type, input) VALUES ($1, $2, $3) \
+                "INSERT INTO {t} (id, job_type, input, run_at, awaiting_publish) \
+                 VALUES ($1, $2, $3, $4, coalesce($4 > clock_timestamp(), false)) \
                  ON CONFLICT (id) DO NOTHING"
             ),
             same_payload: format!(

@@ -147,7 +147,8 @@ impl FenceStore {
     }
 
     /// Grants `role` what running jobs needs on this store's schema, and nothing
-    /// more: `USAGE` on the schema, `SELECT, INSERT, UPDATE` on `jobs`,
+    /// more: `USAGE` on the schema, `SELECT, INSERT, UPDATE` on `jobs`, `schedules` and
+    /// `leader_fences`,
     /// `EXECUTE` on `tenure_step_cas`. No DDL, no `DELETE`, no guard bypass (see
     /// `guide::production`, least-privilege roles). Run it as the migrator
     /// (the schema's owner) after [`migrate`](Self::migrate). Idempotent.
@@ -169,6 +170,9 @@ impl FenceStore {
         for stmt in [
             format!("GRANT USAGE ON SCHEMA \"{s}\" TO {role}"),
             format!("GRANT SELECT, INSERT, UPDATE ON \"{s}\".jobs TO {role}"),
+            format!(
+                "GRANT SELECT, INSERT, UPDATE ON \"{s}\".schedules, \"{s}\".leader_fences TO {role}"
+            ),
             format!(
                 "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_step_cas(uuid, bigint, integer, jsonb, boolean) TO {role}"
             ),

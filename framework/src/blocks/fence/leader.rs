@@ -1,0 +1,210 @@
+//! The scheduler leader's side of the job rows (migration 0008): the leader
+//! fence of an elected role, the due-job reads, and the fenced write that marks
+//! due jobs published.
+//!
+//! A leader claims its role with its etcd token ([`FenceStore::claim_leader`]:
+//! the role's fence only rises). Every later write of the leader opens a
+//! transaction that locks the role's fence row and requires `fence = token`
+//! ([`FenceStore::begin_leader`]), so once a successor has claimed, a deposed
+//! leader's writes are refused ([`FenceError::LeaderFencedOut`]), and while a
+//! leader's write is open, a successor's claim waits for it.
+
+use chrono::{DateTime, Utc};
+use sqlx::{Postgres, Row, Transaction};
+
+use crate::types::{FencingToken, JobId, ObservedFence};
+
+use super::{FenceError, FenceStore};
+
+/// A delayed job that is due and not yet published.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DueJob {
+    /// The job.
+    pub id: JobId,
+    /// Its type.
+    pub job_type: String,
+    /// Its input.
+    pub input: serde_json::Value,
+    /// When it was due.
+    pub run_at: DateTime<Utc>,
+}
+
+/// The holder of an elected role, as PostgreSQL last accepted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderRow {
+    /// The role.
+    pub role: String,
+    /// The largest token the role accepted.
+    pub fence: i64,
+    /// The worker that claimed it with that token.
+    pub worker: String,
+    /// When.
+    pub since: DateTime<Utc>,
+}
+
+impl FenceStore {
+    /// Claims `role` for `worker` with `token`: raises the role's fence to
+    /// `token`, strictly (a fence at or above it refuses, as a job claim does).
+    ///
+    /// # Errors
+    /// [`FenceError::LeaderFencedOut`] when the fence is at or above `token`;
+    /// [`FenceError::Db`].
+    pub async fn claim_leader(
+        &self,
+        role: &str,
+        token: FencingToken,
+        worker: &str,
+    ) -> Result<(), FenceError> {
+        let sql = format!(
+            "INSERT INTO {t} AS l (role, fence, worker) VALUES ($1, $2, $3) \
+             ON CONFLICT (role) DO UPDATE \
+                SET fence = EXCLUDED.fence, worker = EXCLUDED.worker, since = clock_timestamp() \
+              WHERE l.fence < EXCLUDED.fence",
+            t = self.table("leader_fences")
+        );
+        let done = sqlx::query(&sql)
+            .bind(role)
+            .bind(token.get())
+            .bind(worker)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        Err(self.leader_refusal(role, token).await)
+    }
+
+    /// Opens a leader's fenced transaction: locks `role`'s fence row and
+    /// requires it to hold `token`.
+    ///
+    /// # Errors
+    /// [`FenceError::LeaderFencedOut`]; [`FenceError::Db`].
+    pub async fn begin_leader(
+        &self,
+        role: &str,
+        token: FencingToken,
+    ) -> Result<Transaction<'static, Postgres>, FenceError> {
+        let sql = format!(
+            "SELECT 1 FROM {} WHERE role = $1 AND fence = $2 FOR UPDATE",
+            self.table("leader_fences")
+        );
+        let mut tx = self.pool.begin().await?;
+        let admitted = sqlx::query(&sql)
+            .bind(role)
+            .bind(token.get())
+            .fetch_optional(&mut *tx)
+            .await?;
+        if admitted.is_none() {
+            drop(tx);
+            return Err(self.leader_refusal(role, token).await);
+        }
+        Ok(tx)
+    }
+
+    async fn leader_refusal(&self, role: &str, token: FencingToken) -> FenceError {
+        let current = match self.leader(role).await {
+            Ok(row) => row.and_then(|r| ObservedFence::new(r.fence)),
+            Err(e) => return e,
+        };
+        tracing::warn!(role, ours = %token, ?current, "leader write refused by the fence");
+        FenceError::LeaderFencedOut {
+            role: role.to_string(),
+            ours: token.observed(),
+            current,
+        }
+    }
+
+    /// The holder of `role` as PostgreSQL last accepted it.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn leader(&self, role: &str) -> Result<Option<LeaderRow>, FenceError> {
+        let sql = format!(
+            "SELECT role, fence, worker, since FROM {} WHERE role = $1",
+            self.table("leader_fences")
+        );
+        let row = sqlx::query(&sql)
+            .bind(role)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(LeaderRow {
+                role: r.try_get("role")?,
+                fence: r.try_get("fence")?,
+                worker: r.try_get("worker")?,
+                since: r.try_get("since")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Up to `limit` jobs awaiting publication whose `run_at` has come (by
+    /// PostgreSQL's clock), earliest first. Reads the front of the partial
+    /// index `jobs_due_idx`: the cost does not grow with the jobs still waiting.
+    /// The bound is `now()`, not `clock_timestamp()`: a volatile bound is only a
+    /// filter, and with fewer than `limit` due the scan walks every waiting row
+    /// (measured: 1 000 000 waiting, none due, 0.08 ms with `now()`).
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn due_jobs(&self, limit: usize) -> Result<Vec<DueJob>, FenceError> {
+        let sql = format!(
+            "SELECT id, job_type, input, run_at FROM {} \
+             WHERE awaiting_publish AND run_at <= now() \
+             ORDER BY run_at, id LIMIT $1",
+            self.table("jobs")
+        );
+        let rows = sqlx::query(&sql)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DueJob {
+                    id: JobId::from_uuid(r.try_get("id")?),
+                    job_type: r.try_get("job_type")?,
+                    input: r.try_get("input")?,
+                    run_at: r.try_get("run_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// How long until the earliest job awaiting publication is due (zero if
+    /// one is due now; `None` if none waits), by PostgreSQL's clock.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn next_due_in(&self) -> Result<Option<std::time::Duration>, FenceError> {
+        let sql = format!(
+            "SELECT greatest(extract(epoch FROM min(run_at) - clock_timestamp()), 0)::float8 \
+             FROM {} WHERE awaiting_publish",
+            self.table("jobs")
+        );
+        let secs: Option<f64> = sqlx::query_scalar(&sql).fetch_one(&self.pool).await?;
+        Ok(secs.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))))
+    }
+
+    /// Marks `ids` published, in a transaction fenced by `role`'s `token`.
+    /// Returns how many were still awaiting publication.
+    ///
+    /// # Errors
+    /// [`FenceError::LeaderFencedOut`] (nothing marked); [`FenceError::Db`].
+    pub async fn mark_published(
+        &self,
+        role: &str,
+        token: FencingToken,
+        ids: &[JobId],
+    ) -> Result<u64, FenceError> {
+        let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
+        let sql = format!(
+            "UPDATE {} SET awaiting_publish = false, updated_at = now() \
+             WHERE id = ANY($1) AND awaiting_publish",
+            self.table("jobs")
+        );
+        let mut tx = self.begin_leader(role, token).await?;
+        let done = sqlx::query(&sql).bind(ids).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,184 @@
+//! Cron schedules' rows (`schedules`, migration 0008): the definitions each
+//! worker registers, and the leader's fenced write that enqueues a schedule's
+//! ticks and advances its last tick in one transaction.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use sqlx::Row;
+
+use crate::types::{FencingToken, JobId};
+
+use super::{FenceError, FenceStore};
+
+/// One schedule's row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleRow {
+    /// The schedule's name (unique per schema).
+    pub name: String,
+    /// The job type each tick enqueues.
+    pub job_type: String,
+    /// The cron expression.
+    pub expr: String,
+    /// The IANA time zone the expression is read in.
+    pub time_zone: String,
+    /// The missed-ticks policy: `skip` or `catch_up:<max>`.
+    pub missed: String,
+    /// The input of every tick's job.
+    pub input: serde_json::Value,
+    /// The newest tick decided (enqueued, or skipped as missed).
+    pub last_tick: Option<DateTime<Utc>>,
+    /// The next tick, as the leader last computed it.
+    pub next_tick: Option<DateTime<Utc>>,
+    /// Ticks enqueued so far.
+    pub enqueued: i64,
+    /// Ticks skipped as missed so far.
+    pub skipped: i64,
+    /// When the schedule was first registered.
+    pub created_at: DateTime<Utc>,
+}
+
+/// What the leader decided for one schedule, written by
+/// [`FenceStore::enqueue_ticks`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TickBatch<'a> {
+    /// The schedule.
+    pub name: &'a str,
+    /// Its job type.
+    pub job_type: &'a str,
+    /// Its input.
+    pub input: &'a serde_json::Value,
+    /// The ticks to enqueue, oldest first.
+    pub ticks: &'a [DateTime<Utc>],
+    /// How many missed ticks were skipped.
+    pub skipped: u64,
+    /// The newest tick decided: the schedule's new `last_tick`.
+    pub last_tick: DateTime<Utc>,
+    /// The tick after it.
+    pub next_tick: Option<DateTime<Utc>>,
+}
+
+/// The idempotency key of schedule `name`'s tick at `tick`:
+/// `cron:<name>:<tick, RFC 3339 UTC>`.
+pub fn tick_key(name: &str, tick: DateTime<Utc>) -> String {
+    format!(
+        "cron:{name}:{}",
+        tick.to_rfc3339_opts(SecondsFormat::Secs, true)
+    )
+}
+
+impl FenceStore {
+    /// Registers (or updates) a schedule's definition; its `last_tick`,
+    /// counters and `created_at` are kept.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn upsert_schedule(&self, def: &ScheduleRow) -> Result<(), FenceError> {
+        let sql = format!(
+            "INSERT INTO {} (name, job_type, expr, time_zone, missed, input) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (name) DO UPDATE SET job_type = EXCLUDED.job_type, \
+                expr = EXCLUDED.expr, time_zone = EXCLUDED.time_zone, \
+                missed = EXCLUDED.missed, input = EXCLUDED.input, updated_at = clock_timestamp()",
+            self.table("schedules")
+        );
+        sqlx::query(&sql)
+            .bind(&def.name)
+            .bind(&def.job_type)
+            .bind(&def.expr)
+            .bind(&def.time_zone)
+            .bind(&def.missed)
+            .bind(&def.input)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Every schedule, by name.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn schedules(&self) -> Result<Vec<ScheduleRow>, FenceError> {
+        let sql = format!(
+            "SELECT name, job_type, expr, time_zone, missed, input, last_tick, next_tick, \
+                    enqueued, skipped, created_at FROM {} ORDER BY name",
+            self.table("schedules")
+        );
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ScheduleRow {
+                    name: r.try_get("name")?,
+                    job_type: r.try_get("job_type")?,
+                    expr: r.try_get("expr")?,
+                    time_zone: r.try_get("time_zone")?,
+                    missed: r.try_get("missed")?,
+                    input: r.try_get("input")?,
+                    last_tick: r.try_get("last_tick")?,
+                    next_tick: r.try_get("next_tick")?,
+                    enqueued: r.try_get("enqueued")?,
+                    skipped: r.try_get("skipped")?,
+                    created_at: r.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// In one transaction fenced by `role`'s `token`: inserts a job row per
+    /// tick of `batch` (key [`tick_key`], `run_at` = the tick, awaiting
+    /// publication; an existing row is left alone), and advances the
+    /// schedule's `last_tick` (never backwards). Returns the rows inserted.
+    ///
+    /// # Errors
+    /// [`FenceError::LeaderFencedOut`] (nothing written); [`FenceError::Db`].
+    pub async fn enqueue_ticks(
+        &self,
+        role: &str,
+        token: FencingToken,
+        batch: &TickBatch<'_>,
+    ) -> Result<u64, FenceError> {
+        let insert = format!(
+            "INSERT INTO {} (id, job_type, input, run_at, awaiting_publish) \
+             VALUES ($1, $2, $3, $4, true) ON CONFLICT (id) DO NOTHING",
+            self.table("jobs")
+        );
+        let mut tx = self.begin_leader(role, token).await?;
+        let mut inserted = 0;
+        for tick in batch.ticks {
+            let id = JobId::from_key(batch.job_type, &tick_key(batch.name, *tick));
+            inserted += sqlx::query(&insert)
+                .bind(id.as_uuid())
+                .bind(batch.job_type)
+                .bind(batch.input)
+                .bind(tick)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        self.advance_schedule(&mut tx, batch, inserted).await?;
+        tx.commit().await?;
+        Ok(inserted)
+    }
+
+    async fn advance_schedule(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        batch: &TickBatch<'_>,
+        inserted: u64,
+    ) -> Result<(), FenceError> {
+        let sql = format!(
+            "UPDATE {} SET last_tick = greatest(last_tick, $2), next_tick = $3, \
+                enqueued = enqueued + $4, skipped = skipped + $5, updated_at = clock_timestamp() \
+             WHERE name = $1",
+            self.table("schedules")
+        );
+        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        sqlx::query(&sql)
+            .bind(batch.name)
+            .bind(batch.last_tick)
+            .bind(batch.next_tick)
+            .bind(int(inserted))
+            .bind(int(batch.skipped))
+            .execute(tx)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,562 @@
+//! Delayed jobs and cron schedules against the dev stack: a delayed job waits
+//! for its `run_at` with no message in the broker and starts within a second
+//! of it; bad input is a typed error that changes nothing; a deposed
+//! scheduler leader's writes are refused by the fence; three worker processes
+//! whose leader is killed enqueue every tick exactly once; missed ticks follow
+//! their policy.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tenure::blocks::fence::{FenceError, JobStatus, TickBatch, tick_key};
+use tenure::devstack::DevStack;
+use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
+use tenure::{Worker, WorkerError};
+use tenure_tests::{ThreeStep, Work, config_for, double_commits, prepare_schema, wait_until};
+
+fn stack() -> &'static DevStack {
+    DevStack::shared().expect("dev stack")
+}
+
+async fn fresh(prefix: &str, ttl: Duration) -> (String, tenure::Config, Client) {
+    let ns = DevStack::unique_namespace(prefix);
+    let cfg = config_for(stack(), &ns, ttl);
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    (ns, cfg, client)
+}
+
+async fn worker(cfg: &tenure::Config, ns: &str, id: &str) -> Worker {
+    Worker::builder(cfg.clone().with_worker_id(id))
+        .register(ThreeStep {
+            worker: id.into(),
+            schema: ns.into(),
+        })
+        .start()
+        .await
+        .expect("worker")
+}
+
+async fn count(client: &Client, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(client.store().pool())
+        .await
+        .expect(sql)
+}
+
+/// When job `id` was first claimed (its history's first `claimed` event).
+async fn claimed_at(client: &Client, ns: &str, id: JobId) -> Option<DateTime<Utc>> {
+    sqlx::query_scalar(&format!(
+        "SELECT min(at) FROM {ns}.job_events WHERE job_id = $1 AND kind IN ('claimed', 'taken_over')"
+    ))
+    .bind(id.as_uuid())
+    .fetch_one(client.store().pool())
+    .await
+    .expect("claimed_at")
+}
+
+fn work(n: u64) -> Work {
+    Work {
+        n,
+        ..Work::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delayed_jobs_wait_without_a_message_and_start_within_a_second_of_run_at() {
+    let (ns, cfg, client) = fresh("sch_delay", Duration::from_secs(3)).await;
+    let w = worker(&cfg, &ns, "w0").await;
+    let mut jobs = Vec::new();
+    for (n, delay_ms) in [2000u64, 2500, 3000, 3500, 4000].into_iter().enumerate() {
+        let e = client
+            .enqueue_after::<ThreeStep>(
+                &format!("later-{n}"),
+                &work(n as u64),
+                Duration::from_millis(delay_ms),
+            )
+            .await
+            .expect("enqueue_after");
+        assert!(!e.duplicate);
+        jobs.push(e.job_id);
+    }
+    // Waiting: rows awaiting publication, no message in the work stream.
+    for id in &jobs {
+        let row = client.job(*id).await.unwrap().unwrap();
+        assert!(row.awaiting_publish && row.run_at.is_some(), "{row:?}");
+    }
+    let stats = client.queue().stats().await.expect("stats");
+    assert_eq!(
+        stats.work_messages, 0,
+        "a waiting job costs the broker nothing"
+    );
+
+    let all_done = wait_until(Duration::from_secs(30), || async {
+        let mut done = true;
+        for id in &jobs {
+            done &= matches!(client.job(*id).await, Ok(Some(r)) if r.status == JobStatus::Done);
+        }
+        done
+    })
+    .await;
+    assert!(all_done, "every delayed job ran");
+    let mut lateness_ms = Vec::new();
+    for id in &jobs {
+        let row = client.job(*id).await.unwrap().unwrap();
+        let run_at = row.run_at.unwrap();
+        let claimed = claimed_at(&client, &ns, *id).await.expect("claimed");
+        let late = (claimed - run_at).num_milliseconds();
+        assert!(late >= 0, "job {id} claimed {late} ms before its run_at");
+        assert!(
+            late < 1000,
+            "job {id} started {late} ms after its run_at (bound: 1 s)"
+        );
+        lateness_ms.push(late);
+    }
+    eprintln!("due-job start latency (claim - run_at), ms: {lateness_ms:?}");
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_past_run_at_runs_now_and_duplicates_follow_enqueue_rules() {
+    let (ns, cfg, client) = fresh("sch_past", Duration::from_secs(3)).await;
+    let w = worker(&cfg, &ns, "w0").await;
+    let past = Utc::now() - chrono::Duration::hours(1);
+    let e = client
+        .enqueue_at::<ThreeStep>("past", &work(1), past)
+        .await
+        .expect("past run_at is no error");
+    let row = client.job(e.job_id).await.unwrap().unwrap();
+    assert!(!row.awaiting_publish, "published at once");
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            matches!(client.job(e.job_id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+        })
+        .await
+    );
+
+    // A delayed job enqueued again, with a delay or at once, is a duplicate
+    // that keeps its run_at and is not published early.
+    let first = client
+        .enqueue_after::<ThreeStep>("later", &work(2), Duration::from_secs(4))
+        .await
+        .unwrap();
+    let run_at = client.job(first.job_id).await.unwrap().unwrap().run_at;
+    let again = client
+        .enqueue_after::<ThreeStep>("later", &work(2), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let now = client
+        .enqueue::<ThreeStep>("later", &work(2))
+        .await
+        .unwrap();
+    assert!(again.duplicate && now.duplicate && again.job_id == first.job_id);
+    let row = client.job(first.job_id).await.unwrap().unwrap();
+    assert_eq!(row.run_at, run_at, "the first run_at stays");
+    assert!(row.awaiting_publish);
+    assert_eq!(
+        client.redrive(first.job_id).await.unwrap(),
+        0,
+        "redrive does not publish a waiting job"
+    );
+    assert_eq!(client.queue().stats().await.unwrap().work_messages, 0);
+    let conflict = client
+        .enqueue_after::<ThreeStep>("later", &work(3), Duration::from_secs(4))
+        .await;
+    assert!(matches!(
+        conflict,
+        Err(ClientError::Fence(FenceError::PayloadConflict { .. }))
+    ));
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            matches!(client.job(first.job_id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+        })
+        .await
+    );
+    let claimed = claimed_at(&client, &ns, first.job_id).await.unwrap();
+    assert!(claimed >= run_at.unwrap(), "not run before its run_at");
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_beyond_the_maximum_is_a_typed_error_and_enqueues_nothing() {
+    let (ns, mut cfg, _) = fresh("sch_max", Duration::from_secs(3)).await;
+    cfg.max_delay = Duration::from_secs(60);
+    let client = Client::connect(&cfg).await.unwrap();
+    let after = client
+        .enqueue_after::<ThreeStep>("too-late", &work(1), Duration::from_secs(61))
+        .await;
+    assert!(
+        matches!(after, Err(ClientError::DelayTooLong { max, .. }) if max == Duration::from_secs(60)),
+        "{after:?}"
+    );
+    let at = client
+        .enqueue_at::<ThreeStep>(
+            "too-late-at",
+            &work(1),
+            Utc::now() + chrono::Duration::hours(1),
+        )
+        .await;
+    assert!(
+        matches!(at, Err(ClientError::DelayTooLong { .. })),
+        "{at:?}"
+    );
+    let huge = client
+        .enqueue_after::<ThreeStep>("huge", &work(1), Duration::from_secs(u64::MAX / 4))
+        .await;
+    assert!(
+        matches!(huge, Err(ClientError::DelayTooLong { .. })),
+        "{huge:?}"
+    );
+    assert_eq!(
+        count(&client, &format!("SELECT count(*) FROM {ns}.jobs")).await,
+        0
+    );
+    assert_eq!(client.queue().stats().await.unwrap().work_messages, 0);
+    // Within the maximum it is accepted.
+    client
+        .enqueue_after::<ThreeStep>("fine", &work(1), Duration::from_secs(59))
+        .await
+        .expect("within max_delay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_schedule_fails_start_and_registers_nothing() {
+    let (ns, cfg, client) = fresh("sch_bad", Duration::from_secs(3)).await;
+    let job = || ThreeStep {
+        worker: "w".into(),
+        schema: ns.clone(),
+    };
+    type Expect = fn(&ScheduleError) -> bool;
+    let cases: Vec<(Schedule, Expect)> = vec![
+        (Schedule::new("bad-expr", "not a cron"), |e| {
+            matches!(e, ScheduleError::Expression { .. })
+        }),
+        (Schedule::new("bad-range", "0 61 * * * *"), |e| {
+            matches!(e, ScheduleError::Expression { .. })
+        }),
+        (
+            Schedule::new("bad-zone", "* * * * *").in_time_zone("Mars/Olympus"),
+            |e| matches!(e, ScheduleError::TimeZone { .. }),
+        ),
+        (Schedule::new("bad name", "* * * * *"), |e| {
+            matches!(e, ScheduleError::Name(_))
+        }),
+    ];
+    for (schedule, expected) in cases {
+        let started = Worker::builder(cfg.clone())
+            .register(job())
+            .schedule::<ThreeStep>("good", "* * * * * *", &work(0))
+            .schedule_with::<ThreeStep>(schedule.clone(), &work(0))
+            .start()
+            .await;
+        match started {
+            Err(WorkerError::Schedule(e)) => assert!(expected(&e), "{schedule:?}: {e}"),
+            other => panic!(
+                "{schedule:?}: expected a schedule error, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+    let dup = Worker::builder(cfg.clone())
+        .register(job())
+        .schedule::<ThreeStep>("same", "* * * * * *", &work(0))
+        .schedule::<ThreeStep>("same", "*/2 * * * * *", &work(0))
+        .start()
+        .await;
+    assert!(matches!(
+        dup,
+        Err(WorkerError::Schedule(ScheduleError::Duplicate(_)))
+    ));
+    assert_eq!(
+        count(&client, &format!("SELECT count(*) FROM {ns}.schedules")).await,
+        0
+    );
+    assert_eq!(
+        count(&client, &format!("SELECT count(*) FROM {ns}.jobs")).await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leaders_writes_are_refused_by_the_fence() {
+    let (ns, _cfg, client) = fresh("sch_fence", Duration::from_secs(3)).await;
+    let store = client.store();
+    let (old, new) = (FencingToken::for_tests(10), FencingToken::for_tests(20));
+    store.claim_leader("scheduler", old, "old").await.unwrap();
+    let e = client
+        .enqueue_after::<ThreeStep>("waiting", &work(1), Duration::from_millis(300))
+        .await
+        .unwrap();
+    store.claim_leader("scheduler", new, "new").await.unwrap();
+    let stale = store.claim_leader("scheduler", old, "old").await;
+    assert!(
+        matches!(stale, Err(FenceError::LeaderFencedOut { .. })),
+        "{stale:?}"
+    );
+    let marked = store.mark_published("scheduler", old, &[e.job_id]).await;
+    assert!(
+        matches!(marked, Err(FenceError::LeaderFencedOut { .. })),
+        "{marked:?}"
+    );
+    assert!(
+        client
+            .job(e.job_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .awaiting_publish,
+        "nothing marked"
+    );
+
+    sqlx::query(&format!(
+        "INSERT INTO {ns}.schedules (name, job_type, expr, time_zone, missed, input) \
+         VALUES ('s', 'test.three_step', '* * * * * *', 'UTC', 'skip', '{{}}')"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let tick = Utc::now();
+    let input = serde_json::json!({"n": 0});
+    let batch = TickBatch {
+        name: "s",
+        job_type: "test.three_step",
+        input: &input,
+        ticks: &[tick],
+        skipped: 0,
+        last_tick: tick,
+        next_tick: None,
+    };
+    let refused = store.enqueue_ticks("scheduler", old, &batch).await;
+    assert!(
+        matches!(refused, Err(FenceError::LeaderFencedOut { .. })),
+        "{refused:?}"
+    );
+    let jobs = count(&client, &format!("SELECT count(*) FROM {ns}.jobs")).await;
+    assert_eq!(jobs, 1, "the stale leader inserted no tick");
+    assert_eq!(
+        store.enqueue_ticks("scheduler", new, &batch).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store.enqueue_ticks("scheduler", new, &batch).await.unwrap(),
+        0,
+        "a tick once"
+    );
+    let tick_id = JobId::from_key("test.three_step", &tick_key("s", tick));
+    assert!(client.job(tick_id).await.unwrap().is_some());
+    assert_eq!(
+        store
+            .mark_published("scheduler", new, &[e.job_id])
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+/// A worker child process (`tenure-test-worker --cron tick`).
+struct ChildWorker {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl ChildWorker {
+    fn spawn(ns: &str, id: &str, ttl_secs: u64) -> Self {
+        let s = stack();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tenure-test-worker"))
+            .args([
+                "--etcd",
+                &s.etcd_endpoints().join(","),
+                "--nats",
+                &s.nats_url(),
+            ])
+            .args([
+                "--db",
+                &s.database_url(),
+                "--ns",
+                ns,
+                "--ttl-secs",
+                &ttl_secs.to_string(),
+            ])
+            .args(["--worker", id, "--cron", "tick"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn worker");
+        let out = child.stdout.take().expect("stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        ChildWorker { child, lines }
+    }
+
+    fn ready(&self) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.starts_with("READY"))
+    }
+}
+
+impl Drop for ChildWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The tick times of schedule `name`'s jobs, in order.
+async fn ticks(client: &Client, ns: &str) -> Vec<DateTime<Utc>> {
+    sqlx::query_scalar(&format!(
+        "SELECT run_at FROM {ns}.jobs WHERE job_type = 'test.three_step' ORDER BY run_at"
+    ))
+    .fetch_all(client.store().pool())
+    .await
+    .unwrap()
+}
+
+async fn leader(client: &Client) -> Option<(String, i64)> {
+    client
+        .store()
+        .leader("scheduler")
+        .await
+        .unwrap()
+        .map(|l| (l.worker, l.fence))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
+    // A TTL of 5 s: the killed leader's key outlives it by about 5 s, longer
+    // than the 2 s schedule grace, so the ticks of the gap are missed ticks
+    // that only the test worker's catch-up policy (max 1000) enqueues.
+    let (ns, _cfg, client) = fresh("sch_kill", Duration::from_secs(5)).await;
+    let mut workers: Vec<(String, ChildWorker)> = (0..3)
+        .map(|i| {
+            (
+                format!("w{i}"),
+                ChildWorker::spawn(&ns, &format!("w{i}"), 5),
+            )
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            workers.iter().all(|(_, w)| w.ready())
+        })
+        .await
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            ticks(&client, &ns).await.len() >= 4
+        })
+        .await
+    );
+    let (first_leader, first_token) = leader(&client).await.expect("a leader");
+    let at = workers
+        .iter()
+        .position(|(id, _)| *id == first_leader)
+        .expect("leader is ours");
+    let (_, mut killed) = workers.remove(at);
+    killed.child.kill().expect("SIGKILL the leader");
+    let _ = killed.child.wait();
+    let killed_at = Utc::now();
+    let took_over = wait_until(Duration::from_secs(15), || async {
+        matches!(leader(&client).await, Some((_, t)) if t > first_token)
+    })
+    .await;
+    assert!(took_over, "a new leader claimed the scheduler");
+    let (second_leader, _) = leader(&client).await.unwrap();
+    assert_ne!(second_leader, first_leader);
+    // Run a few more ticks under the new leader, then stop.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    drop(workers);
+    let ticks = ticks(&client, &ns).await;
+    let secs: Vec<i64> = ticks.iter().map(DateTime::timestamp).collect();
+    let gaps: Vec<_> = secs.windows(2).filter(|w| w[1] - w[0] != 1).collect();
+    assert!(
+        gaps.is_empty(),
+        "every second from the first tick to the last, once: gaps {gaps:?} in {secs:?}"
+    );
+    assert!(
+        ticks.first().unwrap() < &killed_at
+            && ticks.last().unwrap() > &(killed_at + chrono::Duration::seconds(3))
+    );
+    for t in &ticks {
+        let id = JobId::from_key("test.three_step", &tick_key("tick", *t));
+        assert!(
+            client.job(id).await.unwrap().is_some(),
+            "tick {t} under its key"
+        );
+    }
+    eprintln!(
+        "{} ticks enqueued once each across the leader change ({first_leader} -> {second_leader}); killed at {killed_at}",
+        ticks.len()
+    );
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
+    let (ns, cfg, client) = fresh("sch_missed", Duration::from_secs(3)).await;
+    let start = || {
+        Worker::builder(cfg.clone().with_worker_id("w0"))
+            .register(ThreeStep {
+                worker: "w0".into(),
+                schema: ns.clone(),
+            })
+            .schedule_with::<ThreeStep>(Schedule::new("skip", "* * * * * *"), &work(1))
+            .schedule_with::<ThreeStep>(
+                Schedule::new("catch", "* * * * * *").missed(MissedTicks::CatchUp { max: 2 }),
+                &work(2),
+            )
+            .start()
+    };
+    let w = start().await.expect("worker");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    w.shutdown().await.unwrap();
+    let stopped = Utc::now();
+    // No leader for 7 s: with a grace of 2 s, about 5 ticks are missed.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let restarted = Utc::now();
+    let w = start().await.expect("worker again");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    w.shutdown().await.unwrap();
+
+    let after = |n: u64| {
+        let sql = format!(
+            "SELECT run_at FROM {ns}.jobs WHERE input->>'n' = '{n}' AND run_at > $1 ORDER BY run_at"
+        );
+        let pool = client.store().pool().clone();
+        async move {
+            sqlx::query_scalar::<_, DateTime<Utc>>(&sql)
+                .bind(stopped)
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let (skip, catch) = (after(1).await, after(2).await);
+    let grace = chrono::Duration::seconds(2);
+    let hole_end = restarted - grace - chrono::Duration::milliseconds(500);
+    assert!(
+        skip.iter().all(|t| *t > hole_end),
+        "skip enqueued a missed tick: {skip:?} (restarted {restarted})"
+    );
+    assert_eq!(
+        catch.len(),
+        skip.len() + 2,
+        "catch-up adds exactly 2 missed ticks: {catch:?} vs {skip:?}"
+    );
+    let rows = client.store().schedules().await.unwrap();
+    let skipped = |name: &str| rows.iter().find(|r| r.name == name).unwrap().skipped;
+    assert!(skipped("skip") >= 4, "{rows:?}");
+    assert_eq!(skipped("catch"), skipped("skip") - 2, "{rows:?}");
+}
