@@ -139,8 +139,8 @@ fn assert_guard_refused(res: Result<sqlx::postgres::PgQueryResult, sqlx::Error>)
 
 // ---------------------------------------------------------------------------------
 
-/// The migrations `framework/migrations` holds (0001 to 0006).
-const MIGRATIONS: i64 = 6;
+/// The migrations `framework/migrations` holds (0001 to 0007).
+const MIGRATIONS: i64 = 7;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_are_idempotent_concurrent_and_per_schema() {

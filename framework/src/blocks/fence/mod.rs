@@ -103,6 +103,6 @@ pub use history::{
     WorkerSeen,
 };
 pub use history_admin::WorkerReport;
-pub use row::{Claim, Inserted, JobRow, JobStatus, UnknownStatus};
+pub use row::{Cancelled, Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use store::FenceStore;
 pub use tx::FencedTx;
