@@ -23,6 +23,7 @@
 //! | `tenure.dlq.routed` | counter | job_type, reason |
 //! | `tenure.jobs.in_flight` | up-down counter | worker |
 //! | `tenure.jobs.completed` | counter | job_type |
+//! | `tenure.jobs.cancelled` | counter | job_type (deliveries ended, acked, because an operator cancelled the job) |
 //!
 //! # Exporting
 //!
@@ -146,6 +147,7 @@ pub(crate) struct Metrics {
     dlq: Counter<u64>,
     in_flight: UpDownCounter<i64>,
     completed: Counter<u64>,
+    cancelled: Counter<u64>,
 }
 
 /// Bucket boundaries (seconds) of every duration histogram: 1 ms to 30 s, about
@@ -233,6 +235,10 @@ impl Metrics {
             completed: meter
                 .u64_counter("tenure.jobs.completed")
                 .with_description("jobs that reached done")
+                .build(),
+            cancelled: meter
+                .u64_counter("tenure.jobs.cancelled")
+                .with_description("deliveries ended (acked) because an operator cancelled the job")
                 .build(),
         }
     }
@@ -344,6 +350,11 @@ impl Metrics {
     /// A job reached `done`.
     pub fn completed(&self, job_type: &str) {
         self.completed
+            .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
+    /// A delivery ended because an operator cancelled its job.
+    pub fn cancelled(&self, job_type: &str) {
+        self.cancelled
             .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
     }
 }
