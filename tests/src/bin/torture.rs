@@ -1404,11 +1404,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     println!("torture: faults by kind: {}", kinds.join(" "));
     let alarms = regression_alarms(&dir, &run.reused_revisions)?;
     if args.cancel > 0.0 {
-        let left = client
-            .queue()
-            .stats()
-            .await
-            .map_or(-1, |q| q.work_messages as i64);
+        let left = work_messages_left(&client).await;
         println!(
             "torture: operator cancels: cancelled={} too_late={} failed={} work_messages_left={left}",
             cancels.count(cancel::Tried::Cancelled),
@@ -1476,6 +1472,22 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     }
     drop(run);
     Ok(code)
+}
+
+/// Messages still in the work stream once every job ended, after up to 15 s
+/// for redeliveries to be acked at admission (-1: NATS did not answer).
+async fn work_messages_left(client: &Client) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = match client.queue().stats().await {
+            Ok(q) => i64::try_from(q.work_messages).unwrap_or(i64::MAX),
+            Err(_) => -1,
+        };
+        if left == 0 || Instant::now() >= deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 async fn check(
