@@ -1484,6 +1484,12 @@ async fn work_messages_left(client: &Client) -> i64 {
             Err(_) => -1,
         };
         if left == 0 || Instant::now() >= deadline {
+            if left != 0 {
+                eprintln!(
+                    "torture: work stream at the end: {:?}",
+                    client.queue().stats().await
+                );
+            }
             return left;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
