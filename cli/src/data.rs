@@ -38,6 +38,7 @@ pub struct JobView {
     pub attempts: u32,
     pub released: bool,
     pub last_error: Option<String>,
+    pub cancel_reason: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// Why a pending job is not running: `no worker registered` when no live
@@ -80,6 +81,7 @@ impl From<&JobRow> for JobView {
             attempts: r.attempts,
             released: r.released,
             last_error: r.last_error.clone(),
+            cancel_reason: r.cancel_reason.clone(),
             created_at: r.created_at,
             updated_at: r.updated_at,
             waiting: None,
@@ -145,6 +147,14 @@ pub struct RedriveView {
     pub messages: usize,
 }
 
+/// What a cancel did (`tenure cancel`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CancelView {
+    pub job_id: String,
+    /// `cancelled` (now) or `already cancelled`.
+    pub outcome: &'static str,
+}
+
 /// The overview (`tenure overview --json`, the overview page).
 #[derive(Debug, Clone, Serialize)]
 pub struct OverviewView {
@@ -154,6 +164,7 @@ pub struct OverviewView {
     pub running: i64,
     pub done: i64,
     pub dead: i64,
+    pub cancelled: i64,
     pub total: i64,
     /// Jobs finished per minute over the window.
     pub throughput_per_min: f64,
@@ -335,6 +346,7 @@ pub async fn overview(
         running: rows.count(JobStatus::Running),
         done: rows.count(JobStatus::Done),
         dead: rows.count(JobStatus::Dead),
+        cancelled: rows.count(JobStatus::Cancelled),
         total: rows.total(),
         throughput_per_min: r.done as f64 / minutes,
         failure_rate: if finished == 0 {
@@ -476,6 +488,31 @@ pub async fn redrive(
         }
     }
     Ok(done)
+}
+
+/// Cancels `id` through [`Client::cancel`]; an unknown or finished job is
+/// the client's typed error, said as it is.
+pub async fn cancel(
+    ctx: &Ctx,
+    client: &Client,
+    id: JobId,
+    reason: &str,
+) -> anyhow::Result<CancelView> {
+    let outcome = match tokio::time::timeout(ctx.timeout, client.cancel(id, reason)).await {
+        Ok(Ok(tenure::Cancelled::Now)) => "cancelled",
+        Ok(Ok(tenure::Cancelled::Already)) => "already cancelled",
+        Ok(Err(e)) => return Err(anyhow!("cancelling {id}: {}", describe(&e))),
+        Err(_) => {
+            return Err(anyhow!(
+                "cancelling {id}: no answer within {:?}",
+                ctx.timeout
+            ));
+        }
+    };
+    Ok(CancelView {
+        job_id: id.to_string(),
+        outcome,
+    })
 }
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
 //! `tenure`: the operator's view of a Tenure deployment.
 //!
 //! ```text
-//! tenure jobs [--status pending|running|done|dead] [--limit N]   list job rows
+//! tenure jobs [--status pending|running|done|dead|cancelled] [--limit N]   list job rows
 //! tenure job <ID>                                                 one job's history
 //! tenure dlq [--limit N]                                          list the DLQ
 //! tenure redrive <ID>                                             put a dead job back to work
 //! tenure redrive --reason <CODE>                                  ... every dead letter with that reason
+//! tenure cancel <ID> [--reason TEXT]                              cancel a job (its running step stops, it never runs again)
 //! tenure overview                                                 counts per status and type, last hour's rates
 //! tenure workers                                                  workers seen in the job history
 //! tenure serve [--bind 127.0.0.1:8023] [--operator-token T]       the web view (see `web`)
@@ -236,6 +237,17 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Cancel a pending or running job: its owner's running step is stopped
+    /// and rolled back, the row becomes `cancelled`, no later step runs.
+    /// Cancelling twice changes nothing; a finished or unknown job is an error.
+    Cancel {
+        /// The job to cancel.
+        #[arg(value_parser = parse_job_id)]
+        id: JobId,
+        /// Why (kept on the row and in the job's history).
+        #[arg(long, default_value = "cancelled by an operator")]
+        reason: String,
+    },
     /// Jobs per status and type, the last hour's rates, takeovers, stale refusals, DLQ size.
     Overview,
     /// Workers seen in the last hour's job history or connected to PostgreSQL now.
@@ -253,6 +265,7 @@ enum Status {
     Running,
     Done,
     Dead,
+    Cancelled,
 }
 
 impl From<Status> for JobStatus {
@@ -262,6 +275,7 @@ impl From<Status> for JobStatus {
             Status::Running => JobStatus::Running,
             Status::Done => JobStatus::Done,
             Status::Dead => JobStatus::Dead,
+            Status::Cancelled => JobStatus::Cancelled,
         }
     }
 }
@@ -383,6 +397,11 @@ async fn run_command(ctx: &Ctx, command: Command) -> anyhow::Result<()> {
             }
             ctx.print(&done, || redrive_lines(&done))
         }
+        Command::Cancel { id, reason } => {
+            let client = ctx.client().await?;
+            let view = data::cancel(ctx, &client, id, &reason).await?;
+            ctx.print(&view, || format!("{} {}\n", view.outcome, view.job_id))
+        }
         Command::Serve(_) => Err(anyhow!("serve is not a one-shot command")),
     }
 }
@@ -405,8 +424,8 @@ fn redrive_lines(done: &[RedriveView]) -> String {
 
 fn overview_table(v: &OverviewView) -> String {
     let mut s = format!(
-        "pending {}  running {}  done {}  dead {}  total {}  dlq {}\n",
-        v.pending, v.running, v.done, v.dead, v.total, v.dlq_size
+        "pending {}  running {}  done {}  dead {}  cancelled {}  total {}  dlq {}\n",
+        v.pending, v.running, v.done, v.dead, v.cancelled, v.total, v.dlq_size
     );
     let r = &v.rows.recent;
     s.push_str(&format!(
@@ -606,6 +625,10 @@ fn job_detail(v: &JobView) -> String {
         (
             "last error",
             v.last_error.clone().unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "cancelled",
+            v.cancel_reason.clone().unwrap_or_else(|| "-".into()),
         ),
         ("created", time(&v.created_at)),
         ("updated", time(&v.updated_at)),

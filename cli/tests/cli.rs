@@ -507,3 +507,49 @@ async fn schedules_lists_the_schedules_and_the_leader() {
     );
     worker.shutdown().await.unwrap();
 }
+
+/// `tenure cancel`: a queued job becomes `cancelled` (shown by `jobs
+/// --status cancelled` and `job`), twice is a no-op, an unknown id is an error
+/// that changes nothing, and a malformed one is a usage error (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenure_cancel_cancels_a_queued_job_and_refuses_bad_input() {
+    let ns = DevStack::unique_namespace("cli_cancel");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let id = client
+        .enqueue::<Flaky>("to-cancel", &1)
+        .await
+        .unwrap()
+        .job_id;
+    let text = id.to_string();
+
+    let out = ok(&tenure(
+        &cfg,
+        &["cancel", &text, "--reason", "no longer needed"],
+    ));
+    assert_eq!(out.trim(), format!("cancelled {id}"));
+    let out = ok(&tenure(&cfg, &["cancel", &text]));
+    assert_eq!(out.trim(), format!("already cancelled {id}"));
+    let row = client.job(id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Cancelled);
+    assert_eq!(row.cancel_reason.as_deref(), Some("no longer needed"));
+
+    let listed = json(&tenure(&cfg, &["--json", "jobs", "--status", "cancelled"]));
+    let listed = listed.as_array().expect("a list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["id"], text.as_str());
+    assert_eq!(listed[0]["cancel_reason"], "no longer needed");
+    let shown = ok(&tenure(&cfg, &["job", &text]));
+    assert!(
+        shown.contains("cancelled") && shown.contains("no longer needed"),
+        "{shown}"
+    );
+
+    let unknown = JobId::from_key("cli.flaky", "never");
+    let err = failed(&tenure(&cfg, &["cancel", &unknown.to_string()]));
+    assert!(err.contains(&format!("no job {unknown}")), "{err}");
+    assert!(client.job(unknown).await.unwrap().is_none());
+    let out = tenure(&cfg, &["cancel", "not-a-uuid"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}

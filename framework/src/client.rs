@@ -2,7 +2,7 @@
 //! them, redrive dead letters. Composes [`fence`](crate::fence) (job rows) and
 //! [`queue`](crate::queue) (messages); neither of those knows the other.
 
-use crate::fence::{FenceError, FenceStore, Inserted, JobRow, JobStatus};
+use crate::fence::{Cancelled, FenceError, FenceStore, Inserted, JobRow, JobStatus};
 use crate::job::Job;
 use crate::queue::{Queue, QueueError};
 use crate::{Config, JobId};
@@ -46,7 +46,25 @@ pub enum ClientError {
         /// Its status.
         status: JobStatus,
     },
+    /// No job has this id ([`Client::cancel`]); nothing changed.
+    #[error("no job {0}")]
+    UnknownJob(JobId),
+    /// Cancel of a job that already finished (`done` or `dead`); nothing changed.
+    #[error("job {job_id} already finished ({status}): nothing to cancel")]
+    JobFinished {
+        /// The job.
+        job_id: JobId,
+        /// Its terminal status.
+        status: JobStatus,
+    },
+    /// A cancel reason that cannot be stored ([`MAX_CANCEL_REASON`] bytes at
+    /// most, no NUL character); nothing changed.
+    #[error("invalid cancel reason: {0}")]
+    InvalidReason(&'static str),
 }
+
+/// The longest cancel reason, in bytes.
+pub const MAX_CANCEL_REASON: usize = 1000;
 
 /// The result of an enqueue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,8 +241,7 @@ impl Client {
         let duplicate = matches!(inserted, Inserted::Existing);
         if duplicate || delayed {
             if let Some(row) = self.store.job(job_id).await? {
-                let terminal = matches!(row.status, JobStatus::Done | JobStatus::Dead);
-                if terminal || row.awaiting_publish {
+                if row.status.is_terminal() || row.awaiting_publish {
                     return Ok(Enqueued { job_id, duplicate });
                 }
             }
@@ -283,6 +300,62 @@ impl Client {
             return Ok(1);
         }
         Ok(moved)
+    }
+
+    /// Cancels a job (an operator's decision): its row becomes `cancelled`,
+    /// with `reason`; the job is never run again, retried nor dead-lettered,
+    /// and its message is acked by the worker that meets it.
+    ///
+    /// In this order: (1) a cancel notice over NATS, which makes the owner's
+    /// [`StepCtx::cancellation`](crate::StepCtx::cancellation) fire, so a
+    /// running step stops and its open transaction rolls back instead of
+    /// committing; (2) the row update, which waits for that transaction to end
+    /// (the job row lock; at most the connection's `lock_timeout`). **The cancel
+    /// takes effect at the commit of the row update**: a step commit that came
+    /// before it stands; no claim, step admission or step commit after it
+    /// succeeds, whether or not the notice reached the owner.
+    ///
+    /// Returns [`Cancelled::Now`], or [`Cancelled::Already`] when the job was
+    /// cancelled before (nothing changes).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: &tenure::Client, job_id: tenure::JobId) -> Result<(), tenure::ClientError> {
+    /// use tenure::Cancelled;
+    /// match client.cancel(job_id, "customer withdrew the order").await? {
+    ///     Cancelled::Now => println!("cancelled"),
+    ///     Cancelled::Already => println!("was cancelled already"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ClientError::UnknownJob`], [`ClientError::JobFinished`] (`done` or
+    /// `dead`), [`ClientError::InvalidReason`], each before anything changed;
+    /// server errors (a failed notice publish changes nothing either).
+    pub async fn cancel(&self, job_id: JobId, reason: &str) -> Result<Cancelled, ClientError> {
+        check_reason(reason)?;
+        let row = self
+            .store
+            .job(job_id)
+            .await?
+            .ok_or(ClientError::UnknownJob(job_id))?;
+        match row.status {
+            JobStatus::Cancelled => return Ok(Cancelled::Already),
+            JobStatus::Done | JobStatus::Dead => {
+                let status = row.status;
+                return Err(ClientError::JobFinished { job_id, status });
+            }
+            JobStatus::Pending | JobStatus::Running => {}
+        }
+        self.queue.publish_cancel(job_id).await?;
+        match self.store.cancel_job(job_id, reason).await {
+            Ok(c) => Ok(c),
+            Err(FenceError::NotFound(_)) => Err(ClientError::UnknownJob(job_id)),
+            Err(FenceError::Terminal { status, .. }) => {
+                Err(ClientError::JobFinished { job_id, status })
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Publishes a redrive message for `row`'s job (its input, its type).
@@ -359,4 +432,15 @@ impl Client {
     pub fn queue(&self) -> &Queue {
         &self.queue
     }
+}
+
+/// A cancel reason PostgreSQL stores as it is: not too long, no NUL.
+fn check_reason(reason: &str) -> Result<(), ClientError> {
+    if reason.len() > MAX_CANCEL_REASON {
+        return Err(ClientError::InvalidReason("longer than 1000 bytes"));
+    }
+    if reason.contains('\0') {
+        return Err(ClientError::InvalidReason("contains a NUL character"));
+    }
+    Ok(())
 }

@@ -361,7 +361,9 @@ impl StepCtx {
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
-    /// Cancelled when the worker's lease is lost or the worker shuts down; bind all
+    /// Cancelled when the worker's lease is lost, the worker shuts down, or an
+    /// operator cancels the job ([`Client::cancel`](crate::Client::cancel): a
+    /// notice over NATS, so within milliseconds); bind all
     /// of the step's I/O to it.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancel

@@ -98,6 +98,11 @@
 //!     let order = Order { id: "o-1".into(), cents: 1_250 };
 //!     let job = client.enqueue::<Checkout>("order-o-1", &order).await?;
 //!     println!("enqueued job {} (duplicate: {})", job.job_id, job.duplicate);
+//!
+//!     // An operator changes their mind: the owner's `ctx.cancellation()` fires,
+//!     // its running step rolls back, and no later step runs.
+//!     let cancelled = client.cancel(job.job_id, "order withdrawn").await?;
+//!     println!("{cancelled:?}"); // Now, or Already on a second call
 //!     // ... serve until told to stop, then let running steps finish:
 //!     worker.shutdown().await?;
 //!     Ok(())
@@ -164,7 +169,8 @@
 //!   [`WorkerBuilder::schedule_with`].
 //! - [`Client`]: migrate, enqueue (now, [after a delay](Client::enqueue_after),
 //!   [at a time](Client::enqueue_at)), inspect ([`JobRow`], [`JobStatus`]), redrive dead
-//!   letters, and guard your own tables ([`Client::install_guard`]).
+//!   letters, cancel a job ([`Client::cancel`], [`Cancelled`]), and guard your own
+//!   tables ([`Client::install_guard`]).
 //! - [`Config`] (module [`config`]): every name, timeout and tuning number, from code
 //!   or the environment.
 //! - [`Job`], [`StepCtx`], [`StepError`] (module [`job`](mod@job)) and the
@@ -221,11 +227,11 @@ pub mod guide {
     pub mod production {}
 }
 
-pub use client::{Client, ClientError, Enqueued};
+pub use client::{Client, ClientError, Enqueued, MAX_CANCEL_REASON};
 pub use config::Config;
 #[cfg(feature = "mysql")]
 pub use fence::mysql::{MySqlFence, MySqlFenceError, MySqlFencedTx};
-pub use fence::{GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
+pub use fence::{Cancelled, GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
 pub use job::{Job, StepCtx, StepError};
 pub use lease::Health;
 pub use runtime::{JobLimits, Worker, WorkerBuilder, WorkerError, WorkerObserver};

@@ -134,6 +134,91 @@ impl ThreeStep {
     }
 }
 
+/// Input of [`Cancellable`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct Hold {
+    /// How long step 0 waits for its cancellation after its write (0: not at all).
+    pub hold_ms: u64,
+}
+
+/// What [`Cancellable`]'s steps saw, for the cancel tests.
+#[derive(Debug, Default)]
+pub struct CancelProbe {
+    /// `(job, step)` each time a step wrote its `step_log` row (uncommitted yet).
+    pub wrote: std::sync::Mutex<Vec<(tenure::JobId, u32)>>,
+    /// When step 0's `ctx.cancellation()` fired, per job.
+    pub fired: std::sync::Mutex<Vec<(tenure::JobId, std::time::Instant)>>,
+}
+
+impl CancelProbe {
+    /// Whether step `step` of `job` wrote (in a transaction that may not commit).
+    pub fn wrote(&self, job: tenure::JobId, step: u32) -> bool {
+        self.wrote.lock().unwrap().contains(&(job, step))
+    }
+    /// When `job`'s step 0 saw its cancellation fire.
+    pub fn fired(&self, job: tenure::JobId) -> Option<std::time::Instant> {
+        self.fired
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(j, _)| *j == job)
+            .map(|(_, t)| *t)
+    }
+}
+
+/// A two-step job for the cancel tests. Step 0 writes its `step_log` row
+/// through `ctx.db()`, then waits up to `hold_ms` for `ctx.cancellation()`,
+/// and returns `Ok` either way: only the runtime stands between its write and
+/// a commit. Step 1 writes its row.
+#[derive(Debug, Clone)]
+pub struct Cancellable {
+    /// The schema of `step_log`.
+    pub schema: String,
+    /// What the steps saw.
+    pub probe: std::sync::Arc<CancelProbe>,
+}
+
+impl Cancellable {
+    async fn write(&self, ctx: &mut StepCtx, step: u32) -> Result<(), StepError> {
+        let sql = format!(
+            "INSERT INTO {}.step_log (job_id, step, token, worker) VALUES ($1, $2, $3, 'cancellable')",
+            self.schema
+        );
+        let (job, token) = (ctx.job_id(), ctx.token().get());
+        sqlx::query(&sql)
+            .bind(job.as_uuid())
+            .bind(i32::try_from(step).unwrap_or(i32::MAX))
+            .bind(token)
+            .execute(ctx.db().await?)
+            .await?;
+        self.probe.wrote.lock().unwrap().push((job, step));
+        Ok(())
+    }
+}
+
+#[tenure::job(name = "test.cancellable", retries = 2)]
+impl Cancellable {
+    #[step]
+    async fn hold(&self, ctx: &mut StepCtx, h: Hold) -> Result<Hold, StepError> {
+        self.write(ctx, 0).await?;
+        let wait = Duration::from_millis(h.hold_ms);
+        if tokio::time::timeout(wait, ctx.cancellation().cancelled())
+            .await
+            .is_ok()
+        {
+            let now = std::time::Instant::now();
+            self.probe.fired.lock().unwrap().push((ctx.job_id(), now));
+        }
+        Ok(h)
+    }
+
+    #[step]
+    async fn after(&self, ctx: &mut StepCtx, h: Hold) -> Result<u64, StepError> {
+        self.write(ctx, 1).await?;
+        Ok(h.hold_ms)
+    }
+}
+
 /// Counts rows of `step_log` per (job, step) that appear more than once.
 pub async fn double_commits(pool: &sqlx::PgPool, schema: &str) -> i64 {
     sqlx::query_scalar(&format!(

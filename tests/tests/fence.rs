@@ -139,10 +139,8 @@ fn assert_guard_refused(res: Result<sqlx::postgres::PgQueryResult, sqlx::Error>)
 
 // ---------------------------------------------------------------------------------
 
-/// The migrations `framework/migrations` holds (0001 to 0006; 0008: delayed
-/// jobs and schedules; 0009: the workers' job types; 0007 is reserved for
-/// operator cancel).
-const MIGRATIONS: i64 = 8;
+/// The migrations `framework/migrations` holds (0001 to 0009).
+const MIGRATIONS: i64 = 9;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_are_idempotent_concurrent_and_per_schema() {

@@ -7,12 +7,18 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tenure::blocks::fence::JobStatus;
 use tenure::blocks::lease::{Acquire, Session};
 use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::{Client, FencingToken, JobId, StepIndex};
+use tenure::{Cancelled, Client, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
-use tenure_tests::{ThreeStep, Work, config_for, double_commits, prepare_schema, wait_until};
+use tenure_tests::{
+    CancelProbe, Cancellable, Hold, ThreeStep, Work, config_for, double_commits, prepare_schema,
+    wait_until,
+};
 
 fn stack() -> &'static DevStack {
     DevStack::shared().expect("dev stack")
@@ -906,4 +912,221 @@ async fn a_worker_reports_its_lease_health_through_a_quorum_loss_and_its_stop() 
 
     worker.shutdown().await.expect("shutdown");
     await_report(&client, &["stopped"]).await;
+}
+
+/// A worker `id` running [`Cancellable`] on `cfg`'s schema `ns`, with `probe`,
+/// its metrics read into the returned exporter.
+async fn cancellable_worker(
+    cfg: &tenure::Config,
+    ns: &str,
+    id: &str,
+    probe: &Arc<CancelProbe>,
+) -> (Worker, InMemoryMetricExporter, SdkMeterProvider) {
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let worker = Worker::builder(cfg.clone().with_worker_id(id))
+        .meter(provider.meter("tenure"))
+        .register(Cancellable {
+            schema: ns.to_string(),
+            probe: probe.clone(),
+        })
+        .start()
+        .await
+        .expect("worker");
+    (worker, exporter, provider)
+}
+
+/// The total of counter `name` in the exporter's last reading.
+fn counted(provider: &SdkMeterProvider, exporter: &InMemoryMetricExporter, name: &str) -> u64 {
+    provider.force_flush().unwrap();
+    let exported = exporter.get_finished_metrics().unwrap();
+    let Some(rm) = exported.last() else { return 0 };
+    rm.scope_metrics()
+        .flat_map(|s| s.metrics())
+        .filter(|m| m.name() == name)
+        .map(|m| match m.data() {
+            AggregatedMetrics::U64(MetricData::Sum(s)) => s.data_points().map(|p| p.value()).sum(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// `step_log` rows of `job` (committed writes of its steps).
+async fn logged(client: &Client, ns: &str, job: JobId) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {ns}.step_log WHERE job_id = $1"
+    ))
+    .bind(job.as_uuid())
+    .fetch_one(client.store().pool())
+    .await
+    .unwrap()
+}
+
+/// The `detail` of `job`'s `cancelled` events.
+async fn cancel_events(client: &Client, ns: &str, job: JobId) -> Vec<serde_json::Value> {
+    sqlx::query_scalar(&format!(
+        "SELECT detail FROM {ns}.job_events WHERE job_id = $1 AND kind = 'cancelled'"
+    ))
+    .bind(job.as_uuid())
+    .fetch_all(client.store().pool())
+    .await
+    .unwrap()
+}
+
+/// Whether the work stream is empty (every message acked) within `within`.
+async fn work_stream_empty_within(client: &Client, within: Duration) -> bool {
+    wait_until(within, || async {
+        client.queue().stats().await.unwrap().work_messages == 0
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs() {
+    let (ns, cfg, client) = fresh("rt_cancel_mid", Duration::from_secs(5)).await;
+    let probe = Arc::new(CancelProbe::default());
+    let (worker, exporter, provider) = cancellable_worker(&cfg, &ns, "c1", &probe).await;
+    let hold = Hold { hold_ms: 20_000 };
+    let job = client
+        .enqueue::<Cancellable>("mid", &hold)
+        .await
+        .unwrap()
+        .job_id;
+    // Step 0 wrote its row in its open fenced transaction and waits.
+    assert!(
+        wait_until(Duration::from_secs(30), || async { probe.wrote(job, 0) }).await,
+        "step 0 never started"
+    );
+
+    let asked = std::time::Instant::now();
+    let outcome = client.cancel(job, "operator: wrong account").await.unwrap();
+    let returned = asked.elapsed();
+    assert_eq!(outcome, Cancelled::Now);
+    let fired = probe.fired(job).expect("the step's cancellation fired");
+    let to_fire = fired.saturating_duration_since(asked);
+    eprintln!(
+        "cancel: cancellation() fired {to_fire:?} after the call; the call returned after {returned:?}"
+    );
+    assert!(to_fire < Duration::from_secs(1), "fired after {to_fire:?}");
+
+    let row = client.job(job).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Cancelled, "{row:?}");
+    assert_eq!(row.step, StepIndex::new(0), "step 0 never committed");
+    assert_eq!(
+        row.cancel_reason.as_deref(),
+        Some("operator: wrong account")
+    );
+    // The message is acked, and nothing of the job runs again.
+    assert!(work_stream_empty_within(&client, Duration::from_secs(10)).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        logged(&client, &ns, job).await,
+        0,
+        "step 0's write rolled back"
+    );
+    assert!(!probe.wrote(job, 1), "step 1 never ran");
+    assert_eq!(
+        cancel_events(&client, &ns, job).await,
+        vec![serde_json::json!("operator: wrong account")]
+    );
+    assert_eq!(counted(&provider, &exporter, "tenure.jobs.cancelled"), 1);
+    assert_eq!(counted(&provider, &exporter, "tenure.job.retries"), 0);
+
+    // Twice: a no-op.
+    let again = client.cancel(job, "again").await.unwrap();
+    assert_eq!(again, Cancelled::Already);
+    let after = client.job(job).await.unwrap().unwrap();
+    assert_eq!(after, row, "the second cancel changed nothing");
+    assert_eq!(cancel_events(&client, &ns, job).await.len(), 1);
+    worker.shutdown().await.unwrap();
+    assert_eq!(client.queue().stats().await.unwrap().dlq_messages, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_of_a_pending_job_acks_its_message_and_never_runs_it() {
+    let (ns, cfg, client) = fresh("rt_cancel_pending", Duration::from_secs(5)).await;
+    let probe = Arc::new(CancelProbe::default());
+    let job = client
+        .enqueue::<Cancellable>("pending", &Hold { hold_ms: 0 })
+        .await
+        .unwrap()
+        .job_id;
+    // No worker yet: the notice reaches nobody, the row update is the cancel.
+    assert_eq!(
+        client.cancel(job, "before any worker").await.unwrap(),
+        Cancelled::Now
+    );
+    assert_eq!(client.queue().stats().await.unwrap().work_messages, 1);
+
+    let (worker, exporter, provider) = cancellable_worker(&cfg, &ns, "c2", &probe).await;
+    assert!(
+        work_stream_empty_within(&client, Duration::from_secs(30)).await,
+        "the worker acked the cancelled job's message"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            counted(&provider, &exporter, "tenure.jobs.cancelled") == 1
+        })
+        .await
+    );
+    let row = client.job(job).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.fence, row.step.get()),
+        (JobStatus::Cancelled, 0, 0),
+        "never claimed: {row:?}"
+    );
+    assert!(!probe.wrote(job, 0) && logged(&client, &ns, job).await == 0);
+    worker.shutdown().await.unwrap();
+    assert_eq!(client.queue().stats().await.unwrap().dlq_messages, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_of_an_unknown_or_finished_job_is_a_typed_error_and_changes_nothing() {
+    let (ns, cfg, client) = fresh("rt_cancel_bad", Duration::from_secs(5)).await;
+    let unknown = JobId::from_key("test.cancellable", "never-enqueued");
+    let err = client.cancel(unknown, "no such job").await.unwrap_err();
+    assert!(
+        matches!(err, tenure::ClientError::UnknownJob(id) if id == unknown),
+        "{err:?}"
+    );
+    assert!(client.job(unknown).await.unwrap().is_none());
+    assert!(cancel_events(&client, &ns, unknown).await.is_empty());
+
+    let probe = Arc::new(CancelProbe::default());
+    let (worker, _exporter, _provider) = cancellable_worker(&cfg, &ns, "c3", &probe).await;
+    let job = client
+        .enqueue::<Cancellable>("finished", &Hold { hold_ms: 0 })
+        .await
+        .unwrap()
+        .job_id;
+    assert!(done_within(&client, job, Duration::from_secs(60)).await);
+    worker.shutdown().await.unwrap();
+    let before = client.job(job).await.unwrap().unwrap();
+
+    let err = client.cancel(job, "too late").await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            tenure::ClientError::JobFinished {
+                status: JobStatus::Done,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let long = "x".repeat(tenure::MAX_CANCEL_REASON + 1);
+    let err = client.cancel(job, &long).await.unwrap_err();
+    assert!(
+        matches!(err, tenure::ClientError::InvalidReason(_)),
+        "{err:?}"
+    );
+    assert_eq!(client.job(job).await.unwrap().unwrap(), before);
+    assert!(cancel_events(&client, &ns, job).await.is_empty());
+    assert_eq!(
+        logged(&client, &ns, job).await,
+        2,
+        "both steps committed once"
+    );
 }

@@ -170,6 +170,32 @@ fn redis_lock_run_is_caught() {
 }
 
 /// A numeric field of the `torture: history_rows=...` line.
+/// The operator action `cancel` (issue 18): a quarter of the jobs cancelled
+/// mid-run, through the faults. Every job ends done, dead or cancelled; a
+/// cancelled job is never partly committed, never written to after its
+/// cancel, and a cancel that returned always ends `cancelled`.
+#[test]
+fn operator_cancels_mid_run_end_cancelled_never_partial_lost_or_doubled() {
+    let (ok, s, all) = run(&[&SHORT[..], &["--cancel", "0.25"]].concat());
+    assert!(ok, "the run with operator cancels failed\n{all}");
+    assert_eq!(s.get("jobs"), 120, "{all}");
+    assert_eq!(s.get("lost"), 0, "{all}");
+    assert_eq!(s.get("double_commits"), 0, "{all}");
+    assert_eq!(s.get("token_regressions"), 0, "{all}");
+    assert_eq!(s.get("cancel_violations"), 0, "{all}");
+    assert!(s.get("cancelled") > 0, "no job was cancelled\n{all}");
+    assert_eq!(
+        s.get("done") + s.get("dead") + s.get("cancelled"),
+        120,
+        "{all}"
+    );
+    assert_eq!(history_field(&all, "ledger_violations"), 0, "{all}");
+    assert!(
+        all.contains("torture: operator cancels: cancelled="),
+        "{all}"
+    );
+}
+
 fn history_field(all: &str, k: &str) -> i64 {
     let line = all
         .lines()

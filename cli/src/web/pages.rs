@@ -116,6 +116,7 @@ pub fn overview(v: &OverviewView, age: std::time::Duration, viewer: &Viewer) -> 
                 (card("running", "running", v.running.to_string()))
                 (card("done", "done", v.done.to_string()))
                 (card("dead", "dead", v.dead.to_string()))
+                (card("cancelled", "cancelled", v.cancelled.to_string()))
                 (card("total", "total", v.total.to_string()))
                 (card("DLQ size", "dlq_size", v.dlq_size.to_string()))
             }
@@ -202,7 +203,7 @@ pub fn jobs(page: &JobsPage, q: &JobsQuery, viewer: &Viewer) -> Markup {
         form #filters method="get" action="/jobs" {
             label { "type " input name="type" value=(val(&q.job_type)); } " "
             label { "status " select name="status" {
-                @for s in ["", "pending", "running", "done", "dead"] {
+                @for s in ["", "pending", "running", "done", "dead", "cancelled"] {
                     option value=(s) selected[q.status.as_deref() == Some(s)] { (if s.is_empty() { "any" } else { s }) }
                 }
             } } " "
@@ -252,6 +253,9 @@ pub fn job(d: &JobDetail, viewer: &Viewer) -> Markup {
             tr { th { "created" } td { (time(&j.created_at)) } th { "updated" } td { (time(&j.updated_at)) } }
             tr { th { "owners" } td #owners colspan="3" { (owners.join(" → ")) } }
             tr { th { "last error" } td colspan="3" { (opt(j.last_error.as_deref())) } }
+            @if j.status == "cancelled" {
+                tr { th { "cancelled" } td #cancel-reason colspan="3" { (opt(j.cancel_reason.as_deref())) } }
+            }
         }
         @if j.status == "dead" { (redrive_button(viewer, &j.id)) }
         h2 { "Timeline" }
@@ -391,6 +395,7 @@ mod tests {
             attempts: 0,
             released: false,
             last_error: Some(evil.into()),
+            cancel_reason: Some(evil.into()),
             created_at: Utc::now(),
             updated_at: Utc::now(),
             waiting: None,

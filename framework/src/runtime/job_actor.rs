@@ -161,6 +161,9 @@ impl JobRun {
         // This delivery will ask for its lock once admitted: a lock batch about
         // to leave may wait a moment for it.
         let coming = self.shared.locks.expect_acquire();
+        // Watched from before admission, so a cancel notice that arrives while
+        // the row is read, the lock acquired or the claim made is not missed.
+        a.cancel = Some(self.shared.cancels.watch(job_id));
         let job = self.admit(a, job_id, header_type, admitted).await?;
         self.acquire(a, job_id, coming).await?;
         self.wait_run_slot(a).await?;
@@ -330,6 +333,7 @@ impl JobRun {
             token,
             takeovers: claim.takeovers,
             attempts: claim.attempts,
+            cancel: a.cancel.as_ref().map(|w| w.token()).unwrap_or_default(),
         });
         Ok((claim, claim_tx))
     }
@@ -398,6 +402,10 @@ impl JobRun {
                 a.row = self.shared.store.job(job_id).await.ok().flatten();
                 dead_row(a.row.as_ref())
             }
+            FenceError::Terminal {
+                status: JobStatus::Cancelled,
+                ..
+            } => Outcome::Cancelled,
             FenceError::Terminal { .. } => Outcome::Ack,
             e => {
                 tracing::warn!(error = %e, "claim failed; retrying later");
@@ -409,7 +417,7 @@ impl JobRun {
 }
 
 /// Admission's checks of a row that exists: a terminal row ends the delivery
-/// (acked if done, dead-lettered if dead), and a header that contradicts the
+/// (acked if done or cancelled, dead-lettered if dead), and a header that contradicts the
 /// row is a bad message.
 fn check_admission(row: &JobRow, header_type: Option<&str>) -> Result<(), Outcome> {
     match row.status {
@@ -420,6 +428,10 @@ fn check_admission(row: &JobRow, header_type: Option<&str>) -> Result<(), Outcom
         // The row went dead but the message was not dead-lettered yet (a crash
         // in between): finish that now.
         JobStatus::Dead => return Err(dead_row(Some(row))),
+        JobStatus::Cancelled => {
+            tracing::info!("job cancelled before this delivery ran it; acking");
+            return Err(Outcome::Cancelled);
+        }
         _ => {}
     }
     match header_type {

@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+mod cancel;
 mod fetcher;
 pub(crate) mod handover;
 mod job_actor;
@@ -148,6 +149,8 @@ pub(crate) struct Shared {
     /// lock right now: a lock of our own lease for a job no other actor here
     /// works on is one this worker stranded.
     pub(crate) holding: std::sync::Mutex<std::collections::HashMap<JobId, u32>>,
+    /// The jobs in flight here that an operator's cancel notice can reach.
+    pub(crate) cancels: cancel::Cancels,
 }
 
 impl Shared {
@@ -336,7 +339,16 @@ impl WorkerBuilder {
             stop_jobs: stop_jobs.clone(),
             observer: self.observer,
             holding: Default::default(),
+            cancels: Default::default(),
         });
+        // Subscribed before the first fetch: a cancel notice for any job this
+        // worker runs finds the subscription in place.
+        let notices = shared.queue.cancel_notices().await?;
+        tasks.spawn(cancel::listen(
+            notices,
+            shared.cancels.clone(),
+            stop_all.clone(),
+        ));
         let slots = Slots::new(&cfg);
         let sup_args = SupervisorArgs {
             shared: shared.clone(),

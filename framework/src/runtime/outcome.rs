@@ -10,6 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
+use super::cancel::CancelWatch;
 use super::job_actor::{Holding, JobRun};
 use super::registry::DynJob;
 use super::slots::RunSlot;
@@ -28,6 +31,11 @@ pub(super) enum Outcome {
     /// The row is already terminal (a redelivery of a finished job): acked, a
     /// lock we hold deleted in the background.
     Ack,
+    /// The row is `cancelled` (an operator cancelled the job: seen at
+    /// admission, at the claim, at a refused admission or commit, or
+    /// confirmed after a cancel notice stopped the step): counted, acked, a
+    /// lock we hold deleted in the background. No retry, no DLQ, no row write.
+    Cancelled,
     /// Not now: a lock we hold is deleted at once (the next attempt needs it),
     /// then the message is nak'ed, redelivered after `delay`.
     Retry { delay: Duration },
@@ -78,6 +86,7 @@ pub(super) enum Outcome {
 enum Ending {
     Done,
     Ack,
+    Cancelled,
     Retry {
         delay: Duration,
     },
@@ -166,6 +175,8 @@ pub(super) struct Owned {
     pub(super) token: FencingToken,
     pub(super) takeovers: u32,
     pub(super) attempts: u32,
+    /// Fired by an operator's cancel notice for this job.
+    pub(super) cancel: CancellationToken,
 }
 
 /// One delivery on its way through the phases: the message, what is known of
@@ -181,6 +192,8 @@ pub(super) struct Attempt {
     pub(super) holding: Option<Holding>,
     /// The run slot, until settled.
     pub(super) run_slot: Option<RunSlot>,
+    /// This delivery's watch on operator cancel notices, until settled.
+    pub(super) cancel: Option<CancelWatch>,
 }
 
 impl Attempt {
@@ -192,6 +205,7 @@ impl Attempt {
             held: Held::Nothing,
             holding: None,
             run_slot: None,
+            cancel: None,
         }
     }
 
@@ -224,6 +238,7 @@ impl JobRun {
                 }
                 Outcome::Done => break Ending::Done,
                 Outcome::Ack => break Ending::Ack,
+                Outcome::Cancelled => break Ending::Cancelled,
                 Outcome::Retry { delay } => break Ending::Retry { delay },
                 Outcome::Contended { delay } => break Ending::Contended { delay },
                 Outcome::Stranded { session, job_id } => {
@@ -246,6 +261,11 @@ impl JobRun {
                 self.ack(a).await;
             }
             Ending::Ack => self.ack(a).await,
+            Ending::Cancelled => {
+                sh.metrics.cancelled(&a.job_type);
+                tracing::info!("job cancelled by an operator; acking");
+                self.ack(a).await;
+            }
             Ending::Retry { delay } => {
                 self.release(&mut a.held, ReleaseMode::Prompt).await;
                 retry_later(a.delivery, delay).await;

@@ -59,6 +59,13 @@ impl JobRun {
         // transaction.
         let mut open_tx = Some(claim_tx);
         for k in first..n {
+            if owned.cancel.is_cancelled() {
+                // A cancel notice came before this step started.
+                if let Some(tx) = open_tx.take() {
+                    let _ = tx.rollback().await;
+                }
+                return Err(self.cancel_asked(owned).await);
+            }
             if self.shared.draining.is_cancelled() && k > first {
                 // The transaction opened for this step holds the job row.
                 if let Some(tx) = open_tx.take() {
@@ -117,6 +124,12 @@ impl JobRun {
             .drive_stage(owned, delivery, ctx, step.index, input, &mut desk)
             .instrument(span)
             .await;
+        if owned.cancel.is_cancelled() {
+            // An operator's cancel notice stopped the step: nothing of it
+            // commits, whatever it returned.
+            rollback_all(desk.offer, outcome.ctx.as_mut()).await;
+            return Err(self.cancel_asked(owned).await);
+        }
         // The transaction opened for this step, if the step did not take it:
         // the checkpoint's commit uses it.
         if let Some(tx) = desk.offer.leftover() {
@@ -159,6 +172,7 @@ impl JobRun {
                 .await
             {
                 Ok(tx) => tx,
+                Err(e) if is_cancelled(&e) => return Err(Outcome::Cancelled),
                 Err(e) if e.is_fenced_out() => return Err(stale(StaleAt::Admission, step, &e)),
                 Err(e) => {
                     let reason = format!("database: {e}");
@@ -203,6 +217,7 @@ impl JobRun {
                 }
                 Ok((out, next))
             }
+            Err(e) if is_cancelled(&e) => Err(Outcome::Cancelled),
             Err(e) if e.is_fenced_out() => Err(stale(StaleAt::StepCommit, step, &e)),
             Err(e) => {
                 tracing::warn!(error = %e, step = %step.index, "commit failed");
@@ -246,6 +261,10 @@ impl JobRun {
             let _ = tx.rollback().await;
         }
         let (index, name) = (step.index, step.name);
+        if err.downcast_ref::<FenceError>().is_some_and(is_cancelled) {
+            // The step's own admission (`ctx.db()`) found the row cancelled.
+            return Outcome::Cancelled;
+        }
         if let Some(at) = stale_cause(&err) {
             if at == StaleAt::Guard && self.still_current(owned).await {
                 let reason = format!(
@@ -293,6 +312,7 @@ impl JobRun {
         let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
         let lost = owned.session.cancellation();
         let mut lost_seen = false;
+        let mut cancel_seen = false;
         loop {
             let window = desk.offer.deadline();
             tokio::select! {
@@ -304,6 +324,11 @@ impl JobRun {
                 }
                 () = tokio::time::sleep_until(window.unwrap_or_else(Instant::now)), if window.is_some() => {
                     end_untaken(desk).await;
+                }
+                () = owned.cancel.cancelled(), if !cancel_seen => {
+                    cancel_seen = true;
+                    tracing::info!(step = %step, "operator cancel: cancelling the running step");
+                    desk.cancel.cancel();
                 }
                 () = lost.cancelled(), if !lost_seen => {
                     lost_seen = true;
@@ -321,6 +346,27 @@ impl JobRun {
         }
     }
 
+    /// After a cancel notice stopped the job (its transactions rolled back):
+    /// [`Outcome::Cancelled`] once the row says `cancelled` (the operator's
+    /// update waited for our row lock and lands now), else, if it does not
+    /// within [`CANCEL_CONFIRM`] (the operator's cancel failed or is stuck),
+    /// a voluntary release: the job is never acked on the notice alone.
+    async fn cancel_asked(&self, owned: &Owned) -> Outcome {
+        let until = Instant::now() + CANCEL_CONFIRM;
+        loop {
+            match self.shared.store.job(owned.job_id).await {
+                Ok(Some(r)) if r.status == JobStatus::Cancelled => return Outcome::Cancelled,
+                Ok(Some(r)) if r.status.is_terminal() => return Outcome::Ack,
+                _ if Instant::now() >= until => break,
+                _ => tokio::time::sleep(CANCEL_POLL).await,
+            }
+        }
+        tracing::warn!(
+            "a cancel notice stopped the job but its row was not cancelled within {CANCEL_CONFIRM:?}; releasing it"
+        );
+        Outcome::Release
+    }
+
     /// Whether the job row still names us as its live owner (fence = our token,
     /// running, not released).
     async fn still_current(&self, owned: &Owned) -> bool {
@@ -330,6 +376,34 @@ impl JobRun {
                 && r.status == JobStatus::Running
                 && !r.released
         )
+    }
+}
+
+/// How long a job stopped by a cancel notice waits for its row to say
+/// `cancelled` before it is released instead of acked.
+const CANCEL_CONFIRM: Duration = Duration::from_secs(2);
+/// How often it looks meanwhile.
+const CANCEL_POLL: Duration = Duration::from_millis(20);
+
+/// Whether a fenced statement was refused because an operator cancelled the job.
+fn is_cancelled(e: &FenceError) -> bool {
+    matches!(
+        e,
+        FenceError::Terminal {
+            status: JobStatus::Cancelled,
+            ..
+        }
+    )
+}
+
+/// Rolls back every transaction a stopped step holds: the one it never took
+/// and the one in its context (a claim's rollback re-applies the claim alone).
+async fn rollback_all(offer: Offer<FencedTx>, ctx: Option<&mut StepCtx>) {
+    if let Some(tx) = offer.leftover() {
+        let _ = tx.rollback().await;
+    }
+    if let Some(tx) = ctx.and_then(|c| c.tx.take()) {
+        let _ = tx.rollback().await;
     }
 }
 

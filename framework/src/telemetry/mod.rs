@@ -24,6 +24,7 @@
 //! | `tenure.jobs.in_flight` | up-down counter | worker |
 //! | `tenure.jobs.completed` | counter | job_type |
 //! | `tenure.jobs.unrouted` | gauge (messages waiting in the work stream of a type no live worker registers; every worker records it with each report) | job_type |
+//! | `tenure.jobs.cancelled` | counter | job_type (deliveries ended, acked, because an operator cancelled the job) |
 //!
 //! # Exporting
 //!
@@ -148,6 +149,7 @@ pub(crate) struct Metrics {
     in_flight: UpDownCounter<i64>,
     completed: Counter<u64>,
     unrouted: Gauge<i64>,
+    cancelled: Counter<u64>,
 }
 
 /// Bucket boundaries (seconds) of every duration histogram: 1 ms to 30 s, about
@@ -239,6 +241,10 @@ impl Metrics {
             unrouted: meter
                 .i64_gauge("tenure.jobs.unrouted")
                 .with_description("messages waiting for a job type no live worker registers")
+                .build(),
+            cancelled: meter
+                .u64_counter("tenure.jobs.cancelled")
+                .with_description("deliveries ended (acked) because an operator cancelled the job")
                 .build(),
         }
     }
@@ -356,6 +362,11 @@ impl Metrics {
     /// A job reached `done`.
     pub fn completed(&self, job_type: &str) {
         self.completed
+            .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
+    /// A delivery ended because an operator cancelled its job.
+    pub fn cancelled(&self, job_type: &str) {
+        self.cancelled
             .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! torture --jobs N --workers W --faults F --seed S [--ttl-secs T] [--unsafe-no-fencing]
+//!         [--cancel FRACTION]
 //! ```
 //!
 //! Starts its own dev stack (3 etcd members, NATS, PostgreSQL), W worker processes
@@ -22,7 +23,14 @@
 //!   with a reason and present in the DLQ (`lost`);
 //! * the ledger: each account's balance is its initial balance plus its history
 //!   deltas, each done transfer moved exactly its amount once, money is conserved
-//!   (`ledger_violations`).
+//!   (`ledger_violations`);
+//! * with `--cancel F`, the operator action `cancel`: a fraction F of the jobs
+//!   is cancelled mid-run (`Client::cancel`, retried through the faults), and
+//!   every cancelled job ends `cancelled` with its `cancelled` event, its
+//!   applied steps exactly its committed ones (never partly committed), no
+//!   history row written at or after the cancel, and every cancel call that
+//!   returned has its row `cancelled` (`cancel_violations`; cancelled jobs
+//!   count as ended, never as lost).
 //!
 //! Workers record every attempted commit: accepted ones (`C`) and refused stale
 //! ones (`S`) in a file per worker process (through
@@ -57,6 +65,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+#[path = "../torture/cancel.rs"]
+mod cancel;
 #[path = "../torture/redis_lock.rs"]
 mod redis_lock;
 #[path = "../torture/resource.rs"]
@@ -203,6 +213,9 @@ struct Args {
     quiesce: Duration,
     /// Debugging: inject only this kind of fault.
     only: Option<String>,
+    /// The operator action `cancel`: this fraction of the jobs is cancelled
+    /// mid-run (`--cancel F`, 0 to 1).
+    cancel: f64,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Args> {
@@ -218,6 +231,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         delay_ms: 500,
         quiesce: Duration::from_secs(240),
         only: None,
+        cancel: 0.0,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -238,8 +252,12 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--mode" => a.mode = RunMode::parse(&val()?)?,
             "--target" => a.target = Target::parse(&val()?)?,
             "--only" => a.only = Some(val()?),
+            "--cancel" => a.cancel = val()?.parse()?,
             other => bail!("unknown argument {other:?}"),
         }
+    }
+    if !(0.0..=1.0).contains(&a.cancel) {
+        bail!("--cancel must be a fraction between 0 and 1");
     }
     if a.workers < 2 {
         bail!("--workers must be at least 2 (a takeover needs a second worker)");
@@ -1169,6 +1187,11 @@ struct Verdict {
     /// MariaDB: re-runs absorbed by the idempotency key.
     replays: i64,
     lost_ids: Vec<JobId>,
+    /// Jobs that ended `cancelled` (the operator action `cancel`).
+    cancelled: u64,
+    /// Cancelled jobs partly committed, written to after the cancel, or
+    /// cancelled by a call whose row did not end `cancelled`.
+    cancel_violations: i64,
 }
 
 async fn parent_main(args: Args) -> anyhow::Result<i32> {
@@ -1289,13 +1312,19 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     }
 
     let mut ids: Vec<JobId> = Vec::with_capacity(args.jobs);
+    // The operator's cancels draw from a seed of their own: the fault schedule
+    // is the same with and without them.
+    let mut cancel_rng = StdRng::seed_from_u64(args.seed ^ 0x6361_6e63);
+    let mut cancels = cancel::Cancels::default();
     let batches = schedule.len().max(1);
     for (k, fault) in schedule.iter().copied().enumerate() {
         let lo = args.jobs * k / batches;
         let hi = args.jobs * (k + 1) / batches;
         let w = rng.random_range(0..run.slots.len());
         let armed = fault == Fault::KillAfterCommit && run.arm_crash(w);
-        ids.extend(enqueue_batch(&client, &jobs[lo..hi]).await?);
+        let batch = enqueue_batch(&client, &jobs[lo..hi]).await?;
+        cancels.spawn(&client, &batch, args.cancel, &mut cancel_rng);
+        ids.extend(batch);
         // Short enough that the batch is still running when the fault lands.
         tokio::time::sleep(ms(
             &mut rng,
@@ -1318,8 +1347,11 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         );
     }
     if schedule.is_empty() {
-        ids.extend(enqueue_batch(&client, &jobs).await?);
+        let batch = enqueue_batch(&client, &jobs).await?;
+        cancels.spawn(&client, &batch, args.cancel, &mut cancel_rng);
+        ids.extend(batch);
     }
+    cancels.finish().await;
 
     // Quiescence: every job terminal.
     for s in &run.slots {
@@ -1335,7 +1367,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             let s = &s;
             async move {
                 Ok(sqlx::query_scalar(&format!(
-                    "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead')"
+                    "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead', 'cancelled')"
                 ))
                 .fetch_one(client.store().pool())
                 .await?)
@@ -1349,11 +1381,11 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     }
     // Let dead-lettering of the last dead jobs finish.
     let verdict = {
-        let mut v = check(&client, &s, mariadb.as_ref(), &ids, &dir).await?;
+        let mut v = check(&client, &s, mariadb.as_ref(), &ids, &dir, &cancels.results).await?;
         let dlq_deadline = Instant::now() + Duration::from_secs(30);
         while v.lost > 0 && Instant::now() < dlq_deadline {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            v = check(&client, &s, mariadb.as_ref(), &ids, &dir).await?;
+            v = check(&client, &s, mariadb.as_ref(), &ids, &dir, &cancels.results).await?;
         }
         v
     };
@@ -1371,6 +1403,15 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         .collect();
     println!("torture: faults by kind: {}", kinds.join(" "));
     let alarms = regression_alarms(&dir, &run.reused_revisions)?;
+    if args.cancel > 0.0 {
+        let left = work_messages_left(&client).await;
+        println!(
+            "torture: operator cancels: cancelled={} too_late={} failed={} work_messages_left={left}",
+            cancels.count(cancel::Tried::Cancelled),
+            cancels.count(cancel::Tried::TooLate),
+            cancels.count(cancel::Tried::Failed),
+        );
+    }
     println!(
         "torture: history_rows={} accepted_reported={} stale_rejected={} unconfirmed_commits={} \
          ledger_violations={} regression_alarms={} unexplained_alarms={} \
@@ -1393,13 +1434,16 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         args.target.name()
     );
     println!(
-        "torture: jobs={} done={} dead={} lost={} double_commits={} token_regressions={} stale_rejected={} faults={} seed={}",
+        "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \
+         cancel_violations={} stale_rejected={} faults={} seed={}",
         ids.len(),
         verdict.done,
         verdict.dead,
+        verdict.cancelled,
         verdict.lost,
         verdict.double_commits,
         verdict.token_regressions,
+        verdict.cancel_violations,
         verdict.stale_rejected,
         faults,
         args.seed
@@ -1415,6 +1459,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         i32::from(
             violations != 0
                 || verdict.lost != 0
+                || verdict.cancel_violations != 0
                 || verdict.ledger_violations != 0
                 || verdict.unconfirmed_commits != 0
                 || alarms.unexplained != 0,
@@ -1429,12 +1474,35 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     Ok(code)
 }
 
+/// Messages still in the work stream once every job ended, after up to 15 s
+/// for redeliveries to be acked at admission (-1: NATS did not answer).
+async fn work_messages_left(client: &Client) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = match client.queue().stats().await {
+            Ok(q) => i64::try_from(q.work_messages).unwrap_or(i64::MAX),
+            Err(_) => -1,
+        };
+        if left == 0 || Instant::now() >= deadline {
+            if left != 0 {
+                eprintln!(
+                    "torture: work stream at the end: {:?}",
+                    client.queue().stats().await
+                );
+            }
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 async fn check(
     client: &Client,
     s: &str,
     mariadb: Option<&MySqlFence>,
     ids: &[JobId],
     dir: &Path,
+    cancels: &HashMap<JobId, cancel::Tried>,
 ) -> anyhow::Result<Verdict> {
     let pool = client.store().pool();
     let mut v = Verdict::default();
@@ -1462,6 +1530,8 @@ async fn check(
                     v.lost += 1;
                 }
             }
+            // Checked below, against the cancel's promise.
+            Some((st, _)) if st == "cancelled" => {}
             Some((st, reason)) if st == "dead" => {
                 if reason.as_deref().is_some_and(|r| !r.is_empty()) && in_dlq.contains(&u) {
                     v.dead += 1;
@@ -1478,6 +1548,8 @@ async fn check(
             }
         }
     }
+    (v.cancelled, v.cancel_violations) =
+        cancel::check(pool, s, &judged, mariadb.is_none(), cancels).await?;
     v.history_rows = i64::try_from(history.len())?;
     v.double_commits = judged.double_commits;
     v.token_regressions = judged.token_regressions;

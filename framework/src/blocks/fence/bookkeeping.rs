@@ -9,7 +9,7 @@ use crate::types::{FencingToken, JobId};
 use super::FenceStore;
 use super::claims::{CLAIM_RETRIES, log_refusal, verdict};
 use super::error::FenceError;
-use super::row::JobStatus;
+use super::row::{Cancelled, JobStatus};
 
 impl FenceStore {
     /// Records a failed attempt of generation `token`: `attempts + 1`, `last_error`,
@@ -197,6 +197,50 @@ impl FenceStore {
             }
             Err(FenceError::Db(sqlx::Error::Protocol(format!(
                 "job {id}: redrive kept racing concurrent changes"
+            ))))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Operator cancel: a `pending` or `running` job becomes `cancelled`, with
+    /// `reason` and the time. No token: the `UPDATE` takes the job row lock,
+    /// so it waits behind an owner's open step transaction (at most the
+    /// connection's `lock_timeout`, 2 x TTL) and lands after that commit or
+    /// rollback. From the cancel's commit on, every claim, admission and step
+    /// commit finds a terminal row and is refused: nothing an owner commits
+    /// later commits. Idempotent.
+    ///
+    /// # Errors
+    /// [`FenceError::NotFound`]; [`FenceError::Terminal`] with `done` or
+    /// `dead` (a finished job is not cancelled); [`FenceError::Db`] (a lock
+    /// wait past `lock_timeout` included).
+    pub async fn cancel_job(&self, id: JobId, reason: &str) -> Result<Cancelled, FenceError> {
+        let span = tracing::info_span!("tenure.fence.cancel_job", job_id = %id);
+        async {
+            for _ in 0..CLAIM_RETRIES {
+                let fence: Option<i64> = sqlx::query_scalar(&self.sql.cancel)
+                    .bind(id.as_uuid())
+                    .bind(reason)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                if let Some(fence) = fence {
+                    tracing::info!(reason, fence, "job cancelled by an operator");
+                    return Ok(Cancelled::Now);
+                }
+                match self.diag(&self.pool, id).await? {
+                    None => return Err(FenceError::NotFound(id)),
+                    Some(d) if d.status == JobStatus::Cancelled => return Ok(Cancelled::Already),
+                    Some(d) if d.status.is_terminal() => {
+                        let status = d.status;
+                        return Err(FenceError::Terminal { job_id: id, status });
+                    }
+                    // Live again (a redrive raced us): try once more.
+                    Some(_) => continue,
+                }
+            }
+            Err(FenceError::Db(sqlx::Error::Protocol(format!(
+                "job {id}: cancel kept racing concurrent changes"
             ))))
         }
         .instrument(span)

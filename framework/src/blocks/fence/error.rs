@@ -151,7 +151,7 @@ pub enum FenceError {
     /// The job row does not exist.
     #[error("job {0} not found")]
     NotFound(JobId),
-    /// The job is `done` or `dead`: there is nothing left to claim or write.
+    /// The job is `done`, `dead` or `cancelled`: there is nothing left to claim or write.
     #[error("job {job_id} is {status}")]
     Terminal {
         /// The job.

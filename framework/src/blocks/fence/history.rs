@@ -26,7 +26,7 @@ pub const MAX_JOB_EVENTS: i64 = 1000;
 pub struct TypeStatusCount {
     /// The job type.
     pub job_type: String,
-    /// The status (`pending|running|done|dead`).
+    /// The status (`pending|running|done|dead|cancelled`).
     pub status: String,
     /// Rows with this type and status.
     pub count: i64,
@@ -129,7 +129,7 @@ pub struct JobEvent {
     /// When it was written.
     pub at: DateTime<Utc>,
     /// `enqueued`, `claimed`, `taken_over`, `step`, `failed`, `released`, `done`,
-    /// `dead`, `redriven` or `stale_refused`.
+    /// `dead`, `cancelled` (detail: the reason), `redriven` or `stale_refused`.
     pub kind: String,
     /// The fence it happened under (`stale_refused`: the refused token).
     pub token: Option<i64>,

@@ -106,7 +106,7 @@ pub use history::{
 };
 pub use history_admin::WorkerReport;
 pub use leader::{DueJob, LeaderRow};
-pub use row::{Claim, Inserted, JobRow, JobStatus, UnknownStatus};
+pub use row::{Cancelled, Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use schedules::{ScheduleRow, TickBatch, tick_key};
 pub use store::FenceStore;
 pub use tx::FencedTx;

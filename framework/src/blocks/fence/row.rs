@@ -15,7 +15,9 @@ use super::error::FenceError;
 ///
 /// `pending` (no live owner), `running` (a generation has claimed it and not
 /// released it), `done` (the last step committed), `dead` (given up: poison,
-/// retries exhausted, bad input). `done` and `dead` are terminal: no claim, no step.
+/// retries exhausted, bad input), `cancelled` (an operator cancelled it,
+/// [`Client::cancel`](crate::Client::cancel)). `done`, `dead` and `cancelled`
+/// are terminal: no claim, no step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum JobStatus {
     /// Not owned by a live generation.
@@ -26,6 +28,8 @@ pub enum JobStatus {
     Done,
     /// Given up (in the DLQ); an operator may redrive it.
     Dead,
+    /// Cancelled by an operator: ends as it is, never retried nor redriven.
+    Cancelled,
 }
 
 impl JobStatus {
@@ -42,12 +46,16 @@ impl JobStatus {
             JobStatus::Running => "running",
             JobStatus::Done => "done",
             JobStatus::Dead => "dead",
+            JobStatus::Cancelled => "cancelled",
         }
     }
 
-    /// `done` or `dead`.
+    /// `done`, `dead` or `cancelled`.
     pub const fn is_terminal(self) -> bool {
-        matches!(self, JobStatus::Done | JobStatus::Dead)
+        matches!(
+            self,
+            JobStatus::Done | JobStatus::Dead | JobStatus::Cancelled
+        )
     }
 }
 
@@ -57,7 +65,7 @@ impl fmt::Display for JobStatus {
     }
 }
 
-/// A status string that is not one of `pending|running|done|dead`.
+/// A status string that is not one of `pending|running|done|dead|cancelled`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown job status {0:?}")]
 pub struct UnknownStatus(pub String);
@@ -70,6 +78,7 @@ impl FromStr for JobStatus {
             "running" => Ok(JobStatus::Running),
             "done" => Ok(JobStatus::Done),
             "dead" => Ok(JobStatus::Dead),
+            "cancelled" => Ok(JobStatus::Cancelled),
             other => Err(UnknownStatus(other.to_string())),
         }
     }
@@ -101,6 +110,8 @@ pub struct JobRow {
     pub attempts: u32,
     /// The last recorded error or reason for death.
     pub last_error: Option<String>,
+    /// The operator's reason, if the job was cancelled.
+    pub cancel_reason: Option<String>,
     /// When the row was inserted.
     pub created_at: DateTime<Utc>,
     /// When the row last changed.
@@ -110,6 +121,17 @@ pub struct JobRow {
     /// A delayed job that is not due yet, or not yet published by the
     /// scheduler leader: no message exists for it.
     pub awaiting_publish: bool,
+}
+
+/// What a cancel did ([`FenceStore::cancel_job`](super::FenceStore::cancel_job),
+/// [`Client::cancel`](crate::Client::cancel)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// This call cancelled the job: from its commit on, no claim, admission or
+    /// step commit of any owner succeeds.
+    Now,
+    /// The job was cancelled before; nothing changed.
+    Already,
 }
 
 /// What [`FenceStore::insert_job`](super::FenceStore::insert_job) did.
@@ -160,6 +182,7 @@ pub(crate) fn job_row(row: &PgRow) -> Result<JobRow, FenceError> {
         takeovers: count_from(id, "takeovers", row.try_get("takeovers")?)?,
         attempts: count_from(id, "attempts", row.try_get("attempts")?)?,
         last_error: row.try_get("last_error")?,
+        cancel_reason: row.try_get("cancel_reason")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         run_at: row.try_get("run_at")?,
@@ -243,11 +266,13 @@ mod tests {
             JobStatus::Running,
             JobStatus::Done,
             JobStatus::Dead,
+            JobStatus::Cancelled,
         ] {
             assert_eq!(s.as_str().parse::<JobStatus>(), Ok(s));
         }
         assert!("paused".parse::<JobStatus>().is_err());
         assert!(JobStatus::Done.is_terminal() && JobStatus::Dead.is_terminal());
+        assert!(JobStatus::Cancelled.is_terminal());
         assert!(!JobStatus::Pending.is_terminal() && !JobStatus::Running.is_terminal());
     }
 }

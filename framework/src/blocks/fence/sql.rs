@@ -3,7 +3,7 @@
 
 /// Columns of a full [`JobRow`](super::JobRow).
 pub(crate) const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status, released, \
-                           takeovers, attempts, last_error, created_at, updated_at, run_at, awaiting_publish";
+                           takeovers, attempts, last_error, cancel_reason, created_at, updated_at, run_at, awaiting_publish";
 
 /// Columns a claim returns.
 const CLAIM_RETURNING: &str =
@@ -107,6 +107,7 @@ pub(crate) struct Sql {
     pub dead: String,
     pub dead_unfenced: String,
     pub redrive: String,
+    pub cancel: String,
     pub guard_function: String,
 }
 
@@ -170,6 +171,15 @@ impl Sql {
                 "UPDATE {t} SET status = 'pending', takeovers = 0, attempts = 0, released = true, \
                                 updated_at = now() \
                  WHERE id = $1 AND status = 'dead' AND fence = $2"
+            ),
+            // Operator cancel (migration 0007): no token, the row lock orders it
+            // after any open step transaction; every fenced statement after its
+            // commit finds a terminal row.
+            cancel: format!(
+                "UPDATE {t} SET status = 'cancelled', cancel_reason = $2, cancelled_at = now(), \
+                                updated_at = now() \
+                 WHERE id = $1 AND status IN ('pending', 'running') \
+                 RETURNING fence"
             ),
             guard_function: format!("\"{schema}\".tenure_guard()"),
         }

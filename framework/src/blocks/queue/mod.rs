@@ -63,6 +63,7 @@
 //! ```
 
 mod access;
+mod cancel;
 mod delivery;
 mod dlq;
 pub mod headers;
@@ -82,6 +83,7 @@ use tracing::Instrument;
 use crate::JobId;
 use crate::config::{BackoffConfig, ConfigError};
 
+pub use cancel::CancelNotices;
 pub use delivery::{BadMessage, Delivery};
 pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, GaveUpNotice, reasons};
 
@@ -274,6 +276,8 @@ pub struct QueueNames {
     pub advisory_subject: String,
     /// The durable consumer of the advisory stream, `<ns>_advisories`.
     pub advisory_consumer: String,
+    /// Operator cancel notices (core NATS, no stream) are `<ns>.cancel.<job_id>`.
+    pub cancel_subject_prefix: String,
 }
 
 /// The last token of DLQ subjects of messages without a valid job id.
@@ -294,6 +298,7 @@ impl QueueNames {
             dlq_subject_prefix: format!("{namespace}.dlq."),
             advisory_stream: format!("TENURE_{upper}_ADVISORIES"),
             advisory_consumer: format!("{namespace}_advisories"),
+            cancel_subject_prefix: format!("{namespace}.cancel."),
         }
     }
 
@@ -332,6 +337,11 @@ impl QueueNames {
             }
         }
         (!job_type.is_empty()).then_some(job_type)
+    }
+
+    /// The cancel notice subject of a job, `<ns>.cancel.<job_id>`.
+    pub fn cancel_subject(&self, job_id: JobId) -> String {
+        format!("{}{job_id}", self.cancel_subject_prefix)
     }
 
     /// The DLQ subject of a job (`None`: a message without a valid job id).
@@ -788,6 +798,7 @@ mod tests {
         assert_eq!(n.dlq_subject(Some(id)), format!("ns.dlq.{id}"));
         assert_eq!(n.dlq_subject(None), "ns.dlq._invalid");
         assert_eq!(n.work_subject("a.b"), "ns.jobs.a.b");
+        assert_eq!(n.cancel_subject(id), format!("ns.cancel.{id}"));
     }
 
     #[test]
