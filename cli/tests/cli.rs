@@ -350,7 +350,12 @@ async fn read_only_commands_leave_the_workers_stream_settings_unchanged() {
     let mut workers_cfg = config_for(stack(), &ns, Duration::from_secs(7));
     workers_cfg.max_deliver = 9;
     workers_cfg.duplicate_window = Duration::from_secs(30);
-    Queue::provision(&workers_cfg).await.expect("provision");
+    Queue::provision(&workers_cfg)
+        .await
+        .expect("provision")
+        .route(&["cli.flaky"])
+        .await
+        .expect("the workers' consumer of their type");
     let client = Client::connect(&workers_cfg).await.expect("client");
     client.migrate().await.expect("migrate");
     let before = server_setup(&workers_cfg).await;
