@@ -9,6 +9,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -303,6 +304,8 @@ pub struct StepCtx {
     /// The runtime could not make this attempt's claim durable:
     /// [`db`](StepCtx::db) opens no fenced transaction under this token.
     pub(crate) claim_lost: bool,
+    /// The job's input as enqueued (`None` in a detached context).
+    pub(crate) job_input: Option<Arc<serde_json::Value>>,
     /// The step's fenced MySQL transaction, opened by `StepCtx::mysql`.
     #[cfg(feature = "mysql")]
     pub(crate) mysql: Option<crate::fence::mysql::MySqlFencedTx>,
@@ -332,14 +335,49 @@ impl StepCtx {
             tx: None,
             handover: None,
             claim_lost: false,
+            job_input: None,
             #[cfg(feature = "mysql")]
             mysql: None,
         }
     }
 
+    /// A detached context whose job was enqueued with `input` (tests of steps
+    /// that read [`StepCtx::input`]).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn detached_with_input(
+        job_id: JobId,
+        step: StepIndex,
+        token: FencingToken,
+        input: serde_json::Value,
+    ) -> Self {
+        let mut ctx = Self::detached_for_tests(job_id, step, token);
+        ctx.job_input = Some(Arc::new(input));
+        ctx
+    }
+
     /// The job's id.
     pub fn job_id(&self) -> JobId {
         self.job_id
+    }
+
+    /// The job's input as it was enqueued (the first step's input), decoded as
+    /// `T`, in every step: a later step need not have it carried through the
+    /// outputs of the steps before it.
+    ///
+    /// # Errors
+    /// A permanent [`StepError`] when the input does not decode as `T` (the job
+    /// was enqueued with another type), or in a detached context made without
+    /// one.
+    pub fn input<T: serde::de::DeserializeOwned>(&self) -> Result<T, StepError> {
+        let Some(input) = &self.job_input else {
+            return Err(StepError::permanent("this step context has no job input"));
+        };
+        T::deserialize(input.as_ref()).map_err(|e| {
+            StepError::permanent(format!(
+                "the job's input does not decode as {}: {e}",
+                std::any::type_name::<T>()
+            ))
+        })
     }
     /// The job type's name.
     pub fn job_type(&self) -> &'static str {

@@ -262,3 +262,20 @@ async fn the_step_future_is_send() {
     assert_eq!(out["cents"], 42);
     assert_eq!(job.steps_run(), ["reserve"]);
 }
+
+/// `StepCtx::input`: any step reads the job's input as enqueued, typed; an
+/// input of another shape, or a context without one, is a permanent error.
+#[test]
+fn every_step_reads_the_jobs_input_as_enqueued() {
+    let (id, token) = (JobId::from_key("t", "k"), FencingToken::for_tests(7));
+    let enqueued = json!({"from": "a", "to": "b", "cents": 5});
+    let ctx = StepCtx::detached_with_input(id, StepIndex::new(2), token, enqueued);
+    let req: TransferReq = ctx.input().unwrap();
+    assert_eq!(req.to, "b");
+    assert_eq!(req.cents, 5);
+    let wrong = ctx.input::<Debited>().unwrap_err();
+    assert_eq!(wrong.kind(), StepErrorKind::Permanent, "{wrong}");
+    assert!(wrong.to_string().contains("Debited"), "{wrong}");
+    let none = StepCtx::detached_for_tests(id, StepIndex::new(0), token);
+    assert!(none.input::<TransferReq>().is_err());
+}

@@ -129,6 +129,14 @@ impl ThreeStep {
 
     #[step]
     async fn third(&self, ctx: &mut StepCtx, w: Work) -> Result<u64, StepError> {
+        // The job's input as enqueued reaches every step, whichever worker
+        // claimed it (a takeover's claim re-reads it from the row).
+        let enqueued: Work = ctx.input()?;
+        if enqueued != w {
+            return Err(StepError::permanent(format!(
+                "ctx.input() {enqueued:?} is not the input {w:?}"
+            )));
+        }
         self.log(ctx, &w, 2).await?;
         Ok(w.n)
     }

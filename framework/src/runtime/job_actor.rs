@@ -334,6 +334,7 @@ impl JobRun {
             takeovers: claim.takeovers,
             attempts: claim.attempts,
             cancel: a.cancel.as_ref().map(|w| w.token()).unwrap_or_default(),
+            input: Arc::new(claim.input.clone()),
         });
         Ok((claim, claim_tx))
     }

@@ -177,6 +177,8 @@ pub(super) struct Owned {
     pub(super) attempts: u32,
     /// Fired by an operator's cancel notice for this job.
     pub(super) cancel: CancellationToken,
+    /// The job's input as enqueued (every step's `StepCtx::input`).
+    pub(super) input: Arc<serde_json::Value>,
 }
 
 /// One delivery on its way through the phases: the message, what is known of

@@ -116,6 +116,7 @@ impl JobRun {
             tx: None,
             handover: Some(asks_tx),
             claim_lost: false,
+            job_input: Some(owned.input.clone()),
             #[cfg(feature = "mysql")]
             mysql: None,
         };
