@@ -239,3 +239,87 @@ pub async fn double_commits(pool: &sqlx::PgPool, schema: &str) -> i64 {
 }
 
 pub use tenure::devstack::wait_until;
+
+/// A `tenure-test-worker` child process, its stdout lines collected; killed
+/// (by its pid) and reaped when dropped.
+#[derive(Debug)]
+pub struct ChildWorker {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ChildWorker {
+    /// Starts `program` (the test's `env!("CARGO_BIN_EXE_tenure-test-worker")`)
+    /// as worker `id` of namespace `ns` on `stack` with a lease TTL of
+    /// `ttl_secs`, with `extra` arguments after the usual ones.
+    pub fn spawn(
+        program: &str,
+        stack: &DevStack,
+        ns: &str,
+        id: &str,
+        ttl_secs: u64,
+        extra: &[&str],
+    ) -> Self {
+        use std::io::BufRead as _;
+        use std::process::{Command, Stdio};
+        let ttl = ttl_secs.to_string();
+        let servers = [
+            ("--etcd", stack.etcd_endpoints().join(",")),
+            ("--nats", stack.nats_url()),
+            ("--db", stack.database_url()),
+        ];
+        let mut child = Command::new(program)
+            .args(
+                servers
+                    .iter()
+                    .flat_map(|(flag, value)| [*flag, value.as_str()]),
+            )
+            .args(["--ns", ns, "--ttl-secs", &ttl, "--worker", id])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn worker");
+        let out = child.stdout.take().expect("stdout");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        });
+        ChildWorker { child, lines }
+    }
+
+    /// Whether the worker printed a line starting with `prefix`.
+    pub fn has_line(&self, prefix: &str) -> bool {
+        let lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        lines.iter().any(|l| l.starts_with(prefix))
+    }
+
+    /// Sends signal `sig` (e.g. `-STOP`) to the worker, by its pid.
+    pub fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {sig} failed");
+    }
+
+    /// Every line the worker printed so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Kills the worker (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ChildWorker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

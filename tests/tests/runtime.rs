@@ -2,8 +2,6 @@
 //! paused-worker timeline, poison jobs, failing steps, quorum loss.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,8 +14,8 @@ use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::{Cancelled, Client, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
 use tenure_tests::{
-    CancelProbe, Cancellable, Hold, ThreeStep, Work, config_for, double_commits, prepare_schema,
-    wait_until,
+    CancelProbe, Cancellable, ChildWorker, Hold, ThreeStep, Work, config_for, double_commits,
+    prepare_schema, wait_until,
 };
 
 fn stack() -> &'static DevStack {
@@ -158,66 +156,10 @@ async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
     }
 }
 
-/// A worker child process whose stdout lines are collected.
-struct ChildWorker {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl ChildWorker {
-    fn spawn(stack: &DevStack, ns: &str, id: &str, ttl_secs: u64) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tenure-test-worker"))
-            .args([
-                "--etcd",
-                &stack.etcd_endpoints().join(","),
-                "--nats",
-                &stack.nats_url(),
-                "--db",
-                &stack.database_url(),
-                "--ns",
-                ns,
-                "--ttl-secs",
-                &ttl_secs.to_string(),
-                "--worker",
-                id,
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn worker");
-        let out = child.stdout.take().expect("stdout");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        ChildWorker { child, lines }
-    }
-
-    fn has_line(&self, prefix: &str) -> bool {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.starts_with(prefix))
-    }
-
-    fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    }
-}
-
-impl Drop for ChildWorker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A `tenure-test-worker` child process of namespace `ns`.
+fn child_worker(stack: &DevStack, ns: &str, id: &str, ttl_secs: u64) -> ChildWorker {
+    let program = env!("CARGO_BIN_EXE_tenure-test-worker");
+    ChildWorker::spawn(program, stack, ns, id, ttl_secs, &[])
 }
 
 #[derive(Default)]
@@ -250,7 +192,7 @@ async fn paused_worker_is_fenced_out_after_takeover() {
     let client = Client::connect(&cfg).await.expect("client");
     prepare_schema(&client).await;
 
-    let a = ChildWorker::spawn(stack, &ns, "A", 2);
+    let a = child_worker(stack, &ns, "A", 2);
     assert!(wait_until(Duration::from_secs(30), || async { a.has_line("READY") }).await);
 
     let work = Work {
@@ -325,7 +267,7 @@ async fn paused_worker_is_fenced_out_after_takeover() {
         })
         .await,
         "A's write under {t1} must be refused; A printed {:?}",
-        a.lines.lock().unwrap()
+        a.lines()
     );
     assert!(!a.has_line(&format!("COMMIT {job_id} 1")));
     assert_eq!(log(1).await.len(), 1, "A's stale write did not land");

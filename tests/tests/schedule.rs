@@ -6,9 +6,6 @@
 //! their policy.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -16,7 +13,9 @@ use tenure::blocks::fence::{FenceError, JobStatus, TickBatch, tick_key};
 use tenure::devstack::DevStack;
 use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
 use tenure::{Worker, WorkerError};
-use tenure_tests::{ThreeStep, Work, config_for, double_commits, prepare_schema, wait_until};
+use tenure_tests::{
+    ChildWorker, ThreeStep, Work, config_for, double_commits, prepare_schema, wait_until,
+};
 
 fn stack() -> &'static DevStack {
     DevStack::shared().expect("dev stack")
@@ -359,59 +358,9 @@ async fn a_deposed_leaders_writes_are_refused_by_the_fence() {
 }
 
 /// A worker child process (`tenure-test-worker --cron tick`).
-struct ChildWorker {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl ChildWorker {
-    fn spawn(ns: &str, id: &str, ttl_secs: u64) -> Self {
-        let s = stack();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tenure-test-worker"))
-            .args([
-                "--etcd",
-                &s.etcd_endpoints().join(","),
-                "--nats",
-                &s.nats_url(),
-            ])
-            .args([
-                "--db",
-                &s.database_url(),
-                "--ns",
-                ns,
-                "--ttl-secs",
-                &ttl_secs.to_string(),
-            ])
-            .args(["--worker", id, "--cron", "tick"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn worker");
-        let out = child.stdout.take().expect("stdout");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        ChildWorker { child, lines }
-    }
-
-    fn ready(&self) -> bool {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.starts_with("READY"))
-    }
-}
-
-impl Drop for ChildWorker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn child_worker(ns: &str, id: &str, ttl_secs: u64) -> ChildWorker {
+    let program = env!("CARGO_BIN_EXE_tenure-test-worker");
+    ChildWorker::spawn(program, stack(), ns, id, ttl_secs, &["--cron", "tick"])
 }
 
 /// The tick times of schedule `name`'s jobs, in order.
@@ -440,16 +389,11 @@ async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
     // that only the test worker's catch-up policy (max 1000) enqueues.
     let (ns, _cfg, client) = fresh("sch_kill", Duration::from_secs(5)).await;
     let mut workers: Vec<(String, ChildWorker)> = (0..3)
-        .map(|i| {
-            (
-                format!("w{i}"),
-                ChildWorker::spawn(&ns, &format!("w{i}"), 5),
-            )
-        })
+        .map(|i| (format!("w{i}"), child_worker(&ns, &format!("w{i}"), 5)))
         .collect();
     assert!(
         wait_until(Duration::from_secs(30), || async {
-            workers.iter().all(|(_, w)| w.ready())
+            workers.iter().all(|(_, w)| w.has_line("READY"))
         })
         .await
     );
@@ -465,8 +409,7 @@ async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
         .position(|(id, _)| *id == first_leader)
         .expect("leader is ours");
     let (_, mut killed) = workers.remove(at);
-    killed.child.kill().expect("SIGKILL the leader");
-    let _ = killed.child.wait();
+    killed.kill(); // SIGKILL, by its pid
     let killed_at = Utc::now();
     let took_over = wait_until(Duration::from_secs(15), || async {
         matches!(leader(&client).await, Some((_, t)) if t > first_token)
