@@ -503,3 +503,55 @@ async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
     assert!(skipped("skip") >= 4, "{rows:?}");
     assert_eq!(skipped("catch"), skipped("skip") - 2, "{rows:?}");
 }
+
+/// A delayed job cancelled while it waits is never published: the scheduler
+/// leader's due query finds nothing of it at its `run_at` (found by review:
+/// the cancel left `awaiting_publish` set, so the leader published a message
+/// that a worker then only acked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_job_cancelled_before_its_run_at_is_never_published() {
+    let (ns, cfg, client) = fresh("sch_cancel", Duration::from_secs(3)).await;
+    let w = worker(&cfg, &ns, "w0").await;
+    let id = client
+        .enqueue_after::<ThreeStep>("cancel-me", &work(1), Duration::from_millis(1500))
+        .await
+        .unwrap()
+        .job_id;
+    let other = client
+        .enqueue_after::<ThreeStep>("run-me", &work(2), Duration::from_millis(1500))
+        .await
+        .unwrap()
+        .job_id;
+    assert_eq!(
+        client.cancel(id, "not needed").await.unwrap(),
+        tenure::Cancelled::Now
+    );
+    let row = client.job(id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Cancelled);
+    assert!(!row.awaiting_publish, "{row:?}");
+    // The other job of the same run_at is published and runs; by then the
+    // leader has looked at both.
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            matches!(client.job(other).await, Ok(Some(r)) if r.status == JobStatus::Done)
+        })
+        .await
+    );
+    let published: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {ns}.job_events WHERE job_id = $1"
+    ))
+    .bind(id.as_uuid())
+    .fetch_one(client.store().pool())
+    .await
+    .unwrap();
+    let stats = client.queue().stats().await.unwrap();
+    assert_eq!(stats.work_messages, 0, "{stats:?}");
+    let row = client.job(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.fence),
+        (JobStatus::Cancelled, 0),
+        "{row:?}"
+    );
+    assert!(published >= 1, "the cancel is in the history");
+    w.shutdown().await.unwrap();
+}

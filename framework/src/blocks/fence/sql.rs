@@ -174,10 +174,11 @@ impl Sql {
             ),
             // Operator cancel (migration 0007): no token, the row lock orders it
             // after any open step transaction; every fenced statement after its
-            // commit finds a terminal row.
+            // commit finds a terminal row. A delayed job waiting for its
+            // `run_at` (0008) is taken off the scheduler's due list.
             cancel: format!(
                 "UPDATE {t} SET status = 'cancelled', cancel_reason = $2, cancelled_at = now(), \
-                                updated_at = now() \
+                                awaiting_publish = false, updated_at = now() \
                  WHERE id = $1 AND status IN ('pending', 'running') \
                  RETURNING fence"
             ),
