@@ -25,6 +25,29 @@ pub fn config_for(stack: &DevStack, ns: &str, ttl: Duration) -> Config {
     cfg
 }
 
+/// A fresh namespace on the shared dev stack with lease TTL `ttl`: its name,
+/// its config, and a client whose schema is prepared ([`prepare_schema`]).
+pub async fn fresh_namespace(prefix: &str, ttl: Duration) -> (String, Config, tenure::Client) {
+    let ns = DevStack::unique_namespace(prefix);
+    let stack = DevStack::shared().expect("dev stack");
+    let cfg = config_for(stack, &ns, ttl);
+    let client = tenure::Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    (ns, cfg, client)
+}
+
+/// A worker `id` (its log name too) running [`ThreeStep`] on `cfg`'s schema `ns`.
+pub async fn three_step_worker(cfg: &Config, ns: &str, id: &str) -> tenure::Worker {
+    tenure::Worker::builder(cfg.clone().with_worker_id(id))
+        .register(ThreeStep {
+            worker: id.into(),
+            schema: ns.to_string(),
+        })
+        .start()
+        .await
+        .expect("worker")
+}
+
 /// Migrates `cfg.schema` and creates the test tables (`step_log`, guarded).
 pub async fn prepare_schema(client: &tenure::Client) {
     client.migrate().await.expect("migrate");

@@ -11,19 +11,11 @@ use tenure::Worker;
 use tenure::blocks::fence::{JobRow, JobStatus};
 use tenure::blocks::lease::{Acquire, Session};
 use tenure::devstack::DevStack;
-use tenure::{Client, Config, JobId, StepCtx, StepError};
-use tenure_tests::{config_for, prepare_schema, wait_until};
+use tenure::{Client, JobId, StepCtx, StepError};
+use tenure_tests::{config_for, fresh_namespace, prepare_schema, wait_until};
 
 fn stack() -> &'static DevStack {
     DevStack::shared().expect("dev stack")
-}
-
-async fn fresh(prefix: &str, ttl: Duration) -> (String, Config, Client) {
-    let ns = DevStack::unique_namespace(prefix);
-    let cfg = config_for(stack(), &ns, ttl);
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    (ns, cfg, client)
 }
 
 /// Ways a first step loses the transaction that carries the claim.
@@ -93,7 +85,7 @@ async fn dead_within(client: &Client, id: JobId, within: Duration) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn losing_the_claims_transaction_still_counts_the_attempt() {
     let ttl = Duration::from_secs(2);
-    let (ns, cfg, client) = fresh("hd_claim_lost", ttl).await;
+    let (ns, cfg, client) = fresh_namespace("hd_claim_lost", ttl).await;
     let pool = client.store().pool();
     for ddl in [
         format!("CREATE TABLE {ns}.parent (id int PRIMARY KEY)"),
@@ -182,7 +174,7 @@ impl WritesAroundTheFence {
 /// message came back every AckWait until MaxDeliver.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_guard_refusal_under_our_own_fence_is_a_permanent_step_failure() {
-    let (ns, cfg, client) = fresh("hd_guard_own", Duration::from_secs(2)).await;
+    let (ns, cfg, client) = fresh_namespace("hd_guard_own", Duration::from_secs(2)).await;
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
         .register(WritesAroundTheFence {
             schema: ns.clone(),
@@ -339,7 +331,7 @@ async fn a_given_up_message_leaves_the_stream_only_after_its_row_is_dead() {
 /// `done` job is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redrive_republishes_a_live_job_whose_message_is_gone() {
-    let (ns, cfg, client) = fresh("hd_redrive_live", Duration::from_secs(2)).await;
+    let (ns, cfg, client) = fresh_namespace("hd_redrive_live", Duration::from_secs(2)).await;
     let id = client
         .enqueue::<Noop>("lost-message", &5)
         .await
@@ -382,7 +374,7 @@ async fn redrive_republishes_a_live_job_whose_message_is_gone() {
 /// `INSERT INTO <partition>` went through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_tables_and_partitions_are_refused_by_the_guard() {
-    let (ns, _cfg, client) = fresh("hd_partitions", Duration::from_secs(2)).await;
+    let (ns, _cfg, client) = fresh_namespace("hd_partitions", Duration::from_secs(2)).await;
     let pool = client.store().pool();
     for ddl in [
         format!("CREATE TABLE {ns}.parted (k int) PARTITION BY RANGE (k)"),

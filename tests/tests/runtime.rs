@@ -15,7 +15,7 @@ use tenure::{Cancelled, Client, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
 use tenure_tests::{
     CancelProbe, Cancellable, ChildWorker, Hold, ThreeStep, Work, config_for, double_commits,
-    prepare_schema, wait_until,
+    fresh_namespace, prepare_schema, three_step_worker, wait_until,
 };
 
 fn stack() -> &'static DevStack {
@@ -32,16 +32,6 @@ async fn count_status(client: &Client, schema: &str, status: &str) -> i64 {
     .expect("count")
 }
 
-/// A fresh namespace on the shared stack with lease TTL `ttl`: its name, its
-/// config, and a client whose schema is prepared.
-async fn fresh(prefix: &str, ttl: Duration) -> (String, tenure::Config, Client) {
-    let ns = DevStack::unique_namespace(prefix);
-    let cfg = config_for(stack(), &ns, ttl);
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    (ns, cfg, client)
-}
-
 /// Asserts that each of `jobs` has a DLQ entry whose reason mentions `reason`.
 async fn assert_dead_lettered(client: &Client, jobs: &[JobId], reason: &str) {
     let dlq = client.queue().dead_letters(100).await.unwrap();
@@ -54,18 +44,6 @@ async fn assert_dead_lettered(client: &Client, jobs: &[JobId], reason: &str) {
     }
 }
 
-/// A worker `id` (its log name too) running [`ThreeStep`] on `cfg`'s schema `ns`.
-async fn three_step_worker(cfg: &tenure::Config, ns: &str, id: &str) -> Worker {
-    Worker::builder(cfg.clone().with_worker_id(id))
-        .register(ThreeStep {
-            worker: id.into(),
-            schema: ns.to_string(),
-        })
-        .start()
-        .await
-        .expect("worker")
-}
-
 /// Whether job `id` is `done` within `within`.
 async fn done_within(client: &Client, id: JobId, within: Duration) -> bool {
     wait_until(within, || async {
@@ -76,7 +54,7 @@ async fn done_within(client: &Client, id: JobId, within: Duration) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
-    let (ns, cfg, client) = fresh("rt_thousand", Duration::from_secs(5)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_thousand", Duration::from_secs(5)).await;
 
     let mut workers = Vec::new();
     for i in 0..3 {
@@ -277,7 +255,7 @@ async fn paused_worker_is_fenced_out_after_takeover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
-    let (ns, cfg, client) = fresh("rt_poison", Duration::from_secs(2)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_poison", Duration::from_secs(2)).await;
     let job_id = client
         .enqueue::<ThreeStep>("poison", &Work::default())
         .await
@@ -313,7 +291,7 @@ async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_worker_lives() {
-    let (ns, cfg, client) = fresh("rt_fail", Duration::from_secs(3)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_fail", Duration::from_secs(3)).await;
     let w = three_step_worker(&cfg, &ns, "w").await;
 
     let always = client
@@ -523,7 +501,7 @@ async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn graceful_shutdown_releases_jobs_without_counting_takeovers() {
-    let (ns, cfg, client) = fresh("rt_shutdown", Duration::from_secs(2)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_shutdown", Duration::from_secs(2)).await;
     let first = three_step_worker(&cfg, &ns, "first").await;
     // Slow step 1 on `first`: it is mid-job when shutdown begins.
     let job_id = client
@@ -632,7 +610,7 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
 /// idle transaction is killed and every attempt fails the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
-    let (ns, cfg, client) = fresh("rt_slow_first", Duration::from_secs(2)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_slow_first", Duration::from_secs(2)).await;
     let worker = three_step_worker(&cfg, &ns, "slow").await;
     let work = Work {
         n: 1,
@@ -670,7 +648,7 @@ async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
 /// the release linger, while the worker keeps running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes() {
-    let (ns, cfg, client) = fresh("rt_release", Duration::from_secs(5)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_release", Duration::from_secs(5)).await;
     let worker = three_step_worker(&cfg, &ns, "rel").await;
     let id = client
         .enqueue::<ThreeStep>("lonely", &Work::default())
@@ -712,7 +690,7 @@ async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes() {
 /// group runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types() {
-    let (ns, cfg, client) = fresh("rt_admit", Duration::from_secs(5)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_admit", Duration::from_secs(5)).await;
     let work = |n| Work {
         n,
         ..Work::default()
@@ -927,7 +905,7 @@ async fn work_stream_empty_within(client: &Client, within: Duration) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs() {
-    let (ns, cfg, client) = fresh("rt_cancel_mid", Duration::from_secs(5)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_cancel_mid", Duration::from_secs(5)).await;
     let probe = Arc::new(CancelProbe::default());
     let (worker, exporter, provider) = cancellable_worker(&cfg, &ns, "c1", &probe).await;
     let hold = Hold { hold_ms: 20_000 };
@@ -988,7 +966,7 @@ async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_of_a_pending_job_acks_its_message_and_never_runs_it() {
-    let (ns, cfg, client) = fresh("rt_cancel_pending", Duration::from_secs(5)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_cancel_pending", Duration::from_secs(5)).await;
     let probe = Arc::new(CancelProbe::default());
     let job = client
         .enqueue::<Cancellable>("pending", &Hold { hold_ms: 0 })
@@ -1026,7 +1004,7 @@ async fn cancel_of_a_pending_job_acks_its_message_and_never_runs_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_of_an_unknown_or_finished_job_is_a_typed_error_and_changes_nothing() {
-    let (ns, cfg, client) = fresh("rt_cancel_bad", Duration::from_secs(5)).await;
+    let (ns, cfg, client) = fresh_namespace("rt_cancel_bad", Duration::from_secs(5)).await;
     let unknown = JobId::from_key("test.cancellable", "never-enqueued");
     let err = client.cancel(unknown, "no such job").await.unwrap_err();
     assert!(

@@ -14,30 +14,11 @@ use tenure::devstack::DevStack;
 use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
 use tenure::{Worker, WorkerError};
 use tenure_tests::{
-    ChildWorker, ThreeStep, Work, config_for, double_commits, prepare_schema, wait_until,
+    ChildWorker, ThreeStep, Work, double_commits, fresh_namespace, three_step_worker, wait_until,
 };
 
 fn stack() -> &'static DevStack {
     DevStack::shared().expect("dev stack")
-}
-
-async fn fresh(prefix: &str, ttl: Duration) -> (String, tenure::Config, Client) {
-    let ns = DevStack::unique_namespace(prefix);
-    let cfg = config_for(stack(), &ns, ttl);
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    (ns, cfg, client)
-}
-
-async fn worker(cfg: &tenure::Config, ns: &str, id: &str) -> Worker {
-    Worker::builder(cfg.clone().with_worker_id(id))
-        .register(ThreeStep {
-            worker: id.into(),
-            schema: ns.into(),
-        })
-        .start()
-        .await
-        .expect("worker")
 }
 
 async fn count(client: &Client, sql: &str) -> i64 {
@@ -67,8 +48,8 @@ fn work(n: u64) -> Work {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn delayed_jobs_wait_without_a_message_and_start_within_a_second_of_run_at() {
-    let (ns, cfg, client) = fresh("sch_delay", Duration::from_secs(3)).await;
-    let w = worker(&cfg, &ns, "w0").await;
+    let (ns, cfg, client) = fresh_namespace("sch_delay", Duration::from_secs(3)).await;
+    let w = three_step_worker(&cfg, &ns, "w0").await;
     let mut jobs = Vec::new();
     for (n, delay_ms) in [2000u64, 2500, 3000, 3500, 4000].into_iter().enumerate() {
         let e = client
@@ -122,8 +103,8 @@ async fn delayed_jobs_wait_without_a_message_and_start_within_a_second_of_run_at
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_past_run_at_runs_now_and_duplicates_follow_enqueue_rules() {
-    let (ns, cfg, client) = fresh("sch_past", Duration::from_secs(3)).await;
-    let w = worker(&cfg, &ns, "w0").await;
+    let (ns, cfg, client) = fresh_namespace("sch_past", Duration::from_secs(3)).await;
+    let w = three_step_worker(&cfg, &ns, "w0").await;
     let past = Utc::now() - chrono::Duration::hours(1);
     let e = client
         .enqueue_at::<ThreeStep>("past", &work(1), past)
@@ -183,7 +164,7 @@ async fn a_past_run_at_runs_now_and_duplicates_follow_enqueue_rules() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delay_beyond_the_maximum_is_a_typed_error_and_enqueues_nothing() {
-    let (ns, mut cfg, _) = fresh("sch_max", Duration::from_secs(3)).await;
+    let (ns, mut cfg, _) = fresh_namespace("sch_max", Duration::from_secs(3)).await;
     cfg.max_delay = Duration::from_secs(60);
     let client = Client::connect(&cfg).await.unwrap();
     let after = client
@@ -225,7 +206,7 @@ async fn a_delay_beyond_the_maximum_is_a_typed_error_and_enqueues_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_schedule_fails_start_and_registers_nothing() {
-    let (ns, cfg, client) = fresh("sch_bad", Duration::from_secs(3)).await;
+    let (ns, cfg, client) = fresh_namespace("sch_bad", Duration::from_secs(3)).await;
     let job = || ThreeStep {
         worker: "w".into(),
         schema: ns.clone(),
@@ -283,7 +264,7 @@ async fn a_bad_schedule_fails_start_and_registers_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deposed_leaders_writes_are_refused_by_the_fence() {
-    let (ns, _cfg, client) = fresh("sch_fence", Duration::from_secs(3)).await;
+    let (ns, _cfg, client) = fresh_namespace("sch_fence", Duration::from_secs(3)).await;
     let store = client.store();
     let (old, new) = (FencingToken::for_tests(10), FencingToken::for_tests(20));
     store.claim_leader("scheduler", old, "old").await.unwrap();
@@ -387,7 +368,7 @@ async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
     // A TTL of 5 s: the killed leader's key outlives it by about 5 s, longer
     // than the 2 s schedule grace, so the ticks of the gap are missed ticks
     // that only the test worker's catch-up policy (max 1000) enqueues.
-    let (ns, _cfg, client) = fresh("sch_kill", Duration::from_secs(5)).await;
+    let (ns, _cfg, client) = fresh_namespace("sch_kill", Duration::from_secs(5)).await;
     let mut workers: Vec<(String, ChildWorker)> = (0..3)
         .map(|i| (format!("w{i}"), child_worker(&ns, &format!("w{i}"), 5)))
         .collect();
@@ -448,7 +429,7 @@ async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
-    let (ns, cfg, client) = fresh("sch_missed", Duration::from_secs(3)).await;
+    let (ns, cfg, client) = fresh_namespace("sch_missed", Duration::from_secs(3)).await;
     let start = || {
         Worker::builder(cfg.clone().with_worker_id("w0"))
             .register(ThreeStep {
@@ -510,8 +491,8 @@ async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
 /// that a worker then only acked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_job_cancelled_before_its_run_at_is_never_published() {
-    let (ns, cfg, client) = fresh("sch_cancel", Duration::from_secs(3)).await;
-    let w = worker(&cfg, &ns, "w0").await;
+    let (ns, cfg, client) = fresh_namespace("sch_cancel", Duration::from_secs(3)).await;
+    let w = three_step_worker(&cfg, &ns, "w0").await;
     let id = client
         .enqueue_after::<ThreeStep>("cancel-me", &work(1), Duration::from_millis(1500))
         .await
