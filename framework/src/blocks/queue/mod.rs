@@ -327,13 +327,13 @@ impl QueueNames {
         let mut rest = consumer.strip_prefix(&self.consumer_prefix)?.chars();
         let mut job_type = String::new();
         while let Some(c) = rest.next() {
-            match (c, c == '_') {
-                (_, true) => match rest.next()? {
+            match c {
+                '_' => match rest.next()? {
                     '_' => job_type.push('_'),
                     'd' => job_type.push('.'),
                     _ => return None,
                 },
-                (c, false) => job_type.push(c),
+                c => job_type.push(c),
             }
         }
         (!job_type.is_empty()).then_some(job_type)
