@@ -501,7 +501,10 @@ async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn graceful_shutdown_releases_jobs_without_counting_takeovers() {
-    let (ns, cfg, client) = fresh_namespace("rt_shutdown", Duration::from_secs(2)).await;
+    // A long TTL: this test is about the release, not about lease loss. With 2 s, a CPU-starved
+    // CI machine once missed keepalives for 2.3 s, the watchdog cancelled the slow step, and the
+    // job stood at step 1 instead of 2.
+    let (ns, cfg, client) = fresh_namespace("rt_shutdown", Duration::from_secs(10)).await;
     let first = three_step_worker(&cfg, &ns, "first").await;
     // Slow step 1 on `first`: it is mid-job when shutdown begins.
     let job_id = client
