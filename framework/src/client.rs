@@ -125,6 +125,10 @@ impl Client {
     /// publishes again, so a producer that crashed between the two writes loses
     /// nothing; workers admit a job once however often it is delivered.
     ///
+    /// The row records `J`'s step names ([`JobRow::step_names`]): a worker
+    /// whose definition of `J` does not fit the steps the job committed never
+    /// resumes it (see [`step_list`](crate::job::step_list)).
+    ///
     /// # Errors
     /// [`FenceError::PayloadConflict`] when the key exists with another input;
     /// server errors.
@@ -137,11 +141,19 @@ impl Client {
             job_type: J::NAME,
             source,
         })?;
-        self.enqueue_json(J::NAME, idempotency_key, value).await
+        let job_id = JobId::from_key(J::NAME, idempotency_key);
+        let inserted = self
+            .store
+            .insert_defined_job(job_id, J::NAME, &value, None, J::STEPS)
+            .await?;
+        self.publish_unless_waiting(job_id, J::NAME, inserted, false, value)
+            .await
     }
 
     /// Enqueues a job by type name with a JSON input (for tools and other
     /// languages). Workers dead-letter it if the input does not fit the type.
+    /// The row records no step list: the first worker that claims it records
+    /// its own.
     ///
     /// # Errors
     /// As [`Client::enqueue`].
@@ -213,7 +225,7 @@ impl Client {
         let job_id = JobId::from_key(J::NAME, idempotency_key);
         let inserted = self
             .store
-            .insert_job_at(job_id, J::NAME, &value, run_at)
+            .insert_defined_job(job_id, J::NAME, &value, Some(run_at), J::STEPS)
             .await?;
         self.publish_unless_waiting(job_id, J::NAME, inserted, true, value)
             .await

@@ -142,6 +142,14 @@ pub struct Config {
     /// [`ClientError::DelayTooLong`](crate::ClientError::DelayTooLong) and
     /// nothing is enqueued.
     pub max_delay: Duration,
+    /// How long a job whose committed steps do not fit the definitions of the
+    /// workers that find it waits for a worker with a compatible definition
+    /// (a rolling deploy) before it is dead-lettered as `definition_changed`
+    /// (default 10 minutes; see [`step_list`](crate::job::step_list)). Such a
+    /// worker hands the job back to be redelivered after `definition_grace` /
+    /// 100 (at least 100 ms), so waiting costs about 100 deliveries of the
+    /// broker's [`max_deliver`](Config::max_deliver).
+    pub definition_grace: Duration,
     /// The runtime's delays, windows and sizes (batching, fetching, hand-overs),
     /// each with the reason for its default. None affects safety.
     pub tuning: Tuning,
@@ -200,6 +208,7 @@ impl Config {
             nats_request_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(10),
             max_delay: Duration::from_secs(366 * 24 * 3600),
+            definition_grace: Duration::from_secs(600),
             tuning: Tuning::default(),
             #[cfg(feature = "testing")]
             unsafe_no_fencing: false,
@@ -598,6 +607,8 @@ impl std::fmt::Debug for Config {
             .field("stream_replicas", &self.stream_replicas)
             .field("nats_request_timeout", &self.nats_request_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("max_delay", &self.max_delay)
+            .field("definition_grace", &self.definition_grace)
             .field("tuning", &self.tuning);
         #[cfg(feature = "testing")]
         d.field("unsafe_no_fencing", &self.unsafe_no_fencing);

@@ -20,6 +20,7 @@ use crate::{FencingToken, JobId, StepIndex};
 
 #[cfg(feature = "mysql")]
 mod mysql;
+pub mod step_list;
 
 /// A boxed, `Send` future, as returned by [`Job::run_step`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -1,5 +1,6 @@
 //! `JobActor`: one per delivery. Runs the protocol of the design card as
-//! phases (admit, acquire, run slot, claim, poison check, steps in `steps`),
+//! phases (admit, acquire, run slot, claim, poison check, step-list check in
+//! `step_list`, steps in `steps`),
 //! each returning `Result<Next, Outcome>`, then settles the one
 //! [`Outcome`] the delivery ends with (`outcome`).
 
@@ -142,7 +143,8 @@ impl JobRun {
         .await;
     }
 
-    /// Admit, acquire, wait for a run slot, claim, poison check, steps: `Ok`
+    /// Admit, acquire, wait for a run slot, claim, poison check, step-list
+    /// check, steps: `Ok`
     /// when the last step committed, else the outcome the delivery ends with.
     async fn phases(
         &self,
@@ -172,6 +174,7 @@ impl JobRun {
             unreachable!("a successful claim leaves the attempt holding its claim")
         };
         let claim_tx = self.poison_check(owned, &claim, claim_tx).await?;
+        let claim_tx = self.step_list_check(owned, &claim, claim_tx).await?;
         self.run_steps(owned, a.delivery(), claim, claim_tx).await
     }
 

@@ -32,6 +32,7 @@ mod routes;
 mod scheduler;
 mod slots;
 mod stage;
+mod step_list;
 mod steps;
 
 use std::sync::Arc;

@@ -52,10 +52,11 @@ pub(super) enum Outcome {
     /// then [`Retry`](Outcome::Retry) with backoff, or
     /// [`DeadLetter`](Outcome::DeadLetter) past the job's retry limit.
     Fail { reason: String },
-    /// We stop a job we own (the worker drains, the step was cancelled): the
-    /// release is recorded on the row, so the next claim is no takeover, then
-    /// [`Retry`](Outcome::Retry) at once.
-    Release,
+    /// We stop a job we own (the worker drains, the step was cancelled, our
+    /// definition does not fit its committed steps): the release is recorded
+    /// on the row, so the next claim is no takeover, then
+    /// [`Retry`](Outcome::Retry) after `after`.
+    Release { after: Duration },
     /// Dead-lettered: a row we own is marked dead (fenced) first, an unknown
     /// job type's row unfenced; the DLQ publish terminates the message; a lock
     /// we hold is deleted in the background.
@@ -122,6 +123,9 @@ pub(super) enum DeadCode {
     PermanentError,
     /// The job failed more than its retry limit.
     MaxRetries,
+    /// No worker whose definition fits the job's committed steps took it
+    /// within `Config::definition_grace`.
+    DefinitionChanged,
 }
 
 impl DeadCode {
@@ -134,6 +138,7 @@ impl DeadCode {
             DeadCode::MaxTakeovers => "max_takeovers",
             DeadCode::PermanentError => "permanent_error",
             DeadCode::MaxRetries => "max_retries",
+            DeadCode::DefinitionChanged => "definition_changed",
         }
     }
 }
@@ -226,7 +231,7 @@ impl JobRun {
         let ending = loop {
             outcome = match outcome {
                 Outcome::Fail { reason } => self.record_failure(&mut a, reason).await,
-                Outcome::Release => self.record_release(&a).await,
+                Outcome::Release { after } => self.record_release(&a, after).await,
                 Outcome::Regression { error } => {
                     self.regression_alarm(&a, &error);
                     let delay = retry::jittered(&self.shared.cfg.retry_backoff, 0);
@@ -344,7 +349,7 @@ impl JobRun {
     }
 
     /// Records a voluntary release on the row (best effort), then hands back.
-    async fn record_release(&self, a: &Attempt) -> Outcome {
+    async fn record_release(&self, a: &Attempt, after: Duration) -> Outcome {
         let sh = &self.shared;
         if let Held::Claim(owned) = &a.held {
             let recorded = self
@@ -354,10 +359,8 @@ impl JobRun {
                 tracing::warn!(error = %e, "recording the voluntary release failed");
             }
         }
-        tracing::info!("released the job voluntarily (shutdown)");
-        Outcome::Retry {
-            delay: Duration::ZERO,
-        }
+        tracing::info!(?after, "released the job voluntarily");
+        Outcome::Retry { delay: after }
     }
 
     /// Marks the row dead before the DLQ publish, so a crash in between leaves
@@ -533,6 +536,7 @@ mod tests {
             (DeadCode::MaxTakeovers, "max_takeovers"),
             (DeadCode::PermanentError, "permanent_error"),
             (DeadCode::MaxRetries, "max_retries"),
+            (DeadCode::DefinitionChanged, "definition_changed"),
         ];
         for (code, text) in all {
             assert_eq!(code.as_str(), text);

@@ -71,7 +71,9 @@ impl JobRun {
                 if let Some(tx) = open_tx.take() {
                     let _ = tx.rollback().await;
                 }
-                return Err(Outcome::Release);
+                return Err(Outcome::Release {
+                    after: Duration::ZERO,
+                });
             }
             let step = StepAt {
                 index: StepIndex::new(k),
@@ -284,7 +286,9 @@ impl JobRun {
                 tracing::warn!(step = %index, "step cancelled: lease lost; the next owner takes over");
                 Outcome::LeaveToNextOwner
             }
-            StepErrorKind::Cancelled => Outcome::Release,
+            StepErrorKind::Cancelled => Outcome::Release {
+                after: Duration::ZERO,
+            },
             StepErrorKind::Permanent => Outcome::DeadLetter {
                 code: DeadCode::PermanentError,
                 reason,
@@ -365,7 +369,9 @@ impl JobRun {
         tracing::warn!(
             "a cancel notice stopped the job but its row was not cancelled within {CANCEL_CONFIRM:?}; releasing it"
         );
-        Outcome::Release
+        Outcome::Release {
+            after: Duration::ZERO,
+        }
     }
 
     /// Whether the job row still names us as its live owner (fence = our token,

@@ -4,6 +4,8 @@
 use sqlx::{Executor, Postgres};
 use tracing::Instrument;
 
+use crate::job::StepInfo;
+use crate::job::step_list;
 use crate::types::JobId;
 
 use super::FenceStore;
@@ -25,7 +27,7 @@ impl FenceStore {
         job_type: &str,
         input: &serde_json::Value,
     ) -> Result<Inserted, FenceError> {
-        self.insert_row(id, job_type, input, None).await
+        self.insert_row(id, job_type, input, None, None).await
     }
 
     /// Inserts a delayed job row: due at `run_at`. A `run_at` in the future
@@ -45,7 +47,29 @@ impl FenceStore {
         input: &serde_json::Value,
         run_at: chrono::DateTime<chrono::Utc>,
     ) -> Result<Inserted, FenceError> {
-        self.insert_row(id, job_type, input, Some(run_at)).await
+        self.insert_row(id, job_type, input, Some(run_at), None)
+            .await
+    }
+
+    /// Inserts a job row of a typed definition: as
+    /// [`FenceStore::insert_job`] (`run_at: None`) or
+    /// [`FenceStore::insert_job_at`], and records the definition's step names
+    /// and their fingerprint ([`JobRow::step_names`]), against which workers
+    /// check their own definition before resuming the job. An existing row
+    /// keeps its own list.
+    ///
+    /// # Errors
+    /// As [`FenceStore::insert_job`].
+    pub async fn insert_defined_job(
+        &self,
+        id: JobId,
+        job_type: &str,
+        input: &serde_json::Value,
+        run_at: Option<chrono::DateTime<chrono::Utc>>,
+        steps: &[StepInfo],
+    ) -> Result<Inserted, FenceError> {
+        self.insert_row(id, job_type, input, run_at, Some(steps))
+            .await
     }
 
     async fn insert_row(
@@ -54,7 +78,10 @@ impl FenceStore {
         job_type: &str,
         input: &serde_json::Value,
         run_at: Option<chrono::DateTime<chrono::Utc>>,
+        steps: Option<&[StepInfo]>,
     ) -> Result<Inserted, FenceError> {
+        let names = steps.map(step_list::names);
+        let fingerprint = names.as_deref().map(step_list::fingerprint);
         let span = tracing::info_span!("tenure.fence.insert_job", job_id = %id, job_type);
         async {
             for _ in 0..CLAIM_RETRIES {
@@ -63,6 +90,8 @@ impl FenceStore {
                     .bind(job_type)
                     .bind(input)
                     .bind(run_at)
+                    .bind(&names)
+                    .bind(&fingerprint)
                     .execute(&self.pool)
                     .await?;
                 if done.rows_affected() == 1 {

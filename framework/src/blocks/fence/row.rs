@@ -121,6 +121,16 @@ pub struct JobRow {
     /// A delayed job that is not due yet, or not yet published by the
     /// scheduler leader: no message exists for it.
     pub awaiting_publish: bool,
+    /// The step names of the definition the job was enqueued with, or of the
+    /// last worker that resumed it (`None`: enqueued by name and never claimed,
+    /// or from before step lists were recorded). See
+    /// [`step_list`](crate::job::step_list).
+    pub step_names: Option<Vec<String>>,
+    /// The [fingerprint](crate::job::step_list::fingerprint) of `step_names`.
+    pub steps_fingerprint: Option<String>,
+    /// Since when the workers that claimed the job had definitions that do
+    /// not fit its committed steps (cleared by a compatible claim).
+    pub incompatible_since: Option<DateTime<Utc>>,
 }
 
 /// What a cancel did ([`FenceStore::cancel_job`](super::FenceStore::cancel_job),
@@ -165,6 +175,11 @@ pub struct Claim {
     pub previous: Option<ObservedFence>,
     /// Whether this claim took the job from a generation that did not release it.
     pub takeover: bool,
+    /// The row's recorded step names ([`JobRow::step_names`]).
+    pub step_names: Option<Vec<String>>,
+    /// How long workers whose definitions do not fit have been finding the
+    /// job, by PostgreSQL's clock (`None`: not marked).
+    pub incompatible_for: Option<std::time::Duration>,
 }
 
 pub(crate) fn job_row(row: &PgRow) -> Result<JobRow, FenceError> {
@@ -187,6 +202,9 @@ pub(crate) fn job_row(row: &PgRow) -> Result<JobRow, FenceError> {
         updated_at: row.try_get("updated_at")?,
         run_at: row.try_get("run_at")?,
         awaiting_publish: row.try_get("awaiting_publish")?,
+        step_names: row.try_get("step_names")?,
+        steps_fingerprint: row.try_get("steps_fingerprint")?,
+        incompatible_since: row.try_get("incompatible_since")?,
     })
 }
 
@@ -203,6 +221,10 @@ pub(crate) fn claim_from(id: JobId, row: &PgRow) -> Result<Claim, FenceError> {
         job_type: row.try_get("job_type")?,
         previous: ObservedFence::new(prev),
         takeover: row.try_get("took_over")?,
+        step_names: row.try_get("step_names")?,
+        incompatible_for: row
+            .try_get::<Option<i64>, _>("incompatible_ms")?
+            .map(|ms| std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
     })
 }
 

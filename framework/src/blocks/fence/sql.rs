@@ -3,11 +3,13 @@
 
 /// Columns of a full [`JobRow`](super::JobRow).
 pub(crate) const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status, released, \
-                           takeovers, attempts, last_error, cancel_reason, created_at, updated_at, run_at, awaiting_publish";
+                           takeovers, attempts, last_error, cancel_reason, created_at, updated_at, run_at, awaiting_publish, \
+                           step_names, steps_fingerprint, incompatible_since";
 
 /// Columns a claim returns.
-const CLAIM_RETURNING: &str =
-    "job_type, input, step, checkpoint, status, takeovers, attempts, prev_fence, took_over";
+const CLAIM_RETURNING: &str = "job_type, input, step, checkpoint, status, takeovers, attempts, prev_fence, took_over, \
+     step_names, (extract(epoch FROM clock_timestamp() - incompatible_since) * 1000)::bigint \
+     AS incompatible_ms";
 
 /// SQLSTATE raised by `tenure_step_cas` when the step CAS matches no row.
 pub(crate) const CAS_REFUSED_SQLSTATE: &str = "TF002";
@@ -104,6 +106,11 @@ pub(crate) struct Sql {
     pub step_cas: String,
     pub fail: String,
     pub release: String,
+    /// A compatible claim's step list (migration 0012): `$3` names, `$4`
+    /// fingerprint; clears the incompatibility mark.
+    pub record_steps: String,
+    /// Marks since when no compatible worker took the job (kept if set).
+    pub mark_incompatible: String,
     pub dead: String,
     pub dead_unfenced: String,
     pub redrive: String,
@@ -119,8 +126,9 @@ impl Sql {
         let set_gucs = SET_GUCS;
         Sql {
             insert: format!(
-                "INSERT INTO {t} (id, job_type, input, run_at, awaiting_publish) \
-                 VALUES ($1, $2, $3, $4, coalesce($4 > clock_timestamp(), false)) \
+                "INSERT INTO {t} (id, job_type, input, run_at, awaiting_publish, step_names, \
+                                  steps_fingerprint) \
+                 VALUES ($1, $2, $3, $4, coalesce($4 > clock_timestamp(), false), $5, $6) \
                  ON CONFLICT (id) DO NOTHING"
             ),
             same_payload: format!(
@@ -159,6 +167,14 @@ impl Sql {
                 "UPDATE {t} SET released = true, status = 'pending', updated_at = now() \
                  WHERE id = $1 AND fence = $2 AND status = 'running' AND NOT released"
             ),
+            record_steps: format!(
+                "UPDATE {t} SET step_names = $3, steps_fingerprint = $4, incompatible_since = NULL \
+                 WHERE id = $1 AND fence = $2 AND status = 'running'"
+            ),
+            mark_incompatible: format!(
+                "UPDATE {t} SET incompatible_since = coalesce(incompatible_since, clock_timestamp()) \
+                 WHERE id = $1 AND fence = $2 AND status = 'running'"
+            ),
             dead: format!(
                 "UPDATE {t} SET status = 'dead', last_error = $3, released = true, updated_at = now() \
                  WHERE id = $1 AND fence = $2 AND status IN ('pending', 'running')"
@@ -169,7 +185,7 @@ impl Sql {
             ),
             redrive: format!(
                 "UPDATE {t} SET status = 'pending', takeovers = 0, attempts = 0, released = true, \
-                                updated_at = now() \
+                                incompatible_since = NULL, updated_at = now() \
                  WHERE id = $1 AND status = 'dead' AND fence = $2"
             ),
             // Operator cancel (migration 0007): no token, the row lock orders it

@@ -279,6 +279,47 @@ impl FencedTx {
         ))
     }
 
+    /// Records `names` as the row's step list (a claimer whose definition fits
+    /// the committed steps, see [`step_list`](crate::job::step_list)) and clears
+    /// the incompatibility mark, in this transaction: it commits with the step.
+    ///
+    /// # Errors
+    /// Zero rows: the refusal (e.g. [`FenceError::FencedOut`]); [`FenceError::Db`].
+    pub(crate) async fn record_steps(&mut self, names: &[String]) -> Result<(), FenceError> {
+        let fingerprint = crate::job::step_list::fingerprint(names);
+        let done = sqlx::query(&self.store.sql.record_steps)
+            .bind(self.job_id.as_uuid())
+            .bind(self.token.get())
+            .bind(names)
+            .bind(fingerprint)
+            .execute(&mut *self.tx)
+            .await?;
+        self.one_row(done.rows_affected()).await
+    }
+
+    /// Marks since when no compatible worker took the job (kept if already
+    /// set), in this transaction.
+    ///
+    /// # Errors
+    /// As [`record_steps`](Self::record_steps).
+    pub(crate) async fn mark_incompatible(&mut self) -> Result<(), FenceError> {
+        let done = sqlx::query(&self.store.sql.mark_incompatible)
+            .bind(self.job_id.as_uuid())
+            .bind(self.token.get())
+            .execute(&mut *self.tx)
+            .await?;
+        self.one_row(done.rows_affected()).await
+    }
+
+    /// `Ok` if a fenced bookkeeping statement matched the row, else why not.
+    async fn one_row(&mut self, rows: u64) -> Result<(), FenceError> {
+        if rows == 1 {
+            return Ok(());
+        }
+        let (id, token) = (self.job_id, self.token);
+        Err(self.store.refusal(&mut *self.tx, id, token, None).await)
+    }
+
     /// Commits a transaction that carries its claim and no step work: the claim
     /// alone becomes durable (used when the step did not take the transaction
     /// within the claim window).
@@ -288,6 +329,16 @@ impl FencedTx {
     /// call under this token tells).
     pub(crate) async fn commit_claim(self) -> Result<(), FenceError> {
         debug_assert!(self.carries_claim, "commit_claim on a step transaction");
+        self.tx.commit().await?;
+        Ok(())
+    }
+
+    /// Commits this transaction's bookkeeping ([`mark_incompatible`](Self::mark_incompatible))
+    /// without any step work, with the claim it carries, if any.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`]; the outcome is then unknown.
+    pub(crate) async fn commit_marks(self) -> Result<(), FenceError> {
         self.tx.commit().await?;
         Ok(())
     }
