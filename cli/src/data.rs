@@ -96,6 +96,12 @@ pub struct JobDetail {
     pub job: JobView,
     /// The checkpoint (output of the last committed step).
     pub checkpoint: Option<serde_json::Value>,
+    /// The step names the row recorded (its definition's), if any.
+    pub step_names: Option<Vec<String>>,
+    /// Their fingerprint.
+    pub steps_fingerprint: Option<String>,
+    /// Since when workers whose definitions do not fit have been handing it back.
+    pub incompatible_since: Option<DateTime<Utc>>,
     /// The job's history, oldest first.
     pub events: Vec<JobEvent>,
     /// Its entries in the DLQ.
@@ -276,6 +282,9 @@ pub async fn job(
     Ok(Some(JobDetail {
         job: JobView::from(&row),
         checkpoint: row.checkpoint.clone(),
+        step_names: row.step_names.clone(),
+        steps_fingerprint: row.steps_fingerprint.clone(),
+        incompatible_since: row.incompatible_since,
         events,
         dead_letters,
     }))

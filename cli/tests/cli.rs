@@ -193,6 +193,12 @@ async fn jobs_job_dlq_and_redrive_against_the_dev_stack() {
     let one = json(&tenure(&cfg, &["--json", "job", &dead[0].to_string()]));
     assert_eq!(one["status"], "dead");
     assert!(one["fence"].as_i64().unwrap() > 0, "claimed before dying");
+    assert_eq!(
+        one["step_names"],
+        serde_json::json!(["call_downstream", "record"]),
+        "the definition's steps, recorded at enqueue"
+    );
+    assert_eq!(one["steps_fingerprint"].as_str().map(str::len), Some(16));
     assert!(
         one["last_error"]
             .as_str()

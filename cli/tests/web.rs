@@ -358,6 +358,7 @@ async fn job_page_shows_both_owners_and_the_refusal(b: &Browser, base: &str, id:
     assert_eq!(owners, "A → B", "first A claimed, then B took over");
     assert_eq!(text(b, "#status").await, "done");
     assert_eq!(text(b, "#takeovers").await, "1");
+    assert_eq!(text(b, "#step-names").await, "first → second → third");
     let stale = b
         .find_all(Locator::Css("#timeline tr.k-stale_refused"))
         .await

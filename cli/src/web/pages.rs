@@ -253,6 +253,10 @@ pub fn job(d: &JobDetail, viewer: &Viewer) -> Markup {
             tr { th { "created" } td { (time(&j.created_at)) } th { "updated" } td { (time(&j.updated_at)) } }
             tr { th { "owners" } td #owners colspan="3" { (owners.join(" → ")) } }
             tr { th { "last error" } td colspan="3" { (opt(j.last_error.as_deref())) } }
+            tr { th { "steps" } td #step-names colspan="3" { (opt(d.step_names.as_ref().map(|n| n.join(" → ")))) } }
+            @if let Some(since) = &d.incompatible_since {
+                tr { th { "no fitting worker since" } td #incompatible colspan="3" { (time(since)) } }
+            }
             @if j.status == "cancelled" {
                 tr { th { "cancelled" } td #cancel-reason colspan="3" { (opt(j.cancel_reason.as_deref())) } }
             }
