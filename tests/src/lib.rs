@@ -36,6 +36,20 @@ pub async fn fresh_namespace(prefix: &str, ttl: Duration) -> (String, Config, te
     (ns, cfg, client)
 }
 
+/// Prints the framework's warnings and errors (or what `RUST_LOG` asks for)
+/// into the output of the test that calls it, which cargo shows when the test
+/// fails: a timing test that fails on a loaded machine then says why (a lost
+/// session, a failed publish). Idempotent.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "tenure=warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 /// A worker `id` (its log name too) running [`ThreeStep`] on `cfg`'s schema `ns`.
 pub async fn three_step_worker(cfg: &Config, ns: &str, id: &str) -> tenure::Worker {
     tenure::Worker::builder(cfg.clone().with_worker_id(id))

@@ -14,7 +14,8 @@ use tenure::devstack::DevStack;
 use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
 use tenure::{Worker, WorkerError};
 use tenure_tests::{
-    ChildWorker, ThreeStep, Work, double_commits, fresh_namespace, three_step_worker, wait_until,
+    ChildWorker, ThreeStep, Work, double_commits, fresh_namespace, init_logs, three_step_worker,
+    wait_until,
 };
 
 fn stack() -> &'static DevStack {
@@ -48,7 +49,12 @@ fn work(n: u64) -> Work {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn delayed_jobs_wait_without_a_message_and_start_within_a_second_of_run_at() {
-    let (ns, cfg, client) = fresh_namespace("sch_delay", Duration::from_secs(3)).await;
+    // A long TTL: the 1 s bound is about the scheduler, not about lease loss.
+    // Under `make test` on 2 cores a job once started 5 s late; in that run
+    // keepalives went unanswered for 2.5 s in another test (a 3 s TTL is lost
+    // at 2.1 s). The logs say why if it happens again.
+    init_logs();
+    let (ns, cfg, client) = fresh_namespace("sch_delay", Duration::from_secs(10)).await;
     let w = three_step_worker(&cfg, &ns, "w0").await;
     let mut jobs = Vec::new();
     for (n, delay_ms) in [2000u64, 2500, 3000, 3500, 4000].into_iter().enumerate() {
