@@ -64,7 +64,7 @@ impl JobRun {
         }
         // The release or the dead mark is fenced on its own connection: make
         // the claim (and the mark) durable first.
-        if let Err(e) = claim_tx.commit_marks().await {
+        if let Err(e) = claim_tx.commit_claim().await {
             tracing::warn!(error = %e, "committing the claim failed; retrying later");
             let delay = retry::jittered(&self.shared.cfg.retry_backoff, 0);
             return Outcome::Retry { delay };

@@ -320,25 +320,19 @@ impl FencedTx {
         Err(self.store.refusal(&mut *self.tx, id, token, None).await)
     }
 
-    /// Commits a transaction that carries its claim and no step work: the claim
-    /// alone becomes durable (used when the step did not take the transaction
-    /// within the claim window).
+    /// Commits without step work: the claim this transaction carries (if it
+    /// does) becomes durable alone, with any bookkeeping written in it
+    /// ([`mark_incompatible`](Self::mark_incompatible)). Used when the step did
+    /// not take the transaction within the claim window, and before a phase
+    /// that ends the delivery with fenced writes on their own connection (the
+    /// poison check, the step-list check). A transaction that carries no claim
+    /// (the claim committed on its own: `claim_and_begin` raced a concurrent
+    /// change) holds only its admission, so committing it changes nothing.
     ///
     /// # Errors
     /// [`FenceError::Db`]; the claim's outcome is then unknown (the next fenced
     /// call under this token tells).
     pub(crate) async fn commit_claim(self) -> Result<(), FenceError> {
-        debug_assert!(self.carries_claim, "commit_claim on a step transaction");
-        self.tx.commit().await?;
-        Ok(())
-    }
-
-    /// Commits this transaction's bookkeeping ([`mark_incompatible`](Self::mark_incompatible))
-    /// without any step work, with the claim it carries, if any.
-    ///
-    /// # Errors
-    /// [`FenceError::Db`]; the outcome is then unknown.
-    pub(crate) async fn commit_marks(self) -> Result<(), FenceError> {
         self.tx.commit().await?;
         Ok(())
     }
