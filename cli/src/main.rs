@@ -6,7 +6,7 @@
 //! tenure dlq [--limit N]                                          list the DLQ
 //! tenure redrive <ID>                                             put a dead job back to work
 //! tenure redrive --reason <CODE>                                  ... every dead letter with that reason
-//! tenure cancel <ID> [--reason TEXT]                              cancel a job (its running step stops, it never runs again)
+//! tenure cancel <ID> [--reason TEXT]                              cancel a job (its running step stops, it never runs again; a dead one leaves the DLQ)
 //! tenure overview                                                 counts per status and type, last hour's rates
 //! tenure workers                                                  workers seen in the job history
 //! tenure serve [--bind 127.0.0.1:8023] [--operator-token T]       the web view (see `web`)
@@ -237,9 +237,10 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Cancel a pending or running job: its owner's running step is stopped
-    /// and rolled back, the row becomes `cancelled`, no later step runs.
-    /// Cancelling twice changes nothing; a finished or unknown job is an error.
+    /// Cancel a pending, running or dead job: its owner's running step is
+    /// stopped and rolled back, the row becomes `cancelled`, no later step
+    /// runs; a dead job leaves the DLQ and is never redriven. Cancelling twice
+    /// changes nothing; a done or unknown job is an error.
     Cancel {
         /// The job to cancel.
         #[arg(value_parser = parse_job_id)]

@@ -314,13 +314,19 @@ async fn web_view_in_a_real_browser() {
     assert!(refused, "A's stale write is refused and recorded");
     drop(a); // A would take the next jobs; it has done its part.
 
-    // A job dies while the downstream is broken.
+    // Two jobs die while the downstream is broken: one is redriven, one cancelled.
     let dead = client.enqueue::<Flaky>("dies", &7).await.unwrap().job_id;
+    let given_up = client
+        .enqueue::<Flaky>("dies-too", &8)
+        .await
+        .unwrap()
+        .job_id;
     let died = wait_until(Duration::from_secs(20), || async {
         status(&client, dead).await == Some(JobStatus::Dead)
+            && status(&client, given_up).await == Some(JobStatus::Dead)
     })
     .await;
-    assert!(died, "the flaky job is dead-lettered");
+    assert!(died, "the flaky jobs are dead-lettered");
 
     let token = "web-test-operator-token";
     let (_serve, base) = spawn_serve(&cfg, token);
@@ -344,6 +350,7 @@ async fn web_view_in_a_real_browser() {
     assert!(workers.contains('A') && workers.contains('B'), "{workers}");
     shot(&browser, "workers").await;
     redrive_from_the_dlq_page(&browser, &base, &client, dead, token).await;
+    cancel_from_the_dlq_and_job_pages(&browser, &base, &client, given_up).await;
     api_returns_what_the_cli_prints(&browser, &base, &cfg, frozen).await;
 
     browser.close().await.unwrap();
@@ -528,6 +535,64 @@ async fn redrive_from_the_dlq_page(
     assert_eq!(redriven.len(), 1);
 }
 
+/// Logged in (by the redrive): a dead job cancelled from its DLQ row leaves
+/// the DLQ, with the reason typed; a pending job cancelled from its page.
+async fn cancel_from_the_dlq_and_job_pages(b: &Browser, base: &str, client: &Client, dead: JobId) {
+    b.goto(&format!("{base}/dlq")).await.unwrap();
+    let form = format!("form.cancel:has(button[data-job='{dead}'])");
+    b.find(Locator::Css(&format!("{form} input[name=reason]")))
+        .await
+        .unwrap()
+        .send_keys("given up in the browser")
+        .await
+        .unwrap();
+    b.find(Locator::Css(&format!("{form} button")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(flash(b).await, "cancelled");
+    let row = client.job(dead).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Cancelled);
+    assert_eq!(
+        row.cancel_reason.as_deref(),
+        Some("given up in the browser")
+    );
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    assert!(dlq.iter().all(|d| d.job_id != Some(dead)), "left the DLQ");
+
+    // A job of a type no worker runs waits; cancel it from its page.
+    let waiting = client
+        .enqueue_json("web.nobody", "waits", serde_json::json!({}))
+        .await
+        .unwrap()
+        .job_id;
+    b.goto(&format!("{base}/jobs/{waiting}")).await.unwrap();
+    b.find(Locator::Css(&format!(
+        "button.cancel[data-job='{waiting}']"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    assert_eq!(flash(b).await, "cancelled");
+    assert_eq!(text(b, "#status").await, "cancelled");
+    assert_eq!(status(client, waiting).await, Some(JobStatus::Cancelled));
+    shot(b, "job-cancelled").await;
+}
+
+/// The flash message of the page an action redirected to.
+async fn flash(b: &Browser) -> String {
+    let shown = wait_until(Duration::from_secs(10), || async {
+        b.find(Locator::Css("#flash")).await.is_ok()
+    })
+    .await;
+    assert!(shown, "the action's page shows what happened");
+    text(b, "#flash").await
+}
+
 /// `tenure ... --json` with the servers of `cfg`.
 fn cli_json(cfg: &Config, args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
@@ -600,6 +665,11 @@ fn actions_without_a_session_are_refused(base: &str, dead: JobId) {
     let (status, body) = post(base, "/dlq/redrive", "", &form);
     assert!(status.contains(" 403 "), "{status}");
     assert!(body.contains("log in"), "{body}");
+    let (status, _) = post(base, "/jobs/cancel", "", &form);
+    assert!(
+        status.contains(" 403 "),
+        "cancel without a session: {status}"
+    );
     let (status, _) = post(base, "/login", "", "token=wrong-token-wrong");
     assert!(status.contains(" 403 "), "{status}");
     let (status, login) = post(

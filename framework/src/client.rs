@@ -49,7 +49,7 @@ pub enum ClientError {
     /// No job has this id ([`Client::cancel`]); nothing changed.
     #[error("no job {0}")]
     UnknownJob(JobId),
-    /// Cancel of a job that already finished (`done` or `dead`); nothing changed.
+    /// Cancel of a job that already finished (`done`); nothing changed.
     #[error("job {job_id} already finished ({status}): nothing to cancel")]
     JobFinished {
         /// The job.
@@ -327,6 +327,12 @@ impl Client {
     /// before it stands; no claim, step admission or step commit after it
     /// succeeds, whether or not the notice reached the owner.
     ///
+    /// A `dead` job can be cancelled too (an operator gives up on it): the row
+    /// becomes `cancelled`, then its DLQ entries are deleted, so it is never
+    /// redriven (a [`Client::redrive`] of it is refused as not dead). No
+    /// notice: nobody runs it. If deleting the entries fails, the error says
+    /// so and the row stays cancelled; cancel again to retry the deletion.
+    ///
     /// Returns [`Cancelled::Now`], or [`Cancelled::Already`] when the job was
     /// cancelled before (nothing changes).
     ///
@@ -341,9 +347,9 @@ impl Client {
     /// ```
     ///
     /// # Errors
-    /// [`ClientError::UnknownJob`], [`ClientError::JobFinished`] (`done` or
-    /// `dead`), [`ClientError::InvalidReason`], each before anything changed;
-    /// server errors (a failed notice publish changes nothing either).
+    /// [`ClientError::UnknownJob`], [`ClientError::JobFinished`] (`done`),
+    /// [`ClientError::InvalidReason`], each before anything changed; server
+    /// errors (a failed notice publish changes nothing either).
     pub async fn cancel(&self, job_id: JobId, reason: &str) -> Result<Cancelled, ClientError> {
         check_reason(reason)?;
         let row = self
@@ -352,14 +358,28 @@ impl Client {
             .await?
             .ok_or(ClientError::UnknownJob(job_id))?;
         match row.status {
-            JobStatus::Cancelled => return Ok(Cancelled::Already),
-            JobStatus::Done | JobStatus::Dead => {
+            // Also after a dead job's cancel whose DLQ deletion failed.
+            JobStatus::Cancelled => {
+                self.queue.discard(job_id).await?;
+                return Ok(Cancelled::Already);
+            }
+            JobStatus::Done => {
                 let status = row.status;
                 return Err(ClientError::JobFinished { job_id, status });
+            }
+            JobStatus::Dead => {
+                let cancelled = self.cancel_row(job_id, reason).await?;
+                self.queue.discard(job_id).await?;
+                return Ok(cancelled);
             }
             JobStatus::Pending | JobStatus::Running => {}
         }
         self.queue.publish_cancel(job_id).await?;
+        self.cancel_row(job_id, reason).await
+    }
+
+    /// The fenced part of [`Client::cancel`]: the row update.
+    async fn cancel_row(&self, job_id: JobId, reason: &str) -> Result<Cancelled, ClientError> {
         match self.store.cancel_job(job_id, reason).await {
             Ok(c) => Ok(c),
             Err(FenceError::NotFound(_)) => Err(ClientError::UnknownJob(job_id)),

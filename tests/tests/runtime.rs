@@ -1053,3 +1053,53 @@ async fn cancel_of_an_unknown_or_finished_job_is_a_typed_error_and_changes_nothi
         "both steps committed once"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_of_a_dead_job_takes_it_out_of_the_dlq_for_good() {
+    let (ns, cfg, client) = fresh_namespace("rt_cancel_dead", Duration::from_secs(10)).await;
+    let w = three_step_worker(&cfg, &ns, "w").await;
+    let fails = Work {
+        fail_times: u32::MAX,
+        ..Work::default()
+    };
+    let job = client
+        .enqueue::<ThreeStep>("dies", &fails)
+        .await
+        .unwrap()
+        .job_id;
+    let dead = wait_until(Duration::from_secs(60), || async {
+        client.job(job).await.unwrap().unwrap().status == JobStatus::Dead
+    })
+    .await;
+    assert!(dead, "retries exhausted");
+    assert_dead_lettered(&client, &[job], "max_retries").await;
+
+    let cancelled = client.cancel(job, "refunded by hand").await.unwrap();
+    assert_eq!(cancelled, Cancelled::Now);
+    let row = client.job(job).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Cancelled);
+    assert_eq!(row.cancel_reason.as_deref(), Some("refunded by hand"));
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    assert!(
+        dlq.iter().all(|d| d.job_id != Some(job)),
+        "its DLQ entries are deleted"
+    );
+    let err = client.redrive(job).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            tenure::ClientError::NotDead {
+                status: JobStatus::Cancelled,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        client.cancel(job, "again").await.unwrap(),
+        Cancelled::Already
+    );
+    let row = client.job(job).await.unwrap().unwrap();
+    assert_eq!(row.cancel_reason.as_deref(), Some("refunded by hand"));
+    w.shutdown().await.unwrap();
+}

@@ -199,6 +199,7 @@ fn router(app: Shared) -> Router {
         .route("/api/dlq", get(dlq_api))
         .route("/dlq/redrive", post(redrive_one))
         .route("/dlq/redrive-reason", post(redrive_reason))
+        .route("/jobs/cancel", post(cancel_job))
         .route("/workers", get(workers_page))
         .route("/api/workers", get(workers_api))
         .route("/login", get(login_page).post(login))
@@ -382,9 +383,11 @@ async fn job_page(
     State(app): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<DlqQuery>,
 ) -> Result<Response, WebError> {
     let d = job_data(&app, &id).await?;
-    Ok(page(pages::job(&d, &viewer(&app, &headers))))
+    let flash = q.done.as_deref();
+    Ok(page(pages::job(&d, flash, &viewer(&app, &headers))))
 }
 
 async fn job_api(
@@ -498,6 +501,37 @@ async fn redrive_reason(
         .ok_or_else(|| WebError::BadRequest("give a reason".into()))?;
     let ids = data::jobs_with_reason(&app.ctx, client.queue(), &reason).await?;
     redrive_ids(&app, client, ids).await
+}
+
+#[derive(Debug, Deserialize)]
+struct CancelForm {
+    csrf: Option<String>,
+    job_id: Option<String>,
+    reason: Option<String>,
+}
+
+/// Cancels one job (`Client::cancel`: pending, running or dead), then shows
+/// its page with what happened.
+async fn cancel_job(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Form(f): Form<CancelForm>,
+) -> Result<Response, WebError> {
+    let client = allowed(&app, &headers, f.csrf.as_deref())?;
+    let raw = f.job_id.unwrap_or_default();
+    let id: JobId = raw
+        .parse()
+        .map_err(|e| WebError::BadRequest(format!("not a job id {raw:?}: {e}")))?;
+    let reason = f
+        .reason
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| "cancelled by an operator".into());
+    let note = match data::cancel(&app.ctx, client, id, &reason).await {
+        Ok(v) => v.outcome.to_string(),
+        Err(e) => format!("not cancelled: {e}"),
+    };
+    let to = format!("/jobs/{id}?done={}", pages::urlencode(&note));
+    Ok(Redirect::to(&to).into_response())
 }
 
 async fn login_page(State(app): State<Shared>, headers: HeaderMap) -> Response {

@@ -233,7 +233,7 @@ fn event_row(e: &JobEvent) -> Markup {
     }
 }
 
-pub fn job(d: &JobDetail, viewer: &Viewer) -> Markup {
+pub fn job(d: &JobDetail, flash: Option<&str>, viewer: &Viewer) -> Markup {
     let j = &d.job;
     let owners: Vec<&str> = {
         let mut o: Vec<&str> = d
@@ -246,6 +246,7 @@ pub fn job(d: &JobDetail, viewer: &Viewer) -> Markup {
         o
     };
     let body = html! {
+        @if let Some(f) = flash { p.flash #flash { (f) } }
         table #job {
             tr { th { "type" } td { (j.job_type) } th { "status" } td #status class={ "s-" (j.status) } { (j.status) } }
             tr { th { "fence" } td { (j.fence) } th { "step" } td { (j.step) } }
@@ -262,6 +263,7 @@ pub fn job(d: &JobDetail, viewer: &Viewer) -> Markup {
             }
         }
         @if j.status == "dead" { (redrive_button(viewer, &j.id)) }
+        @if matches!(j.status.as_str(), "pending" | "running" | "dead") { (cancel_form(viewer, &j.id)) }
         h2 { "Timeline" }
         p.note { "step: the step that committed, under that token; stale_refused: a write under an older token that the fence refused (other token = the fence that won)." }
         table #timeline {
@@ -288,6 +290,21 @@ fn redrive_button(viewer: &Viewer, job_id: &str) -> Markup {
     }
 }
 
+/// Cancel (pending, running or dead: a dead job leaves the DLQ for good),
+/// with an optional reason.
+fn cancel_form(viewer: &Viewer, job_id: &str) -> Markup {
+    html! {
+        @if let Some(csrf) = &viewer.csrf {
+            form.inline.cancel method="post" action="/jobs/cancel" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="job_id" value=(job_id);
+                input type="text" name="reason" placeholder="reason" maxlength="1000";
+                button.cancel data-job=(job_id) { "Cancel" }
+            }
+        }
+    }
+}
+
 fn dlq_rows(entries: &[DeadLetterView], viewer: &Viewer) -> Markup {
     html! {
         table.dlq {
@@ -298,7 +315,7 @@ fn dlq_rows(entries: &[DeadLetterView], viewer: &Viewer) -> Markup {
                     td { @if let Some(id) = &e.job_id { a href={ "/jobs/" (id) } { (id) } } @else { "-" } }
                     td { (opt(e.job_type.as_deref())) } td { (e.reason) }
                     td { (opt(e.deliveries)) } td { (opt(e.attempts)) } td { (opt(e.takeovers)) } td { (opt(e.last_token)) }
-                    td { @if let Some(id) = &e.job_id { (redrive_button(viewer, id)) } }
+                    td { @if let Some(id) = &e.job_id { (redrive_button(viewer, id)) (cancel_form(viewer, id)) } }
                 }
             }
         }
@@ -315,8 +332,8 @@ pub fn dlq(entries: &[DeadLetterView], flash: Option<&str>, viewer: &Viewer) -> 
     }
     let body = html! {
         @if let Some(f) = flash { p.flash #flash { (f) } }
-        @if !viewer.operator_mode { p.note { "Read-only: start `tenure serve` with --operator-token to redrive." } }
-        p.note { "Cancel is not offered: the framework has no cancel operation." }
+        @if !viewer.operator_mode { p.note { "Read-only: start `tenure serve` with --operator-token to redrive or cancel." } }
+        p.note { "Cancel gives a dead job up: its row becomes cancelled and its entries leave the DLQ; it is never redriven." }
         h2 { "By reason" }
         table #reasons {
             tr { th { "reason" } th { "entries" } th {} }

@@ -203,7 +203,7 @@ impl FenceStore {
         .await
     }
 
-    /// Operator cancel: a `pending` or `running` job becomes `cancelled`, with
+    /// Operator cancel: a `pending`, `running` or `dead` job becomes `cancelled`, with
     /// `reason` and the time. No token: the `UPDATE` takes the job row lock,
     /// so it waits behind an owner's open step transaction (at most the
     /// connection's `lock_timeout`, 2 x TTL) and lands after that commit or
@@ -212,9 +212,9 @@ impl FenceStore {
     /// later commits. Idempotent.
     ///
     /// # Errors
-    /// [`FenceError::NotFound`]; [`FenceError::Terminal`] with `done` or
-    /// `dead` (a finished job is not cancelled); [`FenceError::Db`] (a lock
-    /// wait past `lock_timeout` included).
+    /// [`FenceError::NotFound`]; [`FenceError::Terminal`] with `done` (a
+    /// finished job is not cancelled); [`FenceError::Db`] (a lock wait past
+    /// `lock_timeout` included).
     pub async fn cancel_job(&self, id: JobId, reason: &str) -> Result<Cancelled, FenceError> {
         let span = tracing::info_span!("tenure.fence.cancel_job", job_id = %id);
         async {

@@ -191,11 +191,12 @@ impl Sql {
             // Operator cancel (migration 0007): no token, the row lock orders it
             // after any open step transaction; every fenced statement after its
             // commit finds a terminal row. A delayed job waiting for its
-            // `run_at` (0008) is taken off the scheduler's due list.
+            // `run_at` (0008) is taken off the scheduler's due list. A dead job
+            // can be cancelled too (an operator gives up on it: never redriven).
             cancel: format!(
                 "UPDATE {t} SET status = 'cancelled', cancel_reason = $2, cancelled_at = now(), \
                                 awaiting_publish = false, updated_at = now() \
-                 WHERE id = $1 AND status IN ('pending', 'running') \
+                 WHERE id = $1 AND status IN ('pending', 'running', 'dead') \
                  RETURNING fence"
             ),
             guard_function: format!("\"{schema}\".tenure_guard()"),

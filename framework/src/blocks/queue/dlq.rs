@@ -422,6 +422,37 @@ impl Queue {
         .await
     }
 
+    /// Deletes every DLQ entry of `job_id` (an operator cancelled the dead job:
+    /// it is never redriven); returns how many were deleted (0: none).
+    /// Running it twice, or concurrently, is safe: an entry already gone
+    /// counts as deleted.
+    ///
+    /// # Errors
+    /// [`QueueError::Read`], [`QueueError::Delete`]; entries deleted before
+    /// the error stay deleted.
+    pub async fn discard(&self, job_id: JobId) -> Result<usize, QueueError> {
+        let span = tracing::info_span!("tenure.queue.discard", %job_id);
+        async move {
+            let last = self.dlq_last_sequence().await?;
+            let subject = self.inner.names.dlq_subject(Some(job_id));
+            let (mut seq, mut n) = (1, 0);
+            while let Some(m) = self.next_dead_letter(&subject, seq).await? {
+                if m.sequence > last {
+                    break;
+                }
+                seq = m.sequence.saturating_add(1);
+                let names = &self.inner.names;
+                self.delete_stored(&self.inner.dlq_stream, &names.dlq_stream, m.sequence)
+                    .await?;
+                n += 1;
+            }
+            tracing::info!(entries = n, "DLQ entries discarded");
+            Ok(n)
+        }
+        .instrument(span)
+        .await
+    }
+
     /// Redrives every DLQ entry whose reason is exactly `reason` and that names a
     /// valid job (entries without one stay: they would fail the same way); returns
     /// the job ids, each once, in DLQ order. See [`Queue::redrive`].
