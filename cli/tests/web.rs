@@ -546,12 +546,7 @@ async fn cancel_from_the_dlq_and_job_pages(b: &Browser, base: &str, client: &Cli
         .send_keys("given up in the browser")
         .await
         .unwrap();
-    b.find(Locator::Css(&format!("{form} button")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(b, &format!("{form} button")).await;
     assert_eq!(flash(b).await, "cancelled");
     let row = client.job(dead).await.unwrap().unwrap();
     assert_eq!(row.status, JobStatus::Cancelled);
@@ -569,18 +564,20 @@ async fn cancel_from_the_dlq_and_job_pages(b: &Browser, base: &str, client: &Cli
         .unwrap()
         .job_id;
     b.goto(&format!("{base}/jobs/{waiting}")).await.unwrap();
-    b.find(Locator::Css(&format!(
-        "button.cancel[data-job='{waiting}']"
-    )))
-    .await
-    .unwrap()
-    .click()
-    .await
-    .unwrap();
+    click(b, &format!("button.cancel[data-job='{waiting}']")).await;
     assert_eq!(flash(b).await, "cancelled");
     assert_eq!(text(b, "#status").await, "cancelled");
     assert_eq!(status(client, waiting).await, Some(JobStatus::Cancelled));
     shot(b, "job-cancelled").await;
+}
+
+async fn click(b: &Browser, css: &str) {
+    b.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
 }
 
 /// The flash message of the page an action redirected to.

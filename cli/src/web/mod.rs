@@ -383,7 +383,7 @@ async fn job_page(
     State(app): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(q): Query<DlqQuery>,
+    Query(q): Query<FlashQuery>,
 ) -> Result<Response, WebError> {
     let d = job_data(&app, &id).await?;
     let flash = q.done.as_deref();
@@ -397,15 +397,16 @@ async fn job_api(
     Ok(Json(job_data(&app, &id).await?))
 }
 
+/// `?done=...`: what the action that redirected here did.
 #[derive(Debug, Deserialize)]
-struct DlqQuery {
+struct FlashQuery {
     done: Option<String>,
 }
 
 async fn dlq_page(
     State(app): State<Shared>,
     headers: HeaderMap,
-    Query(q): Query<DlqQuery>,
+    Query(q): Query<FlashQuery>,
 ) -> Result<Response, WebError> {
     let entries = data::dlq(&app.ctx, &app.queue, DLQ_LIMIT).await?;
     let flash = q.done.map(|n| format!("Redriven: {n}"));
@@ -439,8 +440,9 @@ async fn workers_api(
     ))
 }
 
+/// The fields of an action's form (redrive one, redrive by reason, cancel).
 #[derive(Debug, Deserialize)]
-struct RedriveForm {
+struct ActionForm {
     csrf: Option<String>,
     job_id: Option<String>,
     reason: Option<String>,
@@ -457,6 +459,13 @@ fn allowed<'a>(
     };
     auth.allow(headers, csrf)?;
     Ok(client)
+}
+
+/// The job id an action's form names.
+fn form_job_id(raw: Option<String>) -> Result<JobId, WebError> {
+    let raw = raw.unwrap_or_default();
+    raw.parse()
+        .map_err(|e| WebError::BadRequest(format!("not a job id {raw:?}: {e}")))
 }
 
 async fn redrive_ids(app: &App, client: &Client, ids: Vec<JobId>) -> Result<Response, WebError> {
@@ -479,20 +488,17 @@ async fn redrive_ids(app: &App, client: &Client, ids: Vec<JobId>) -> Result<Resp
 async fn redrive_one(
     State(app): State<Shared>,
     headers: HeaderMap,
-    Form(f): Form<RedriveForm>,
+    Form(f): Form<ActionForm>,
 ) -> Result<Response, WebError> {
     let client = allowed(&app, &headers, f.csrf.as_deref())?;
-    let raw = f.job_id.unwrap_or_default();
-    let id: JobId = raw
-        .parse()
-        .map_err(|e| WebError::BadRequest(format!("not a job id {raw:?}: {e}")))?;
+    let id = form_job_id(f.job_id)?;
     redrive_ids(&app, client, vec![id]).await
 }
 
 async fn redrive_reason(
     State(app): State<Shared>,
     headers: HeaderMap,
-    Form(f): Form<RedriveForm>,
+    Form(f): Form<ActionForm>,
 ) -> Result<Response, WebError> {
     let client = allowed(&app, &headers, f.csrf.as_deref())?;
     let reason = f
@@ -503,25 +509,15 @@ async fn redrive_reason(
     redrive_ids(&app, client, ids).await
 }
 
-#[derive(Debug, Deserialize)]
-struct CancelForm {
-    csrf: Option<String>,
-    job_id: Option<String>,
-    reason: Option<String>,
-}
-
 /// Cancels one job (`Client::cancel`: pending, running or dead), then shows
 /// its page with what happened.
 async fn cancel_job(
     State(app): State<Shared>,
     headers: HeaderMap,
-    Form(f): Form<CancelForm>,
+    Form(f): Form<ActionForm>,
 ) -> Result<Response, WebError> {
     let client = allowed(&app, &headers, f.csrf.as_deref())?;
-    let raw = f.job_id.unwrap_or_default();
-    let id: JobId = raw
-        .parse()
-        .map_err(|e| WebError::BadRequest(format!("not a job id {raw:?}: {e}")))?;
+    let id = form_job_id(f.job_id)?;
     let reason = f
         .reason
         .filter(|r| !r.trim().is_empty())
