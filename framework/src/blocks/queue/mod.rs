@@ -608,9 +608,8 @@ impl Queue {
             got = tracing::field::Empty
         );
         let consumer = self.type_consumer(job_type).await?;
-        let name = self.inner.names.type_consumer(job_type);
         let messages = self
-            .pull(&consumer, &name, max, wait)
+            .pull(&consumer, &consumer.cached_info().name, max, wait)
             .instrument(span.clone())
             .await?;
         span.record("got", messages.len());
@@ -715,14 +714,10 @@ impl Queue {
             .await
             .map_err(read(&names.dlq_stream))?;
         let (mut pending, mut ack_pending, mut redelivered) = (0, 0, 0);
-        let mut infos = self.inner.work_stream.consumers();
-        while let Some(info) = infos.next().await {
-            let info = info.map_err(read(&names.stream))?;
-            if names.consumer_job_type(&info.name).is_some() {
-                pending += info.num_pending;
-                ack_pending += info.num_ack_pending as u64;
-                redelivered += info.num_redelivered as u64;
-            }
+        for (_, info) in self.type_consumer_infos().await? {
+            pending += info.num_pending;
+            ack_pending += info.num_ack_pending as u64;
+            redelivered += info.num_redelivered as u64;
         }
         let mut adv = self.inner.advisories.clone();
         let adv = adv.info().await.map_err(read(&names.advisory_consumer))?;

@@ -104,13 +104,25 @@ impl Queue {
     /// # Errors
     /// [`QueueError::Read`].
     pub async fn routed_types(&self) -> Result<BTreeMap<String, u64>, QueueError> {
+        let infos = self.type_consumer_infos().await?;
+        Ok(infos
+            .into_iter()
+            .map(|(job_type, info)| (job_type, info.num_pending))
+            .collect())
+    }
+
+    /// The server's info on every per-type consumer of the work stream, with
+    /// its job type (other consumers are left out).
+    pub(super) async fn type_consumer_infos(
+        &self,
+    ) -> Result<Vec<(String, consumer::Info)>, QueueError> {
         let names = &self.inner.names;
         let mut infos = self.inner.work_stream.consumers();
-        let mut out = BTreeMap::new();
+        let mut out = Vec::new();
         while let Some(info) = infos.next().await {
             let info = info.map_err(read(&names.stream))?;
             if let Some(job_type) = names.consumer_job_type(&info.name) {
-                out.insert(job_type, info.num_pending);
+                out.push((job_type, info));
             }
         }
         Ok(out)
