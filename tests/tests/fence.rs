@@ -169,7 +169,7 @@ async fn migrations_are_idempotent_concurrent_and_per_schema() {
     a.migrate().await.expect("idempotent");
 
     let expected = migrations();
-    assert!(expected >= 12, "0001 to 0012 at least: {expected}");
+    assert!(expected >= 10, "the folder was read: {expected}");
     for s in [&a, &b] {
         let applied: i64 = sqlx::query_scalar(&format!(
             "SELECT count(*) FROM {}._sqlx_migrations WHERE success",
