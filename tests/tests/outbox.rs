@@ -372,3 +372,159 @@ async fn an_invalid_item_fails_alone_and_all_or_nothing_enqueues_none() {
     let stats = client.queue().stats().await.unwrap();
     assert_eq!(stats.work_messages, 3);
 }
+
+/// Rows of `ns.jobs` with `status`, and history events of `ids`.
+async fn rows_with(client: &Client, ns: &str, status: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {ns}.jobs WHERE status = $1"))
+        .bind(status)
+        .fetch_one(client.store().pool())
+        .await
+        .unwrap()
+}
+
+async fn events_of(client: &Client, ns: &str, ids: &[JobId]) -> i64 {
+    let ids: Vec<sqlx::types::Uuid> = ids.iter().map(JobId::as_uuid).collect();
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {ns}.job_events WHERE job_id = ANY($1)"
+    ))
+    .bind(ids)
+    .fetch_one(client.store().pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_deletes_old_done_and_cancelled_rows_and_keeps_dead_ones_by_default() {
+    let (ns, mut cfg, client) = fresh_namespace("ob_retain", Duration::from_secs(10)).await;
+    cfg.retention = tenure::config::Retention {
+        done_after: Some(Duration::from_secs(1)),
+        cancelled_after: Some(Duration::from_secs(1)),
+        batch: 2,
+        every: Duration::from_millis(200),
+        ..tenure::config::Retention::default()
+    };
+    let mut done = Vec::new();
+    for n in 0..5 {
+        done.push(
+            client
+                .enqueue::<ThreeStep>(&format!("d-{n}"), &work(n))
+                .await
+                .unwrap()
+                .job_id,
+        );
+    }
+    let dies = Work {
+        fail_times: u32::MAX,
+        ..work(100)
+    };
+    let dead = client
+        .enqueue::<ThreeStep>("dies", &dies)
+        .await
+        .unwrap()
+        .job_id;
+    let cancelled = client
+        .enqueue_after::<ThreeStep>("never", &work(200), Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .job_id;
+    client.cancel(cancelled, "retention test").await.unwrap();
+    let w = tenure_tests::three_step_worker(&cfg, &ns, "w0").await;
+    let mut gone = done.clone();
+    gone.push(cancelled);
+    assert!(
+        wait_until(Duration::from_secs(40), || async {
+            rows_with(&client, &ns, "done").await == 0
+                && rows_with(&client, &ns, "cancelled").await == 0
+                && rows_with(&client, &ns, "dead").await == 1
+        })
+        .await,
+        "done and cancelled rows pruned, the dead one kept"
+    );
+    // Dead stays past several prune rounds.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        client.job(dead).await.unwrap().unwrap().status,
+        JobStatus::Dead
+    );
+    assert_eq!(
+        events_of(&client, &ns, &gone).await,
+        0,
+        "their history went too"
+    );
+    assert!(events_of(&client, &ns, &[dead]).await > 0);
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_prune_deletes_in_batches_and_counts_first() {
+    let (ns, cfg, client) = fresh_namespace("ob_prune", Duration::from_secs(10)).await;
+    let w = tenure_tests::three_step_worker(&cfg, &ns, "w0").await;
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(
+            client
+                .enqueue::<ThreeStep>(&format!("p-{n}"), &work(n))
+                .await
+                .unwrap()
+                .job_id,
+        );
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            all_done(&client, &ids).await
+        })
+        .await
+    );
+    w.shutdown().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let store = client.store();
+    let age = Duration::from_secs(1);
+    assert_eq!(
+        store
+            .prunable(JobStatus::Done, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(store.prunable(JobStatus::Done, age).await.unwrap(), 5);
+    assert_eq!(
+        rows_with(&client, &ns, "done").await,
+        5,
+        "counting changes nothing"
+    );
+    let mut batches = Vec::new();
+    loop {
+        let n = store.prune_jobs(JobStatus::Done, age, 2).await.unwrap();
+        batches.push(n);
+        if n == 0 {
+            break;
+        }
+    }
+    assert_eq!(batches, [2, 2, 1, 0]);
+    assert!(matches!(
+        store.prune_jobs(JobStatus::Running, age, 2).await,
+        Err(FenceError::NotFinished(JobStatus::Running))
+    ));
+}
+
+#[test]
+fn a_zero_retention_is_a_typed_configuration_error() {
+    let mut cfg = tenure::Config::new("x");
+    cfg.retention.done_after = Some(Duration::ZERO);
+    assert!(matches!(
+        cfg.validate(),
+        Err(tenure::config::ConfigError::Invalid {
+            name: "retention.done_after",
+            ..
+        })
+    ));
+    let mut cfg = tenure::Config::new("x");
+    cfg.retention.dlq_max_age = Some(Duration::from_secs(10));
+    assert!(matches!(
+        cfg.validate(),
+        Err(tenure::config::ConfigError::Invalid {
+            name: "retention.dlq_max_age",
+            ..
+        })
+    ));
+}
