@@ -258,25 +258,33 @@ impl FenceStore {
     }
 }
 
-/// Later items of an id repeated in the batch: the statement reported each
-/// like the first (`New` for all); they are `Existing` (no publish: the first
-/// publishes) when they match the first item, `Conflict` otherwise.
+/// Later items of an id repeated in the batch. When the first item made a
+/// new row, the statement reported every item of the id as `New`: a later
+/// one is `Existing` (no publish: the first publishes) when it matches the
+/// first item, `Conflict` otherwise. When the row existed before, the
+/// statement compared each item with it already; only the publish is left to
+/// the first.
 fn mark_repeats(jobs: &[NewJob<'_>], mut found: Vec<BatchInserted>) -> Vec<BatchInserted> {
     let mut first: std::collections::HashMap<JobId, usize> = std::collections::HashMap::new();
     for (i, job) in jobs.iter().enumerate() {
-        match first.get(&job.id) {
-            None => {
-                first.insert(job.id, i);
-            }
-            Some(&at) => {
+        let Some(&at) = first.get(&job.id) else {
+            first.insert(job.id, i);
+            continue;
+        };
+        found[i] = match found[at] {
+            BatchInserted::New => {
                 let same = jobs[at].job_type == job.job_type && jobs[at].input == job.input;
-                found[i] = if same {
+                if same {
                     BatchInserted::Existing { publish: false }
                 } else {
                     BatchInserted::Conflict
-                };
+                }
             }
-        }
+            _ => match found[i] {
+                BatchInserted::Existing { .. } => BatchInserted::Existing { publish: false },
+                other => other,
+            },
+        };
     }
     found
 }
@@ -317,6 +325,23 @@ mod tests {
             found,
             [
                 BatchInserted::New,
+                BatchInserted::New,
+                BatchInserted::Existing { publish: false },
+                BatchInserted::Conflict
+            ]
+        );
+        // The row existed before: each item keeps the statement's own
+        // comparison; the publish is the first item's.
+        let conflict_first = vec![
+            BatchInserted::Conflict,
+            BatchInserted::New,
+            BatchInserted::Existing { publish: true },
+            BatchInserted::Conflict,
+        ];
+        assert_eq!(
+            mark_repeats(&jobs, conflict_first),
+            [
+                BatchInserted::Conflict,
                 BatchInserted::New,
                 BatchInserted::Existing { publish: false },
                 BatchInserted::Conflict
