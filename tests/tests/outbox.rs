@@ -528,3 +528,22 @@ fn a_zero_retention_is_a_typed_configuration_error() {
         })
     ));
 }
+
+/// The DLQ stream's `max_age` as the broker has it.
+async fn dlq_max_age(cfg: &tenure::Config) -> Duration {
+    let names = tenure::blocks::queue::QueueNames::new(&cfg.namespace);
+    let js = async_nats::jetstream::new(async_nats::connect(&cfg.nats_url).await.unwrap());
+    let mut s = js.get_stream(&names.dlq_stream).await.unwrap();
+    s.info().await.unwrap().config.max_age
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dlq_max_age_is_applied_to_an_existing_dlq_stream_by_a_worker() {
+    let (ns, mut cfg, _client) = fresh_namespace("ob_dlqage", Duration::from_secs(10)).await;
+    // The client created the streams: dead letters kept forever by default.
+    assert_eq!(dlq_max_age(&cfg).await, Duration::ZERO);
+    cfg.retention.dlq_max_age = Some(Duration::from_secs(7 * 24 * 3600));
+    let w = tenure_tests::three_step_worker(&cfg, &ns, "w0").await;
+    assert_eq!(dlq_max_age(&cfg).await, Duration::from_secs(7 * 24 * 3600));
+    w.shutdown().await.unwrap();
+}
