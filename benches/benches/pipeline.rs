@@ -10,7 +10,7 @@
 //! * `TENURE_BENCH_JOBS=N`: jobs per throughput run.
 //! * `TENURE_BENCH_TTL_MS=N`: lease TTL of the takeover trials (default 5000).
 //! * `TENURE_BENCH_TRIALS=N`: takeover trials (default 24, at least 20 in a full run).
-//! * `TENURE_BENCH_ONLY=throughput,acquire,takeover,rss`: run only these parts
+//! * `TENURE_BENCH_ONLY=throughput,enqueue,acquire,takeover,rss`: run only these parts
 //!   (the last line then reports NaN for what did not run).
 //! * `TENURE_BENCH_PREFETCH=N`: the fenced worker's `Config::prefetch` (default:
 //!   the `Config` default).
@@ -18,6 +18,10 @@
 //!   migration 0005) in the benchmark's schemas, to measure what it costs (it
 //!   fires for the fenced runs and the unfenced baseline alike).
 //! * `RUST_LOG=...`: logs of the in-process workers (and the worker children) to stderr.
+//!
+//! The `enqueue` part measures enqueue throughput with no worker running:
+//! `Client::enqueue` with 64 in flight, and `Client::enqueue_many` one batch at a
+//! time at batch sizes 1, 64 and 1000 (line `pipeline.enqueue`).
 //!
 //! Writes `target/tenure-bench/pipeline.json`; prints one line per figure, the last
 //! `pipeline: fenced_jobs_per_s=X unfenced_jobs_per_s=Y ratio=R takeover_p99_ms=T ttl_ms=L`.
@@ -172,6 +176,49 @@ async fn enqueue(client: &Client, n: usize, input: impl Fn(u64) -> BenchInput) -
     }
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
+
+/// Enqueue throughput (no worker running): `Client::enqueue`, 64 in flight,
+/// then `Client::enqueue_many` one batch at a time at each size of
+/// `ENQUEUE_BATCHES`; `n` jobs each, in a namespace of their own. Returns
+/// jobs/s per mode.
+async fn enqueue_throughput(stack: &DevStack, n: usize) -> Result<Vec<(String, f64)>> {
+    let mut out = Vec::new();
+    let (_, client) = namespace(stack, "bench_enq").await?;
+    let single = enqueue(&client, n, |i| BenchInput {
+        n: i,
+        ..BenchInput::default()
+    })
+    .await?;
+    out.push(("enqueue_c64".to_string(), single));
+    for b in ENQUEUE_BATCHES {
+        let (_, client) = namespace(stack, "bench_enq_many").await?;
+        let items: Vec<(String, BenchInput)> = (0..n as u64)
+            .map(|i| {
+                (
+                    format!("job-{i}"),
+                    BenchInput {
+                        n: i,
+                        ..BenchInput::default()
+                    },
+                )
+            })
+            .collect();
+        let started = Instant::now();
+        for chunk in items.chunks(b) {
+            for r in client.enqueue_many::<BenchJob>(chunk).await? {
+                r?;
+            }
+        }
+        out.push((
+            format!("enqueue_many_b{b}"),
+            n as f64 / started.elapsed().as_secs_f64(),
+        ));
+    }
+    Ok(out)
+}
+
+/// The batch sizes of the enqueue benchmark.
+const ENQUEUE_BATCHES: [usize; 3] = [1, 64, 1000];
 
 /// Counts last-step commits.
 #[derive(Default)]
@@ -1001,6 +1048,25 @@ async fn main() -> Result<()> {
         }
     }
 
+    let enq = if opts.runs("enqueue") {
+        enqueue_throughput(&stack, if opts.quick { 2000 } else { 10_000 }).await?
+    } else {
+        Vec::new()
+    };
+    let enq_line: Vec<String> = enq
+        .iter()
+        .map(|(k, v)| format!("{k}_per_s={v:.0}"))
+        .collect();
+    println!(
+        "pipeline.enqueue jobs={} {}",
+        if opts.quick { 2000 } else { 10_000 },
+        enq_line.join(" ")
+    );
+    let enq_json: serde_json::Map<String, Value> = enq
+        .iter()
+        .map(|(k, v)| (format!("{k}_jobs_per_s"), json!(round1(*v))))
+        .collect();
+
     let acq = if opts.runs("acquire") {
         acquire_latency(&stack, if opts.quick { 50 } else { 200 }).await?
     } else {
@@ -1056,6 +1122,7 @@ async fn main() -> Result<()> {
             "unfenced_jobs_per_s": round1(plain_at_best),
             "ratio": (ratio * 1000.0).round() / 1000.0,
         },
+        "enqueue": enq_json,
         "lease_acquire": acq,
         "takeover": {
             "ttl_ms": opts.ttl.as_millis() as u64,

@@ -161,6 +161,23 @@ pub struct CancelView {
     pub outcome: &'static str,
 }
 
+/// What a prune did or would do (`tenure prune`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PruneView {
+    /// Nothing was deleted: the counts are what would be.
+    pub dry_run: bool,
+    /// One entry per status asked for.
+    pub statuses: Vec<PruneCount>,
+}
+
+/// Jobs of one status deleted (or that would be).
+#[derive(Debug, Clone, Serialize)]
+pub struct PruneCount {
+    pub status: String,
+    pub older_than_secs: u64,
+    pub jobs: u64,
+}
+
 /// The overview (`tenure overview --json`, the overview page).
 #[derive(Debug, Clone, Serialize)]
 pub struct OverviewView {
@@ -522,6 +539,49 @@ pub async fn cancel(
         job_id: id.to_string(),
         outcome,
     })
+}
+
+/// Deletes (or with `dry_run`, counts) the finished jobs of each status
+/// older than its age, `batch` rows per statement, until none is left.
+pub async fn prune(
+    ctx: &Ctx,
+    store: &FenceStore,
+    ages: &[(JobStatus, Duration)],
+    batch: usize,
+    dry_run: bool,
+) -> anyhow::Result<PruneView> {
+    let mut statuses = Vec::new();
+    for &(status, age) in ages {
+        let jobs = if dry_run {
+            within(ctx, store.prunable(status, age)).await?
+        } else {
+            let mut total = 0;
+            loop {
+                let n = within(ctx, store.prune_jobs(status, age, batch)).await?;
+                total += n;
+                if n < batch as u64 {
+                    break total;
+                }
+            }
+        };
+        statuses.push(PruneCount {
+            status: status.to_string(),
+            older_than_secs: age.as_secs(),
+            jobs,
+        });
+    }
+    Ok(PruneView { dry_run, statuses })
+}
+
+/// `f` within the CLI's timeout, its error said as it is.
+async fn within<T>(
+    ctx: &Ctx,
+    f: impl std::future::Future<Output = Result<T, tenure::blocks::fence::FenceError>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(ctx.timeout, f).await {
+        Ok(r) => r.map_err(|e| anyhow!("pruning: {e}")),
+        Err(_) => Err(anyhow!("pruning: no answer within {:?}", ctx.timeout)),
+    }
 }
 
 #[cfg(test)]

@@ -249,6 +249,26 @@ enum Command {
         #[arg(long, default_value = "cancelled by an operator")]
         reason: String,
     },
+    /// Delete finished jobs (and their history) that finished longer ago than
+    /// the given ages, in batches that skip rows locked by anyone; a status
+    /// without an age is kept. `--dry-run` counts them and changes nothing.
+    Prune {
+        /// Delete `done` jobs older than this (`90s`, `30m`, `12h`, `7d`).
+        #[arg(long, value_parser = parse_age)]
+        done_older_than: Option<Duration>,
+        /// Delete `cancelled` jobs older than this.
+        #[arg(long, value_parser = parse_age)]
+        cancelled_older_than: Option<Duration>,
+        /// Delete `dead` jobs older than this (they are kept otherwise).
+        #[arg(long, value_parser = parse_age)]
+        dead_older_than: Option<Duration>,
+        /// Rows deleted per statement.
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch: u32,
+        /// Count what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Jobs per status and type, the last hour's rates, takeovers, stale refusals, DLQ size.
     Overview,
     /// Workers seen in the last hour's job history or connected to PostgreSQL now.
@@ -285,6 +305,23 @@ fn parse_job_id(s: &str) -> Result<JobId, String> {
     s.parse::<JobId>().map_err(|e| {
         format!("not a job id (expected a UUID such as 67e55044-10b1-426f-9247-bb680e5fe0c8): {e}")
     })
+}
+
+/// An age: a positive whole number and a unit (`s`, `m`, `h`, `d`).
+fn parse_age(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not an age such as 90s, 30m, 12h or 7d");
+    let unit = match s.chars().last() {
+        Some('s') => 1,
+        Some('m') => 60,
+        Some('h') => 3600,
+        Some('d') => 86_400,
+        _ => return Err(bad()),
+    };
+    let n: u64 = s[..s.len() - 1].parse().map_err(|_| bad())?;
+    if n == 0 {
+        return Err("an age must be positive".into());
+    }
+    n.checked_mul(unit).map(Duration::from_secs).ok_or_else(bad)
 }
 
 pub(crate) fn parse_secs(s: &str) -> Result<f64, String> {
@@ -403,8 +440,49 @@ async fn run_command(ctx: &Ctx, command: Command) -> anyhow::Result<()> {
             let view = data::cancel(ctx, &client, id, &reason).await?;
             ctx.print(&view, || format!("{} {}\n", view.outcome, view.job_id))
         }
+        Command::Prune {
+            done_older_than,
+            cancelled_older_than,
+            dead_older_than,
+            batch,
+            dry_run,
+        } => {
+            let ages = [
+                (JobStatus::Done, done_older_than),
+                (JobStatus::Cancelled, cancelled_older_than),
+                (JobStatus::Dead, dead_older_than),
+            ];
+            let ages: Vec<(JobStatus, Duration)> = ages
+                .into_iter()
+                .filter_map(|(s, age)| age.map(|a| (s, a)))
+                .collect();
+            if ages.is_empty() {
+                return Err(anyhow!(
+                    "give at least one of --done-older-than, --cancelled-older-than, --dead-older-than"
+                ));
+            }
+            let store = ctx.store().await?;
+            let view = data::prune(ctx, &store, &ages, batch as usize, dry_run).await?;
+            ctx.print(&view, || prune_lines(&view))
+        }
         Command::Serve(_) => Err(anyhow!("serve is not a one-shot command")),
     }
+}
+
+fn prune_lines(v: &data::PruneView) -> String {
+    let verb = if v.dry_run { "would delete" } else { "deleted" };
+    v.statuses
+        .iter()
+        .map(|p| {
+            format!(
+                "{verb} {} {} job{} older than {}s\n",
+                p.jobs,
+                p.status,
+                plural(p.jobs as usize),
+                p.older_than_secs
+            )
+        })
+        .collect()
 }
 
 fn redrive_lines(done: &[RedriveView]) -> String {

@@ -564,3 +564,75 @@ async fn tenure_cancel_cancels_a_queued_job_and_refuses_bad_input() {
     let out = tenure(&cfg, &["cancel", "not-a-uuid"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenure_prune_dry_run_changes_nothing_and_prune_deletes_old_finished_jobs() {
+    let ns = DevStack::unique_namespace("cli_prune");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let mut ids = Vec::new();
+    for n in 0..3u64 {
+        let id = client
+            .enqueue::<Flaky>(&format!("old-{n}"), &n)
+            .await
+            .unwrap()
+            .job_id;
+        client.cancel(id, "to prune").await.unwrap();
+        ids.push(id);
+    }
+    let pending = client.enqueue::<Flaky>("live", &9).await.unwrap().job_id;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let out = ok(&tenure(
+        &cfg,
+        &[
+            "prune",
+            "--cancelled-older-than",
+            "1s",
+            "--done-older-than",
+            "1d",
+            "--dry-run",
+        ],
+    ));
+    assert!(
+        out.contains("would delete 3 cancelled jobs older than 1s"),
+        "{out}"
+    );
+    assert!(
+        out.contains("would delete 0 done jobs older than 86400s"),
+        "{out}"
+    );
+    for id in &ids {
+        assert_eq!(
+            status(&client, *id).await,
+            Some(JobStatus::Cancelled),
+            "dry run kept {id}"
+        );
+    }
+    let v = json(&tenure(
+        &cfg,
+        &[
+            "--json",
+            "prune",
+            "--cancelled-older-than",
+            "1s",
+            "--batch",
+            "2",
+        ],
+    ));
+    assert_eq!(v["dry_run"], false);
+    assert_eq!(v["statuses"][0]["status"], "cancelled");
+    assert_eq!(v["statuses"][0]["jobs"], 3);
+    for id in &ids {
+        assert_eq!(status(&client, *id).await, None, "{id} pruned");
+    }
+    assert_eq!(status(&client, pending).await, Some(JobStatus::Pending));
+
+    let err = failed(&tenure(&cfg, &["prune", "--dry-run"]));
+    assert!(err.contains("give at least one of"), "{err}");
+    for bad in ["0d", "7x", "-1h", "h"] {
+        let out = tenure(&cfg, &["prune", "--done-older-than", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
+    }
+}

@@ -2,6 +2,11 @@
 //! them, redrive dead letters. Composes [`fence`](crate::fence) (job rows) and
 //! [`queue`](crate::queue) (messages); neither of those knows the other.
 
+mod batch;
+mod outbox;
+
+pub use batch::{BatchError, EnqueueItemError, ItemResult};
+
 use crate::fence::{Cancelled, FenceError, FenceStore, Inserted, JobRow, JobStatus};
 use crate::job::Job;
 use crate::queue::{Queue, QueueError};

@@ -14,8 +14,10 @@ use std::time::Duration;
 
 use crate::security::{NatsAuth, Secret, TlsFiles};
 
+mod retention;
 mod tuning;
 
+pub use retention::Retention;
 pub use tuning::Tuning;
 
 /// What the watchdog does when the session is `Lost`.
@@ -153,6 +155,9 @@ pub struct Config {
     /// The runtime's delays, windows and sizes (batching, fetching, hand-overs),
     /// each with the reason for its default. None affects safety.
     pub tuning: Tuning,
+    /// How long finished job rows and dead letters are kept, and how they are
+    /// pruned (default: everything kept).
+    pub retention: Retention,
     /// TEST ONLY (feature `testing`), for the torture test's negative control:
     /// when true, the fence store builds its claim, admission and step-commit SQL
     /// without any fence (or step/status) predicate and the runtime skips the
@@ -210,6 +215,7 @@ impl Config {
             max_delay: Duration::from_secs(366 * 24 * 3600),
             definition_grace: Duration::from_secs(600),
             tuning: Tuning::default(),
+            retention: Retention::default(),
             #[cfg(feature = "testing")]
             unsafe_no_fencing: false,
         }
@@ -379,6 +385,18 @@ impl Config {
             });
         }
         self.tuning.validate()?;
+        self.retention.validate()?;
+        if self
+            .retention
+            .dlq_max_age
+            .is_some_and(|age| age < self.duplicate_window)
+        {
+            return Err(ConfigError::Invalid {
+                name: "retention.dlq_max_age",
+                reason: "must be at least duplicate_window (the broker refuses a shorter one)"
+                    .into(),
+            });
+        }
         if !(1..=5).contains(&self.stream_replicas) {
             return Err(ConfigError::Invalid {
                 name: "stream_replicas",
@@ -609,7 +627,8 @@ impl std::fmt::Debug for Config {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_delay", &self.max_delay)
             .field("definition_grace", &self.definition_grace)
-            .field("tuning", &self.tuning);
+            .field("tuning", &self.tuning)
+            .field("retention", &self.retention);
         #[cfg(feature = "testing")]
         d.field("unsafe_no_fencing", &self.unsafe_no_fencing);
         d.finish()

@@ -227,7 +227,9 @@ pub mod guide {
     pub mod production {}
 }
 
-pub use client::{Client, ClientError, Enqueued, MAX_CANCEL_REASON};
+pub use client::{
+    BatchError, Client, ClientError, EnqueueItemError, Enqueued, ItemResult, MAX_CANCEL_REASON,
+};
 pub use config::Config;
 #[cfg(feature = "mysql")]
 pub use fence::mysql::{MySqlFence, MySqlFenceError, MySqlFencedTx};

@@ -309,8 +309,23 @@ async fn an_appended_step_fits_and_a_shorter_definition_never_ends_a_longer_job(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_job_enqueued_by_name_records_the_first_claimers_list() {
+async fn typed_enqueues_record_the_list_and_one_by_name_records_the_first_claimers() {
     let (ns, cfg, client) = fresh_namespace("ver_json", Duration::from_secs(10)).await;
+    let abc = Some(names(&["a", "b", "c"]));
+    let batch = client
+        .enqueue_many::<V1>(&[("batch-1", V { n: 1 }), ("batch-2", V { n: 2 })])
+        .await
+        .unwrap();
+    let mut tx = client.store().pool().begin().await.unwrap();
+    let in_tx = client
+        .enqueue_in::<V1>(&mut tx, "in-tx", &V { n: 3 })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let typed = batch.into_iter().map(|r| r.unwrap().job_id);
+    for id in typed.chain([in_tx.job_id]) {
+        assert_eq!(client.job(id).await.unwrap().unwrap().step_names, abc);
+    }
     let e = client
         .enqueue_json("test.versioned", "by-name", serde_json::json!({"n": 1}))
         .await

@@ -5,7 +5,11 @@
 //! transaction per schedule: tick rows + the schedule's last tick), publishes
 //! the due delayed jobs in batches (through `queue`, `Nats-Msg-Id` = job id)
 //! and marks them published (fenced), and sleeps until the earliest `run_at`,
-//! the next tick, or `Tuning::due_poll`, whichever comes first. A worker that
+//! the next tick, or `Tuning::due_poll`, whichever comes first; a committed
+//! transactional enqueue (`Client::enqueue_in`, the outbox) wakes it at once
+//! through a PostgreSQL `NOTIFY` it listens to while it leads. With a
+//! `Config::retention`, it also deletes finished rows past their age, in
+//! batches, fenced, a round at most every `Retention::every`. A worker that
 //! is not leader tries again every `Tuning::leader_retry`.
 //!
 //! A deposed leader's writes are refused by the fence; a publish it makes
@@ -15,9 +19,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::fence::{DueJob, FenceError, ScheduleRow, TickBatch};
+use crate::fence::{DueJob, FenceError, JobStatus, ScheduleRow, TickBatch};
 use crate::lease::{Campaign, Health, Leadership, Session};
 use crate::schedule::Parsed;
 
@@ -28,6 +34,10 @@ pub(crate) const ROLE: &str = "scheduler";
 
 /// Publishes in flight at once within a batch.
 const PUBLISH_CONCURRENCY: usize = 32;
+
+/// Retention batches per status in one round: a backlog is worked off over
+/// rounds, between which due jobs are published.
+const PRUNE_BATCHES: usize = 20;
 
 /// Why a leader's round failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,9 +89,12 @@ impl Scheduler {
             return;
         }
         tracing::info!(token = %lead.token(), "elected scheduler leader");
+        let wake = Arc::new(Notify::new());
+        let listener = self.listen_outbox(wake.clone());
         let poll = self.shared.cfg.tuning.due_poll;
+        let mut next_prune = Instant::now();
         while !self.stopped(stop) && session.health() == Health::Healthy {
-            let wait = match self.round(&lead).await {
+            let wait = match self.round(&lead, &mut next_prune).await {
                 Ok(wait) => wait,
                 Err(RoundError::Fence(e @ FenceError::LeaderFencedOut { .. })) => {
                     tracing::warn!(error = %e, "scheduler leader deposed");
@@ -95,27 +108,102 @@ impl Scheduler {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = self.shared.draining.cancelled() => break,
+                _ = wake.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+        listener.abort();
         tracing::info!(token = %lead.token(), "scheduler leader steps down");
         if session.health() != Health::Lost {
             let _ = session.resign(lead).await;
         }
     }
 
+    /// The leader's outbox listener: a task that wakes the leader's sleep at
+    /// each committed transactional enqueue (`Client::enqueue_in`). A lost
+    /// notification costs at most `Tuning::due_poll`; a failed connection is
+    /// opened again after that long.
+    fn listen_outbox(&self, wake: Arc<Notify>) -> tokio::task::JoinHandle<()> {
+        let store = self.shared.store.clone();
+        let pause = self.shared.cfg.tuning.due_poll;
+        tokio::spawn(async move {
+            loop {
+                match store.listen_outbox().await {
+                    Ok(mut listener) => {
+                        while listener.next().await.is_ok() {
+                            wake.notify_one();
+                        }
+                        tracing::warn!("outbox listener lost its connection; listening again");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "outbox listener failed; retrying"),
+                }
+                tokio::time::sleep(pause).await;
+            }
+        })
+    }
+
     /// One round: ticks, then due jobs until a batch comes back short; returns
     /// how long to sleep.
-    async fn round(&self, lead: &Leadership) -> Result<Duration, RoundError> {
+    async fn round(
+        &self,
+        lead: &Leadership,
+        next_prune: &mut Instant,
+    ) -> Result<Duration, RoundError> {
         let next_tick = self.tick_schedules(lead).await?;
         let batch = self.shared.cfg.tuning.due_batch;
         while self.publish_due(lead, batch).await? >= batch {}
+        let retention = &self.shared.cfg.retention;
+        if retention.prunes_rows() && Instant::now() >= *next_prune {
+            let more = self.prune(lead).await?;
+            *next_prune = if more {
+                Instant::now()
+            } else {
+                Instant::now() + retention.every
+            };
+        }
         let poll = self.shared.cfg.tuning.due_poll;
         let due_in = self.shared.store.next_due_in().await?.unwrap_or(poll);
         let tick_in = next_tick
             .and_then(|t| (t - chrono::Utc::now()).to_std().ok())
             .unwrap_or(poll);
         Ok(poll.min(due_in).min(tick_in))
+    }
+
+    /// Deletes finished rows past their retention ([`Config::retention`]),
+    /// fenced, up to [`PRUNE_BATCHES`] batches per status; returns whether
+    /// more may remain (the next round goes on at once).
+    ///
+    /// [`Config::retention`]: crate::Config::retention
+    async fn prune(&self, lead: &Leadership) -> Result<bool, RoundError> {
+        let r = self.shared.cfg.retention;
+        let ages = [
+            (JobStatus::Done, r.done_after),
+            (JobStatus::Cancelled, r.cancelled_after),
+            (JobStatus::Dead, r.dead_after),
+        ];
+        let mut more = false;
+        for (status, age) in ages {
+            let Some(age) = age else { continue };
+            let mut pruned = 0;
+            let mut full = true;
+            for _ in 0..PRUNE_BATCHES {
+                let n = self
+                    .shared
+                    .store
+                    .prune_jobs_as_leader(ROLE, lead.token(), status, age, r.batch)
+                    .await?;
+                pruned += n;
+                full = n >= r.batch as u64;
+                if !full {
+                    break;
+                }
+            }
+            more |= full;
+            if pruned > 0 {
+                tracing::info!(%status, pruned, "finished jobs past retention deleted");
+            }
+        }
+        Ok(more)
     }
 
     /// Decides and writes every schedule's ticks; returns the earliest next tick.

@@ -210,6 +210,10 @@ pub enum FenceError {
         /// Its status.
         status: JobStatus,
     },
+    /// Pruning asked for a status that is not finished (`pending`, `running`):
+    /// nothing deleted.
+    #[error("{0} is not a finished status: only done, cancelled and dead rows are pruned")]
+    NotFinished(JobStatus),
     /// A leader's write refused: the role's fence in PostgreSQL is not the
     /// leader's token (a newer leader claimed it, or this one never did).
     #[error("leader of {role}: fenced out, token {ours} (current fence {current:?})")]

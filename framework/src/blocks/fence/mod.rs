@@ -87,7 +87,9 @@ mod history_admin;
 mod leader;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+mod outbox;
 mod reads;
+mod retention;
 mod row;
 mod schedules;
 mod sql;
@@ -106,6 +108,7 @@ pub use history::{
 };
 pub use history_admin::WorkerReport;
 pub use leader::{DueJob, LeaderRow};
+pub use outbox::{BatchInserted, NewJob, OutboxListener};
 pub use row::{Cancelled, Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use schedules::{ScheduleRow, TickBatch, tick_key};
 pub use store::FenceStore;

@@ -149,7 +149,8 @@ impl FenceStore {
     /// Grants `role` what running jobs needs on this store's schema, and nothing
     /// more: `USAGE` on the schema, `SELECT, INSERT, UPDATE` on `jobs`, `schedules` and
     /// `leader_fences`,
-    /// `EXECUTE` on `tenure_step_cas`. No DDL, no `DELETE`, no guard bypass (see
+    /// `EXECUTE` on `tenure_step_cas` and the other `tenure_*` functions (the
+    /// retention's `tenure_prune_jobs` deletes finished rows only). No DDL, no `DELETE`, no guard bypass (see
     /// `guide::production`, least-privilege roles). Run it as the migrator
     /// (the schema's owner) after [`migrate`](Self::migrate). Idempotent.
     ///
@@ -181,6 +182,9 @@ impl FenceStore {
             ),
             format!(
                 "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_report_worker(text, bigint, text, integer, integer, integer, timestamptz, text[]) TO {role}"
+            ),
+            format!(
+                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_prune_jobs(text, double precision, integer) TO {role}"
             ),
         ] {
             tx.execute(stmt.as_str()).await?;

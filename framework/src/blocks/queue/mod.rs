@@ -63,6 +63,7 @@
 //! ```
 
 mod access;
+mod batch;
 mod cancel;
 mod delivery;
 mod dlq;
@@ -83,6 +84,7 @@ use tracing::Instrument;
 use crate::JobId;
 use crate::config::{BackoffConfig, ConfigError};
 
+pub use batch::JobMessage;
 pub use cancel::CancelNotices;
 pub use delivery::{BadMessage, Delivery};
 pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, GaveUpNotice, reasons};
@@ -450,6 +452,15 @@ impl std::fmt::Debug for Queue {
     }
 }
 
+/// The headers of a job message: its message id, job id and job type.
+fn job_headers(job_id: JobId, job_type: &str, msg_id: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(msg_id));
+    h.insert(headers::JOB_ID, headers::value(&job_id.to_string()));
+    h.insert(headers::JOB_TYPE, headers::value(job_type));
+    h
+}
+
 fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> BoxError {
     Box::new(e)
 }
@@ -535,11 +546,7 @@ impl Queue {
         async move {
             validate_job_type(job_type)?;
             let subject = self.inner.names.work_subject(job_type);
-            let id = job_id.to_string();
-            let mut h = HeaderMap::new();
-            h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(&msg_id));
-            h.insert(headers::JOB_ID, headers::value(&id));
-            h.insert(headers::JOB_TYPE, headers::value(job_type));
+            let h = job_headers(job_id, job_type, &msg_id);
             let ack = self.publish_confirmed(subject, h, payload).await?;
             tracing::debug!(
                 sequence = ack.sequence,

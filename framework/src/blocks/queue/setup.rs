@@ -183,6 +183,8 @@ fn stream_configs(cfg: &Config, names: &QueueNames) -> [stream::Config; 3] {
             subjects: vec![format!("{}>", names.dlq_subject_prefix)],
             retention: stream::RetentionPolicy::Limits,
             duplicate_window: cfg.duplicate_window,
+            // Zero: no limit (dead letters kept until an operator acts).
+            max_age: cfg.retention.dlq_max_age.unwrap_or_default(),
             ..common.clone()
         },
         stream::Config {

@@ -1,0 +1,132 @@
+//! [`Retention`]: how long finished job rows and dead letters are kept, and
+//! how the elected scheduler leader prunes them (in small batches, a round at
+//! most every [`Retention::every`]). Everything is kept by default.
+
+use std::time::Duration;
+
+use super::ConfigError;
+
+/// How long finished job rows (and their history events) and DLQ entries are
+/// kept ([`Config::retention`](crate::Config::retention)). `None` keeps them
+/// until an operator acts (`tenure prune`). Ages count from the row's last
+/// change (`updated_at`: when it finished).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Delete `done` rows this long after they finished (default: keep).
+    pub done_after: Option<Duration>,
+    /// Delete `cancelled` rows this long after they were cancelled (default: keep).
+    pub cancelled_after: Option<Duration>,
+    /// Delete `dead` rows this long after they died (default: keep until an
+    /// operator redrives or prunes them: a dead job is a question to someone).
+    pub dead_after: Option<Duration>,
+    /// The DLQ stream's `max_age`: the broker drops dead letters older than
+    /// this (default: keep). Applied when a worker provisions the streams.
+    pub dlq_max_age: Option<Duration>,
+    /// Rows deleted per statement (default 500): each batch is one short
+    /// transaction that skips rows locked by anyone else.
+    pub batch: usize,
+    /// How often the leader prunes (default 60 s).
+    pub every: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention::KEEP
+    }
+}
+
+impl Retention {
+    /// Keep everything (the default).
+    pub const KEEP: Retention = Retention {
+        done_after: None,
+        cancelled_after: None,
+        dead_after: None,
+        dlq_max_age: None,
+        batch: 500,
+        every: Duration::from_secs(60),
+    };
+
+    /// Whether the leader prunes any job rows.
+    pub fn prunes_rows(&self) -> bool {
+        self.done_after.is_some() || self.cancelled_after.is_some() || self.dead_after.is_some()
+    }
+
+    /// Checks that every age and size can work: an age of zero is refused
+    /// (it would delete a job as it finishes; use `None` to keep).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first value that cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let ages = [
+            ("retention.done_after", self.done_after),
+            ("retention.cancelled_after", self.cancelled_after),
+            ("retention.dead_after", self.dead_after),
+            ("retention.dlq_max_age", self.dlq_max_age),
+        ];
+        for (name, age) in ages {
+            if age.is_some_and(|a| a < Duration::from_secs(1)) {
+                return Err(ConfigError::Invalid {
+                    name,
+                    reason: "must be at least 1 s (None keeps forever)".into(),
+                });
+            }
+        }
+        if self.batch == 0 {
+            return Err(ConfigError::Invalid {
+                name: "retention.batch",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if self.every.is_zero() {
+            return Err(ConfigError::Invalid {
+                name: "retention.every",
+                reason: "must be positive".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_ages_and_sizes_are_refused_by_name() {
+        assert!(Retention::default().validate().is_ok());
+        let bad = [
+            Retention {
+                done_after: Some(Duration::ZERO),
+                ..Retention::KEEP
+            },
+            Retention {
+                dlq_max_age: Some(Duration::from_millis(10)),
+                ..Retention::KEEP
+            },
+            Retention {
+                batch: 0,
+                ..Retention::KEEP
+            },
+            Retention {
+                every: Duration::ZERO,
+                ..Retention::KEEP
+            },
+        ];
+        let names: Vec<_> = bad
+            .iter()
+            .map(|r| match r.validate() {
+                Err(ConfigError::Invalid { name, .. }) => name,
+                _ => "accepted",
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "retention.done_after",
+                "retention.dlq_max_age",
+                "retention.batch",
+                "retention.every"
+            ]
+        );
+    }
+}
