@@ -121,6 +121,9 @@ pub struct JobRow {
     /// A delayed job that is not due yet, or not yet published by the
     /// scheduler leader: no message exists for it.
     pub awaiting_publish: bool,
+    /// A dead job whose `on_dead` hook has not committed yet (migration
+    /// 0011): a worker runs it before the job is dead-lettered.
+    pub compensation_pending: bool,
 }
 
 /// What a cancel did ([`FenceStore::cancel_job`](super::FenceStore::cancel_job),
@@ -187,6 +190,7 @@ pub(crate) fn job_row(row: &PgRow) -> Result<JobRow, FenceError> {
         updated_at: row.try_get("updated_at")?,
         run_at: row.try_get("run_at")?,
         awaiting_publish: row.try_get("awaiting_publish")?,
+        compensation_pending: row.try_get::<String, _>("compensation")? == "pending",
     })
 }
 
