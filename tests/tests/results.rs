@@ -449,3 +449,94 @@ async fn a_transfer_whose_credit_fails_for_good_is_refunded_once() {
 async fn a_hook_that_fails_after_writing_rolls_back_and_compensates_once_on_retry() {
     run_failed_transfer(true).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takeover_during_compensation_still_compensates_once() {
+    // About lease loss: a short TTL on purpose.
+    let (ns, cfg, client) = fresh_namespace("res_comp_take", Duration::from_secs(2)).await;
+    let pool = client.store().pool();
+    for ddl in [
+        format!("CREATE TABLE {ns}.accounts (id text PRIMARY KEY, balance bigint NOT NULL)"),
+        format!(
+            "CREATE TABLE {ns}.refunds (job_id uuid NOT NULL, token bigint NOT NULL, worker text NOT NULL)"
+        ),
+    ] {
+        sqlx::query(&ddl).execute(pool).await.unwrap();
+    }
+    for t in ["accounts", "refunds"] {
+        client.install_guard(&format!("{ns}.{t}")).await.unwrap();
+    }
+    let mut tx = pool.begin().await.unwrap();
+    client.bypass_guard(&mut tx).await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {ns}.accounts VALUES ('alice', 100), ('bob', 0)"
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let stack = tenure::devstack::DevStack::shared().expect("dev stack");
+    let program = env!("CARGO_BIN_EXE_tenure-test-worker");
+    let a = tenure_tests::ChildWorker::spawn(program, stack, &ns, "A", 2, &[]);
+    assert!(
+        tenure_tests::wait_until(Duration::from_secs(30), || async { a.has_line("READY") }).await
+    );
+    let m = tenure_tests::Move {
+        from: "alice".into(),
+        to: "nobody".into(),
+        amount: 30,
+        slow_hook_worker: Some("A".into()),
+        slow_hook_ms: 8000,
+    };
+    let e = client
+        .enqueue::<tenure_tests::Compensated>("t", &m)
+        .await
+        .unwrap();
+    // A marks the job dead, runs its hook, writes the refund in the hook's
+    // open transaction, and sleeps there: paused mid-hook.
+    let dead = tenure_tests::wait_until(Duration::from_secs(30), || async {
+        matches!(client.job(e.job_id).await, Ok(Some(r)) if r.status == JobStatus::Dead)
+    })
+    .await;
+    assert!(dead, "A dead-marks the job");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(compensation(&client, &ns, e.job_id).await, "pending");
+    a.signal("-STOP");
+
+    let b = tenure::Worker::builder(cfg.clone().with_worker_id("B"))
+        .register(tenure_tests::Compensated {
+            worker: "B".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    let done = tenure_tests::wait_until(Duration::from_secs(60), || async {
+        compensation(&client, &ns, e.job_id).await == "done"
+    })
+    .await;
+    assert!(done, "B takes over and compensates");
+    // A wakes up, finishes its hook and tries to commit: refused.
+    a.signal("-CONT");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let rows: Vec<(i64, String)> = sqlx::query_as(&format!(
+        "SELECT token, worker FROM {ns}.refunds WHERE job_id = $1"
+    ))
+    .bind(e.job_id.as_uuid())
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 1, "compensated exactly once: {rows:?}");
+    assert_eq!(rows[0].1, "B", "by the new owner: {rows:?}");
+    let row = client.job(e.job_id).await.unwrap().unwrap();
+    assert_eq!(row.fence, rows[0].0, "under the fence it raised");
+    assert_eq!(
+        balances(&client, &ns).await,
+        vec![("alice".into(), 100), ("bob".into(), 0)],
+        "the debit was refunded once"
+    );
+    eprintln!("A's output: {:?}", a.lines());
+    b.shutdown().await.unwrap();
+}
