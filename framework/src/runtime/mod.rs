@@ -441,13 +441,18 @@ async fn mark_given_up_dead(shared: &Shared, g: &crate::queue::GaveUp) -> bool {
         "max_deliveries: the broker gave up after {} deliveries",
         g.deliveries
     );
-    // Compensation pending whatever the type: this worker may not run it, and
-    // one that does decides (a type without `on_dead` just marks it done).
-    match shared
+    // Compensation pending unless this worker runs the type and knows it has
+    // no `on_dead` hook: a worker of another type cannot tell, and one that
+    // runs it decides (a type without a hook just marks it done).
+    let compensate = g
+        .job_type
+        .as_deref()
+        .and_then(|t| shared.registry.get(t))
+        .is_none_or(|job| job.has_on_dead());
+    let marked = shared
         .store
-        .mark_dead_unfenced(g.job_id, &reason, true)
-        .await
-    {
+        .mark_dead_unfenced(g.job_id, &reason, compensate);
+    match marked.await {
         Ok(()) => {
             republish_for_compensation(shared, g.job_id).await;
             let job_type = g.job_type.as_deref().unwrap_or("unknown");
