@@ -136,7 +136,8 @@ pub trait Job: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<serde_json::Value, StepError>>;
 }
 
-/// What an `on_dead` hook learns about its dead job.
+/// What an `on_dead` hook learns about its dead job (a plain struct, so a
+/// unit test can call a hook with one of its own).
 ///
 /// ```
 /// use tenure::job::DeadJob;
@@ -153,7 +154,6 @@ pub trait Job: Send + Sync + 'static {
 /// assert_eq!(debited.from_balance, 70);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
 pub struct DeadJob {
     /// Why the job died (the row's last error: the code and the step's error).
     pub reason: String,
