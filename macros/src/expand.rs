@@ -219,7 +219,7 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
             // `?` on a step's result, with an error that names the step's error type.
             #[diagnostic::on_unimplemented(
                 message = "the error type of a step must convert into `tenure::StepError`; `{Self}` does not",
-                label = "use `StepError`, or an error type that implements `std::error::Error + Send + Sync + 'static`"
+                label = "use `StepError`, an error type that implements `std::error::Error + Send + Sync + 'static`, `anyhow::Error` or `Box<dyn Error + Send + Sync>`"
             )]
             trait __TenureIntoStepError {
                 fn __tenure_into_step_error(self) -> ::tenure::job::StepError;
