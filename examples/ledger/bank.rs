@@ -201,7 +201,7 @@ impl Transfer {
     }
 }
 
-#[tenure::job(name = "ledger.transfer", max_takeovers = 5, retries = 3)]
+#[tenure::job(name = "ledger.transfer", max_takeovers = 5, retries = 3, on_dead = refund)]
 impl Transfer {
     /// Checks the balance and places a hold.
     #[step]
@@ -250,9 +250,20 @@ impl Transfer {
         })
     }
 
-    /// Credits the destination and releases the hold.
+    /// Credits the destination and releases the hold. A destination that does
+    /// not exist is a permanent error: the job dies, and `refund` puts the
+    /// debit back.
     #[step]
     async fn credit(&self, ctx: &mut StepCtx, d: Debited) -> Result<Credited, StepError> {
+        let accounts = self.bank.t("accounts");
+        let exists: Option<i64> =
+            sqlx::query_scalar(&format!("SELECT balance FROM {accounts} WHERE id = $1"))
+                .bind(&d.req.to)
+                .fetch_optional(ctx.db().await?)
+                .await?;
+        if exists.is_none() {
+            return Err(StepError::permanent(format!("no account {:?}", d.req.to)));
+        }
         self.bank.apply(ctx, &d.req.to, d.req.amount).await?;
         let holds = self.bank.t("holds");
         let job = ctx.job_id().as_uuid();
@@ -261,6 +272,23 @@ impl Transfer {
             .execute(ctx.db().await?)
             .await?;
         Ok(Credited { req: d.req })
+    }
+
+    /// The failure hook: runs once per death, fenced like a step (its writes
+    /// commit with the mark that it ran). A transfer that died after its
+    /// debit gets the debit back; one that died earlier only loses its hold.
+    async fn refund(&self, ctx: &mut StepCtx, dead: tenure::DeadJob) -> Result<(), StepError> {
+        if dead.step.get() >= 2
+            && let Some(d) = dead.checkpoint_as::<Debited>()?
+        {
+            self.bank.apply(ctx, &d.req.from, d.req.amount).await?;
+        }
+        let holds = self.bank.t("holds");
+        sqlx::query(&format!("DELETE FROM {holds} WHERE job_id = $1"))
+            .bind(ctx.job_id().as_uuid())
+            .execute(ctx.db().await?)
+            .await?;
+        Ok(())
     }
 
     /// Tells the customer, through a provider that deduplicates on the key.

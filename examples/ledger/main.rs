@@ -234,6 +234,41 @@ async fn demo() -> anyhow::Result<bool> {
         ),
     );
 
+    // T5: alice -> dave, 50. Dave has no account: the credit fails for good
+    // after the debit committed, the job dies, and its `on_dead` hook refunds
+    // alice, once. `wait` returns when the job is over (compensated).
+    let t5 = TransferReq {
+        from: "alice".into(),
+        to: "dave".into(),
+        amount: 50,
+        debit_latency_ms: 0,
+    };
+    let e5 = client.enqueue::<Transfer>("T5", &t5).await?;
+    tl.names
+        .lock()
+        .map_err(|_| anyhow::anyhow!("lock"))?
+        .insert(e5.job_id, "T5".into());
+    tl.say("demo", "enqueued T5: alice -> dave (no such account), 50");
+    let refunded = match client
+        .wait::<Transfer>(e5.job_id, Duration::from_secs(60))
+        .await
+    {
+        Err(tenure::ClientError::NoResult { status, reason, .. }) => {
+            tl.say(
+                "demo",
+                format!(
+                    "T5 ended {status}: {}; its on_dead hook refunded the debit",
+                    reason.unwrap_or_default()
+                ),
+            );
+            true
+        }
+        other => {
+            tl.say("demo", format!("T5: unexpected {other:?}"));
+            false
+        }
+    };
+
     // A wakes up and carries on with its debit, under its old token.
     a.signal("-CONT")?;
     tl.say(
@@ -263,7 +298,7 @@ async fn demo() -> anyhow::Result<bool> {
     let balances_ok = expected
         .iter()
         .all(|(a, want)| balances.iter().any(|(n, b)| n == a && b == want));
-    println!("  total  {total:>6} (started with 3000)");
+    println!("  total  {total:>6} (started with 3000; T5's debit refunded by its on_dead hook)");
     let (sent, deduped) = bank.notifications().await?;
     println!(
         "notifications delivered: {sent} (duplicate requests absorbed by idempotency key: {deduped})"
@@ -277,7 +312,7 @@ async fn demo() -> anyhow::Result<bool> {
         .unwrap_or(0);
     println!("  tenure.fence.stale_rejections (worker A) {a_stale}");
 
-    let consistent = total == 3_000 && balances_ok && double == 0 && sent == 4;
+    let consistent = total == 3_000 && balances_ok && double == 0 && sent == 4 && refunded;
     println!();
     println!(
         "ledger consistent: {}   stale write refused: {}",

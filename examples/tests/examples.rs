@@ -106,6 +106,11 @@ fn ledger_demo_exits_0_and_shows_a_refused_stale_write() {
         output.contains("REFUSED"),
         "the ledger example's timeline shows no refused write\n{output}"
     );
+    assert!(
+        output.contains("T5 ended dead: step 2 (credit): no account \"dave\"")
+            && output.contains("its on_dead hook refunded the debit"),
+        "the ledger example shows no compensated transfer\n{output}"
+    );
 }
 
 #[test]

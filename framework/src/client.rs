@@ -62,6 +62,52 @@ pub enum ClientError {
         /// Its terminal status.
         status: JobStatus,
     },
+    /// [`Client::result`] or [`Client::wait`] asked job `job_id` for the
+    /// output of another job type than its own; nothing was decoded.
+    #[error(
+        "job {job_id} is of type {found:?}, not {asked:?}: its result is not that type's output"
+    )]
+    WrongJobType {
+        /// The job.
+        job_id: JobId,
+        /// The job type asked for.
+        asked: &'static str,
+        /// The job row's type.
+        found: String,
+    },
+    /// The job's result (its last step's checkpoint) does not decode as the
+    /// job type's output.
+    #[error(
+        "the result of job {job_id} does not decode as the output of job type {job_type}: {source}"
+    )]
+    Output {
+        /// The job.
+        job_id: JobId,
+        /// The job type whose output was asked for.
+        job_type: &'static str,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The job ended without a result: `dead` (given up; an operator may
+    /// redrive it) or `cancelled`.
+    #[error("job {job_id} ended {status} without a result{}", reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
+    NoResult {
+        /// The job.
+        job_id: JobId,
+        /// Its status, `dead` or `cancelled`.
+        status: JobStatus,
+        /// The reason it died, or the operator's cancel reason.
+        reason: Option<String>,
+    },
+    /// [`Client::wait`] saw the job unfinished until its timeout.
+    #[error("job {job_id} did not finish within {waited:?}")]
+    WaitTimedOut {
+        /// The job.
+        job_id: JobId,
+        /// The timeout.
+        waited: std::time::Duration,
+    },
     /// A cancel reason that cannot be stored ([`MAX_CANCEL_REASON`] bytes at
     /// most, no NUL character); nothing changed.
     #[error("invalid cancel reason: {0}")]
@@ -281,6 +327,93 @@ impl Client {
         Ok(self.store.job(job_id).await?)
     }
 
+    /// The job's result: its last step's output, typed as `J`'s output, once
+    /// the job is `done`; `None` while it is `pending` or `running`.
+    ///
+    /// ```no_run
+    /// # async fn demo<J: tenure::Job>(client: &tenure::Client, input: J::Input) -> Result<(), tenure::ClientError> {
+    /// let job = client.enqueue::<J>("order-1234", &input).await?;
+    /// if let Some(output) = client.result::<J>(job.job_id).await? {
+    ///     // J::Output, as the last step returned it
+    /// #   let _ = output;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ClientError::UnknownJob`]; [`ClientError::WrongJobType`] when the
+    /// job is not of type `J`; [`ClientError::NoResult`] for a `dead` or
+    /// `cancelled` job (with the reason); [`ClientError::Output`] when the
+    /// stored output does not decode as `J::Output` (never a panic); a
+    /// database error.
+    pub async fn result<J: Job>(&self, job_id: JobId) -> Result<Option<J::Output>, ClientError> {
+        output_of::<J>(self.row(job_id).await?)
+    }
+
+    /// Waits at most `timeout` for the job to finish, and returns its result
+    /// (see [`Client::result`]).
+    ///
+    /// It does not poll the table: it subscribes to the job's completion
+    /// notice (core NATS, `<ns>.finished.<job_id>`, which the worker publishes
+    /// after the commit that ends the job) first, then reads the row (a job
+    /// that finished before the subscription is seen here), then waits for a
+    /// notice and reads the row again. A lost notice (a reconnect) costs at
+    /// most the timeout: the row is read once more before giving up. A job
+    /// that died is waited for until its `on_dead` hook (if any) committed
+    /// (at most the timeout; then [`ClientError::NoResult`]).
+    ///
+    /// ```no_run
+    /// # async fn demo<J: tenure::Job>(client: &tenure::Client, input: J::Input) -> Result<(), tenure::ClientError> {
+    /// use std::time::Duration;
+    /// let job = client.enqueue::<J>("order-1234", &input).await?;
+    /// let output: J::Output = client.wait::<J>(job.job_id, Duration::from_secs(30)).await?;
+    /// # let _ = output;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ClientError::WaitTimedOut`] if the job is still unfinished at the
+    /// timeout; as [`Client::result`] otherwise (a `dead` or `cancelled` job
+    /// is [`ClientError::NoResult`] as soon as it ends).
+    pub async fn wait<J: Job>(
+        &self,
+        job_id: JobId,
+        timeout: std::time::Duration,
+    ) -> Result<J::Output, ClientError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut notices = self.queue.finished_notices(job_id).await?;
+        loop {
+            let row = self.row(job_id).await?;
+            // A dead job whose `on_dead` hook has not committed is not over
+            // yet: its completion notice follows the compensation.
+            let compensating = row.status == JobStatus::Dead && row.compensation_pending;
+            if !compensating {
+                if let Some(output) = output_of::<J>(row)? {
+                    return Ok(output);
+                }
+            }
+            match tokio::time::timeout_at(deadline, notices.next()).await {
+                Ok(true) => {}
+                // The subscription ended (the connection closed): no notice
+                // can come; the last read decides.
+                Ok(false) | Err(_) => break,
+            }
+        }
+        let last = output_of::<J>(self.row(job_id).await?)?;
+        last.ok_or(ClientError::WaitTimedOut {
+            job_id,
+            waited: timeout,
+        })
+    }
+
+    /// The job's row, or [`ClientError::UnknownJob`].
+    async fn row(&self, job_id: JobId) -> Result<JobRow, ClientError> {
+        self.store
+            .job(job_id)
+            .await?
+            .ok_or(ClientError::UnknownJob(job_id))
+    }
+
     /// Puts a dead job back to work: resets its row (status pending, takeovers and
     /// attempts zero; a compare-and-swap on the fence, so it cannot race a claim),
     /// then moves its DLQ entries back to the work stream (or publishes it afresh
@@ -386,6 +519,14 @@ impl Client {
     /// The fenced part of [`Client::cancel`]: the row update.
     async fn cancel_row(&self, job_id: JobId, reason: &str) -> Result<Cancelled, ClientError> {
         match self.store.cancel_job(job_id, reason).await {
+            Ok(Cancelled::Now) => {
+                // Best effort: a waiter reads the row at its timeout anyway.
+                let status = JobStatus::Cancelled.as_str();
+                if let Err(e) = self.queue.publish_finished(job_id, status).await {
+                    tracing::warn!(%job_id, error = %e, "completion notice after the cancel failed");
+                }
+                Ok(Cancelled::Now)
+            }
             Ok(c) => Ok(c),
             Err(FenceError::NotFound(_)) => Err(ClientError::UnknownJob(job_id)),
             Err(FenceError::Terminal { status, .. }) => {
@@ -469,6 +610,37 @@ impl Client {
     pub fn queue(&self) -> &Queue {
         &self.queue
     }
+}
+
+/// The output of `row`'s job as `J`'s, if it is done (see [`Client::result`]).
+fn output_of<J: Job>(row: JobRow) -> Result<Option<J::Output>, ClientError> {
+    let job_id = row.id;
+    if row.job_type != J::NAME {
+        return Err(ClientError::WrongJobType {
+            job_id,
+            asked: J::NAME,
+            found: row.job_type,
+        });
+    }
+    let reason = match row.status {
+        JobStatus::Pending | JobStatus::Running => return Ok(None),
+        JobStatus::Done => {
+            let value = row.checkpoint.unwrap_or(serde_json::Value::Null);
+            let output = serde_json::from_value(value).map_err(|source| ClientError::Output {
+                job_id,
+                job_type: J::NAME,
+                source,
+            })?;
+            return Ok(Some(output));
+        }
+        JobStatus::Dead => row.last_error,
+        JobStatus::Cancelled => row.cancel_reason,
+    };
+    Err(ClientError::NoResult {
+        job_id,
+        status: row.status,
+        reason,
+    })
 }
 
 /// A cancel reason PostgreSQL stores as it is: not too long, no NUL.

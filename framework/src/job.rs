@@ -10,6 +10,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -97,6 +98,31 @@ pub trait Job: Send + Sync + 'static {
     /// worker's `Config::max_retries`).
     const RETRIES: Option<u32> = None;
 
+    /// Whether the job type has an `on_dead` hook
+    /// (`#[tenure::job(on_dead = ..)]`): when `true`, a death marks the job's
+    /// compensation pending and a worker runs [`Job::on_dead`] once before
+    /// the job is dead-lettered.
+    const ON_DEAD: bool = false;
+
+    /// The failure hook: runs once per death of the job, fenced like a step
+    /// (its writes through [`StepCtx::db`] commit together with the mark that
+    /// it ran, or not at all), with why the job died and its last
+    /// checkpoint, so the application can compensate (refund a debit). Only
+    /// called when [`Job::ON_DEAD`] is `true`. A retryable error runs it again
+    /// later (as a step's would); a permanent one leaves the compensation
+    /// pending and the job is dead-lettered with both reasons.
+    ///
+    /// # Errors
+    /// The hook's own.
+    fn on_dead<'a>(
+        &'a self,
+        ctx: &'a mut StepCtx,
+        dead: DeadJob,
+    ) -> BoxFuture<'a, Result<(), StepError>> {
+        let _ = (ctx, dead);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// Runs step `step` on `input` (the job input for step 0, otherwise the
     /// previous step's checkpoint) and returns its output as JSON.
     ///
@@ -109,6 +135,55 @@ pub trait Job: Send + Sync + 'static {
         ctx: &'a mut StepCtx,
         input: serde_json::Value,
     ) -> BoxFuture<'a, Result<serde_json::Value, StepError>>;
+}
+
+/// What an `on_dead` hook learns about its dead job (a plain struct, so a
+/// unit test can call a hook with one of its own).
+///
+/// ```
+/// use tenure::job::DeadJob;
+/// use tenure::StepIndex;
+///
+/// let dead = DeadJob {
+///     reason: "permanent_error: step 2 (credit): account closed".into(),
+///     step: StepIndex::new(2),
+///     checkpoint: Some(serde_json::json!({"from_balance": 70})),
+/// };
+/// #[derive(serde::Deserialize)]
+/// struct Debited { from_balance: i64 }
+/// let debited: Debited = dead.checkpoint_as().unwrap().unwrap();
+/// assert_eq!(debited.from_balance, 70);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadJob {
+    /// Why the job died (the row's last error: the code and the step's error).
+    pub reason: String,
+    /// The step it died at: the number of steps that committed.
+    pub step: StepIndex,
+    /// The last committed step's output (`None`: no step committed; the
+    /// job's input is [`StepCtx::input`]).
+    pub checkpoint: Option<serde_json::Value>,
+}
+
+impl DeadJob {
+    /// The last checkpoint decoded as `T` (the output type of step
+    /// [`step`](Self::step) − 1); `Ok(None)` when no step committed.
+    ///
+    /// # Errors
+    /// A permanent [`StepError`] naming `T` when the checkpoint does not
+    /// decode.
+    pub fn checkpoint_as<T: DeserializeOwned>(&self) -> Result<Option<T>, StepError> {
+        let Some(value) = &self.checkpoint else {
+            return Ok(None);
+        };
+        T::deserialize(value).map(Some).map_err(|e| {
+            StepError::permanent(format!(
+                "the checkpoint of step {} does not decode as {}: {e}",
+                self.step,
+                std::any::type_name::<T>()
+            ))
+        })
+    }
 }
 
 /// Decodes a step's input from its checkpoint JSON (used by generated code).
@@ -151,8 +226,22 @@ pub enum StepErrorKind {
     Cancelled,
 }
 
-/// A step's failure. Any `std::error::Error` converts into a retryable one with
-/// `?`; use [`StepError::permanent`] for errors a retry cannot fix.
+/// The longest delay a step may ask for with [`StepError::retry_after`]: a
+/// longer one is cut to this (one hour; a job that must wait longer is better
+/// enqueued again with [`Client::enqueue_after`](crate::Client::enqueue_after)).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// The source of a [`StepError`]: any error, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A step's failure. Anything that converts into a boxed error converts into a
+/// retryable one with `?`: every `std::error::Error + Send + Sync`, an
+/// `anyhow::Error`, a `Box<dyn Error + Send + Sync>` (and a `String` or `&str`,
+/// which become the message). The error is kept as the
+/// [`source`](StepError::source), so its chain stays readable. Use
+/// [`StepError::permanent`] or [`StepError::permanent_from`] for errors a retry
+/// cannot fix, and [`StepError::retry_after`] to choose the delay before the
+/// retry.
 ///
 /// (Like `anyhow::Error`, `StepError` does not itself implement
 /// `std::error::Error`, which is what allows the blanket conversion.)
@@ -173,38 +262,118 @@ pub enum StepErrorKind {
 /// assert_eq!(parse_amount("-3").unwrap_err().kind(), StepErrorKind::Permanent);
 /// assert_eq!(parse_amount("7").unwrap(), 7);
 /// ```
+///
+/// An `anyhow::Error` or a boxed error converts the same way:
+///
+/// ```
+/// use tenure::StepError;
+/// use tenure::job::StepErrorKind;
+///
+/// fn call() -> Result<(), StepError> {
+///     Err(anyhow::anyhow!("the bank said 503"))?
+/// }
+/// fn boxed() -> Result<(), StepError> {
+///     let e: Box<dyn std::error::Error + Send + Sync> = "socket closed".into();
+///     Err(e)?
+/// }
+/// assert_eq!(call().unwrap_err().kind(), StepErrorKind::Retryable);
+/// assert_eq!(call().unwrap_err().message(), "the bank said 503");
+/// assert_eq!(boxed().unwrap_err().message(), "socket closed");
+/// ```
 pub struct StepError {
     kind: StepErrorKind,
     message: String,
-    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    source: Option<BoxError>,
+    retry_after: Option<Duration>,
 }
 
 impl StepError {
+    fn new(kind: StepErrorKind, message: String, source: Option<BoxError>) -> Self {
+        StepError {
+            kind,
+            message,
+            source,
+            retry_after: None,
+        }
+    }
+
     /// A retryable error with a message.
     pub fn retryable(message: impl fmt::Display) -> Self {
-        StepError {
-            kind: StepErrorKind::Retryable,
-            message: message.to_string(),
-            source: None,
-        }
+        StepError::new(StepErrorKind::Retryable, message.to_string(), None)
     }
 
     /// A permanent error: the job goes to the DLQ without further retries.
     pub fn permanent(message: impl fmt::Display) -> Self {
-        StepError {
-            kind: StepErrorKind::Permanent,
-            message: message.to_string(),
-            source: None,
-        }
+        StepError::new(StepErrorKind::Permanent, message.to_string(), None)
+    }
+
+    /// A permanent error made from another error, which is kept as the
+    /// [`source`](StepError::source) (its message is this error's message).
+    ///
+    /// ```
+    /// use tenure::StepError;
+    /// use tenure::job::StepErrorKind;
+    ///
+    /// let parsed = "-x".parse::<i64>().map_err(StepError::permanent_from);
+    /// let e = parsed.unwrap_err();
+    /// assert_eq!(e.kind(), StepErrorKind::Permanent);
+    /// assert!(e.downcast_ref::<std::num::ParseIntError>().is_some());
+    /// ```
+    pub fn permanent_from(error: impl Into<BoxError>) -> Self {
+        let source = error.into();
+        StepError::new(StepErrorKind::Permanent, source.to_string(), Some(source))
+    }
+
+    /// A retryable error that asks for the retry to come `delay` from now
+    /// instead of after the job's backoff (a rate limit's `Retry-After`, say).
+    /// The delay is cut to [`MAX_RETRY_AFTER`]. The attempt counts towards the
+    /// job's retry limit like any other failure. To give an existing error a
+    /// delay, use [`with_retry_after`](StepError::with_retry_after).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tenure::StepError;
+    ///
+    /// let e = StepError::retry_after(Duration::from_secs(2));
+    /// assert_eq!(e.requested_delay(), Some(Duration::from_secs(2)));
+    /// let capped = StepError::retry_after(Duration::from_secs(86_400));
+    /// assert_eq!(capped.requested_delay(), Some(tenure::job::MAX_RETRY_AFTER));
+    /// ```
+    pub fn retry_after(delay: Duration) -> Self {
+        StepError::retryable(format!("the step asked to be retried in {delay:?}"))
+            .with_retry_after(delay)
+    }
+
+    /// This error, retryable, with the retry `delay` from now (cut to
+    /// [`MAX_RETRY_AFTER`]); see [`retry_after`](StepError::retry_after).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tenure::StepError;
+    /// use tenure::job::StepErrorKind;
+    ///
+    /// let e = StepError::from(anyhow::anyhow!("429 Too Many Requests"))
+    ///     .with_retry_after(Duration::from_secs(30));
+    /// assert_eq!(e.kind(), StepErrorKind::Retryable);
+    /// assert_eq!(e.message(), "429 Too Many Requests");
+    /// assert_eq!(e.requested_delay(), Some(Duration::from_secs(30)));
+    /// ```
+    #[must_use]
+    pub fn with_retry_after(mut self, delay: Duration) -> Self {
+        self.kind = StepErrorKind::Retryable;
+        self.retry_after = Some(delay.min(MAX_RETRY_AFTER));
+        self
+    }
+
+    /// The delay before the retry this error asked for, if any (already cut
+    /// to [`MAX_RETRY_AFTER`]).
+    pub fn requested_delay(&self) -> Option<Duration> {
+        self.retry_after
     }
 
     /// The step stopped because it was cancelled (lease lost, shutdown, deadline).
     pub fn cancelled() -> Self {
-        StepError {
-            kind: StepErrorKind::Cancelled,
-            message: "cancelled".into(),
-            source: None,
-        }
+        StepError::new(StepErrorKind::Cancelled, "cancelled".into(), None)
     }
 
     /// Generated code: `step` is out of range for job `J`.
@@ -221,11 +390,7 @@ impl StepError {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        StepError {
-            kind,
-            message: error.to_string(),
-            source: Some(Box::new(error)),
-        }
+        StepError::new(kind, error.to_string(), Some(Box::new(error)))
     }
 
     /// How the runtime treats this error.
@@ -238,7 +403,9 @@ impl StepError {
         &self.message
     }
 
-    /// The underlying error, if any.
+    /// The underlying error, if any. (An `anyhow::Error` is kept as `anyhow`
+    /// boxes it: the error it was made from when it carries no context,
+    /// otherwise its outermost context, whose `source` chain goes on inward.)
     pub fn source(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
         self.source.as_deref()
     }
@@ -249,12 +416,16 @@ impl StepError {
     }
 }
 
+/// Anything that boxes into an error (every `std::error::Error + Send + Sync`,
+/// `anyhow::Error`, `Box<dyn Error + Send + Sync>`, `String`, `&str`) is a
+/// retryable [`StepError`] whose source it is.
 impl<E> From<E> for StepError
 where
-    E: std::error::Error + Send + Sync + 'static,
+    E: Into<BoxError>,
 {
     fn from(error: E) -> Self {
-        StepError::with_kind(StepErrorKind::Retryable, error)
+        let source = error.into();
+        StepError::new(StepErrorKind::Retryable, source.to_string(), Some(source))
     }
 }
 
@@ -264,6 +435,7 @@ impl fmt::Debug for StepError {
             .field("kind", &self.kind)
             .field("message", &self.message)
             .field("source", &self.source)
+            .field("retry_after", &self.retry_after)
             .finish()
     }
 }
@@ -307,6 +479,9 @@ pub struct StepCtx {
     pub(crate) claim_lost: bool,
     /// The job's input as enqueued (`None` in a detached context).
     pub(crate) job_input: Option<Arc<serde_json::Value>>,
+    /// This context runs an `on_dead` hook: [`db`](StepCtx::db) opens the
+    /// compensation's fenced transaction instead of a step's.
+    pub(crate) compensating: bool,
     /// The step's fenced MySQL transaction, opened by `StepCtx::mysql`.
     #[cfg(feature = "mysql")]
     pub(crate) mysql: Option<crate::fence::mysql::MySqlFencedTx>,
@@ -337,6 +512,7 @@ impl StepCtx {
             handover: None,
             claim_lost: false,
             job_input: None,
+            compensating: false,
             #[cfg(feature = "mysql")]
             mysql: None,
         }
@@ -500,10 +676,12 @@ impl StepCtx {
             let Some(store) = self.store.as_ref() else {
                 return Err(StepError::permanent("this StepCtx has no database"));
             };
-            let tx = store
-                .begin_step(self.job_id, self.token, self.step)
-                .await
-                .map_err(|e| StepError::with_kind(StepErrorKind::Retryable, e))?;
+            let tx = if self.compensating {
+                store.begin_compensation(self.job_id, self.token).await
+            } else {
+                store.begin_step(self.job_id, self.token, self.step).await
+            };
+            let tx = tx.map_err(|e| StepError::with_kind(StepErrorKind::Retryable, e))?;
             self.tx = Some(tx);
         }
         match self.tx.as_mut() {

@@ -234,7 +234,7 @@ pub use config::Config;
 #[cfg(feature = "mysql")]
 pub use fence::mysql::{MySqlFence, MySqlFenceError, MySqlFencedTx};
 pub use fence::{Cancelled, GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
-pub use job::{Job, StepCtx, StepError};
+pub use job::{DeadJob, Job, StepCtx, StepError};
 pub use lease::Health;
 pub use runtime::{JobLimits, Worker, WorkerBuilder, WorkerError, WorkerObserver};
 pub use schedule::{MissedTicks, Schedule, ScheduleError};

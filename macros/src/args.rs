@@ -16,9 +16,12 @@ pub(crate) struct JobArgs {
     pub(crate) max_takeovers: Option<u32>,
     /// `retries = 3`.
     pub(crate) retries: Option<u32>,
+    /// `on_dead = compensate`: a method of the job's impl block.
+    pub(crate) on_dead: Option<syn::Ident>,
 }
 
-const KNOWN: &str = "expected `name = \"...\"`, `max_takeovers = N` or `retries = N`";
+const KNOWN: &str =
+    "expected `name = \"...\"`, `max_takeovers = N`, `retries = N` or `on_dead = method`";
 
 /// Parses the attribute's arguments, reporting every problem into `errors`.
 pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
@@ -30,7 +33,8 @@ pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
                 e.span(),
                 format!(
                     "{e} (the arguments of #[tenure::job] are `name = \"...\"`, \
-                     `max_takeovers = N` and `retries = N`, separated by commas)"
+                     `max_takeovers = N`, `retries = N` and `on_dead = method`, separated by \
+                     commas)"
                 ),
             ));
             // Do not also complain that `name` is missing: we could not read it.
@@ -41,12 +45,14 @@ pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
     let mut seen_name = false;
     let mut seen_takeovers = false;
     let mut seen_retries = false;
+    let mut seen_on_dead = false;
     for meta in metas {
         let key = meta.path().get_ident().map(ToString::to_string);
         let (seen, kind) = match key.as_deref() {
             Some("name") => (&mut seen_name, Kind::Name),
             Some("max_takeovers") => (&mut seen_takeovers, Kind::Count),
             Some("retries") => (&mut seen_retries, Kind::Count),
+            Some("on_dead") => (&mut seen_on_dead, Kind::Hook),
             _ => {
                 let path = meta.path();
                 let shown = quote::quote!(#path).to_string().replace(' ', "");
@@ -83,6 +89,17 @@ pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
                     "`name` must be a string literal, e.g. `name = \"ledger.transfer\"`",
                 ),
             },
+            Kind::Hook => match value {
+                Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => {
+                    args.on_dead = p.path.get_ident().cloned();
+                }
+                other => errors.spanned(
+                    other,
+                    "`on_dead` must name a method of this impl block, e.g. \
+                     `on_dead = compensate` for `async fn compensate(&self, ctx: &mut StepCtx, \
+                     dead: tenure::DeadJob) -> Result<(), StepError>`",
+                ),
+            },
             Kind::Count => {
                 let n = parse_count(&key, value, errors);
                 if key == "retries" {
@@ -108,6 +125,7 @@ pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
 enum Kind {
     Name,
     Count,
+    Hook,
 }
 
 impl Kind {
@@ -115,6 +133,7 @@ impl Kind {
         match self {
             Kind::Name => "`name = \"ledger.transfer\"`".to_owned(),
             Kind::Count => format!("`{key} = 3`"),
+            Kind::Hook => "`on_dead = compensate`".to_owned(),
         }
     }
 }
@@ -213,6 +232,7 @@ mod tests {
                 name: Some("ledger.transfer".into()),
                 max_takeovers: Some(5),
                 retries: Some(3),
+                on_dead: None,
             }
         );
     }
@@ -302,5 +322,27 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn on_dead_names_a_method() {
+        let (args, errors) = parse(quote!(name = "a", on_dead = compensate));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            args.on_dead.map(|i| i.to_string()).as_deref(),
+            Some("compensate")
+        );
+        let (args, errors) = parse(quote!(name = "a", on_dead = "compensate", on_dead = x));
+        assert_eq!(args.on_dead, None);
+        assert!(
+            errors[0].contains("`on_dead` must name a method"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].contains("duplicate argument `on_dead`"),
+            "{errors:?}"
+        );
+        let (_, errors) = parse(quote!(name = "a", on_dead));
+        assert!(errors[0].contains("`on_dead = compensate`"), "{errors:?}");
     }
 }

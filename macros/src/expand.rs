@@ -106,6 +106,25 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
     };
     let max_takeovers = option(args.max_takeovers);
     let retries = option(args.retries);
+    // The hook is called as a method of the impl block, located at its name:
+    // an unknown method or a wrong signature is reported there by rustc.
+    let on_dead = args.on_dead.as_ref().map(|hook| {
+        let call = quote_spanned!(located(hook)=> Self::#hook(self, ctx, dead));
+        quote! {
+            const ON_DEAD: ::core::primitive::bool = true;
+
+            fn on_dead<'__tenure>(
+                &'__tenure self,
+                ctx: &'__tenure mut ::tenure::job::StepCtx,
+                dead: ::tenure::job::DeadJob,
+            ) -> ::tenure::job::BoxFuture<
+                '__tenure,
+                ::core::result::Result<(), ::tenure::job::StepError>,
+            > {
+                ::std::boxed::Box::pin(#call)
+            }
+        }
+    });
     let step_infos = steps.iter().map(|s| {
         let name = &s.name;
         quote!(::tenure::job::StepInfo { name: #name })
@@ -200,7 +219,7 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
             // `?` on a step's result, with an error that names the step's error type.
             #[diagnostic::on_unimplemented(
                 message = "the error type of a step must convert into `tenure::StepError`; `{Self}` does not",
-                label = "use `StepError`, or an error type that implements `std::error::Error + Send + Sync + 'static`"
+                label = "use `StepError`, an error type that implements `std::error::Error + Send + Sync + 'static`, `anyhow::Error` or `Box<dyn Error + Send + Sync>`"
             )]
             trait __TenureIntoStepError {
                 fn __tenure_into_step_error(self) -> ::tenure::job::StepError;
@@ -222,6 +241,7 @@ pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> Tok
                 const STEPS: &'static [::tenure::job::StepInfo] = &[#(#step_infos),*];
                 const MAX_TAKEOVERS: ::core::option::Option<::core::primitive::u32> = #max_takeovers;
                 const RETRIES: ::core::option::Option<::core::primitive::u32> = #retries;
+                #on_dead
 
                 fn run_step<'__tenure>(
                     &'__tenure self,

@@ -360,3 +360,89 @@ impl Drop for ChildWorker {
         self.kill();
     }
 }
+
+/// Input of [`Compensated`]: move `amount` from `from` to `to` (an account
+/// that does not exist makes the credit fail for good).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct Move {
+    /// The debited account.
+    pub from: String,
+    /// The credited account.
+    pub to: String,
+    /// How much.
+    pub amount: i64,
+    /// Worker id whose `on_dead` hook sleeps after its writes (a paused
+    /// worker holding its compensation's transaction open).
+    #[serde(default)]
+    pub slow_hook_worker: Option<String>,
+    /// How long it sleeps.
+    #[serde(default)]
+    pub slow_hook_ms: u64,
+}
+
+/// A transfer compensated by its `on_dead` hook: `debit`, then `credit`
+/// (permanent failure when the destination has no row in `accounts`), and
+/// `refund`, which puts the debit back and records `(job, token, worker)` in
+/// `refunds`, both through its fenced transaction. Tables: `accounts (id,
+/// balance)`, `refunds (job_id, token, worker)`, both guarded.
+#[derive(Debug, Clone)]
+pub struct Compensated {
+    /// This worker's id.
+    pub worker: String,
+    /// The schema of the tables.
+    pub schema: String,
+}
+
+impl Compensated {
+    async fn add(&self, ctx: &mut StepCtx, account: &str, delta: i64) -> Result<u64, StepError> {
+        let sql = format!(
+            "UPDATE {}.accounts SET balance = balance + $2 WHERE id = $1",
+            self.schema
+        );
+        let done = sqlx::query(&sql)
+            .bind(account)
+            .bind(delta)
+            .execute(ctx.db().await?)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[tenure::job(name = "test.compensated", retries = 1, on_dead = refund)]
+impl Compensated {
+    #[step]
+    async fn debit(&self, ctx: &mut StepCtx, m: Move) -> Result<Move, StepError> {
+        self.add(ctx, &m.from, -m.amount).await?;
+        Ok(m)
+    }
+
+    #[step]
+    async fn credit(&self, ctx: &mut StepCtx, m: Move) -> Result<Move, StepError> {
+        if self.add(ctx, &m.to, m.amount).await? == 0 {
+            return Err(StepError::permanent(format!("no account {:?}", m.to)));
+        }
+        Ok(m)
+    }
+
+    async fn refund(&self, ctx: &mut StepCtx, dead: tenure::DeadJob) -> Result<(), StepError> {
+        let Some(m) = dead.checkpoint_as::<Move>()? else {
+            return Ok(());
+        };
+        self.add(ctx, &m.from, m.amount).await?;
+        let sql = format!(
+            "INSERT INTO {}.refunds (job_id, token, worker) VALUES ($1, $2, $3)",
+            self.schema
+        );
+        sqlx::query(&sql)
+            .bind(ctx.job_id().as_uuid())
+            .bind(ctx.token().get())
+            .bind(&self.worker)
+            .execute(ctx.db().await?)
+            .await?;
+        if m.slow_hook_worker.as_deref() == Some(self.worker.as_str()) {
+            // Not bound to cancellation: a paused worker notices nothing.
+            tokio::time::sleep(Duration::from_millis(m.slow_hook_ms)).await;
+        }
+        Ok(())
+    }
+}

@@ -295,7 +295,7 @@ async fn seed_timeline_41_then_42() {
     assert_fenced_out(s.claim(id, tok(41)).await, 42);
     assert_fenced_out(s.record_failure(id, tok(41), "late").await, 42);
     assert_fenced_out(s.record_release(id, tok(41)).await, 42);
-    assert_fenced_out(s.mark_dead(id, tok(41), "late").await, 42);
+    assert_fenced_out(s.mark_dead(id, tok(41), "late", false).await, 42);
 
     // During 42's transaction: still refused, and without waiting for 42's row lock
     // (42's claim is committed, so the admission's WHERE already fails).
@@ -839,8 +839,10 @@ async fn dead_jobs_and_redrive() {
         .unwrap();
     assert_eq!(s.record_failure(id, tok(3), "e1").await.unwrap(), 1);
     // The released generation may still bury the job (retries exhausted).
-    s.mark_dead(id, tok(3), "retries exhausted").await.unwrap();
-    s.mark_dead(id, tok(3), "again").await.unwrap();
+    s.mark_dead(id, tok(3), "retries exhausted", false)
+        .await
+        .unwrap();
+    s.mark_dead(id, tok(3), "again", false).await.unwrap();
     let row = s.job(id).await.unwrap().unwrap();
     assert_eq!(row.status, JobStatus::Dead);
     assert_eq!(row.last_error.as_deref(), Some("retries exhausted"));
@@ -851,7 +853,9 @@ async fn dead_jobs_and_redrive() {
             ..
         })
     ));
-    s.mark_dead_unfenced(id, "broker gave up").await.unwrap();
+    s.mark_dead_unfenced(id, "broker gave up", false)
+        .await
+        .unwrap();
     assert_eq!(
         s.job(id).await.unwrap().unwrap().last_error.as_deref(),
         Some("retries exhausted")
@@ -877,17 +881,17 @@ async fn dead_jobs_and_redrive() {
     );
 
     // Fenced death by a stale token is refused; by the owner it works.
-    assert_fenced_out(s.mark_dead(id, tok(3), "stale").await, 4);
-    s.mark_dead(id, tok(4), "poison").await.unwrap();
+    assert_fenced_out(s.mark_dead(id, tok(3), "stale", false).await, 4);
+    s.mark_dead(id, tok(4), "poison", false).await.unwrap();
 
     // Unfenced death: bad input on a job nobody ever claimed.
     let other = new_job(&s, "bad-input").await;
-    s.mark_dead_unfenced(other, "payload does not deserialize")
+    s.mark_dead_unfenced(other, "payload does not deserialize", false)
         .await
         .unwrap();
     assert_eq!(s.job(other).await.unwrap().unwrap().status, JobStatus::Dead);
     assert!(matches!(
-        s.mark_dead_unfenced(JobId::from_key("x", "none"), "r")
+        s.mark_dead_unfenced(JobId::from_key("x", "none"), "r", false)
             .await,
         Err(FenceError::NotFound(_))
     ));

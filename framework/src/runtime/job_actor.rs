@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, field};
 
 use super::Shared;
+use super::compensate::{Compensated, Compensation};
 use super::outcome::{Attempt, DeadCode, Held, Outcome, Owned};
 use super::registry::DynJob;
 use super::slots::{HoldSlot, Slots};
@@ -167,8 +168,14 @@ impl JobRun {
         // the row is read, the lock acquired or the claim made is not missed.
         a.cancel = Some(self.shared.cancels.watch(job_id));
         let job = self.admit(a, job_id, header_type, admitted).await?;
+        // Admission lets a dead row through only when its compensation is
+        // pending: the hook runs under our lock, then the job is dead-lettered.
+        let compensating = a.row.as_ref().is_some_and(|r| r.status == JobStatus::Dead);
         self.acquire(a, job_id, coming).await?;
         self.wait_run_slot(a).await?;
+        if compensating {
+            return Err(self.compensate_dead(a, &job).await);
+        }
         let (claim, claim_tx) = self.claim(a, job).await?;
         let Held::Claim(owned) = &a.held else {
             unreachable!("a successful claim leaves the attempt holding its claim")
@@ -370,6 +377,33 @@ impl JobRun {
         Err(Outcome::DeadLetter { code, reason })
     }
 
+    /// A dead job whose compensation is pending, under our fresh lock: runs
+    /// its `on_dead` hook, then dead-letters it.
+    async fn compensate_dead(&self, a: &mut Attempt, job: &Arc<dyn DynJob>) -> Outcome {
+        let Held::Lock { session, lock } = &a.held else {
+            unreachable!("the compensation follows the acquisition")
+        };
+        let attempt = a.delivery().delivery_count().saturating_sub(1);
+        let compensation = Compensation {
+            job,
+            job_id: lock.job_id(),
+            token: lock.token(),
+            session,
+            attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+        };
+        match self.compensate(compensation).await {
+            Ok(Compensated::Done) => dead_row(a.row.as_ref()),
+            Ok(Compensated::Failed(note)) => match dead_row(a.row.as_ref()) {
+                Outcome::DeadLetter { code, reason } => Outcome::DeadLetter {
+                    code,
+                    reason: format!("{reason}; {note}"),
+                },
+                other => other,
+            },
+            Err(outcome) => outcome,
+        }
+    }
+
     /// What a claim refused on our fresh lock means. Never runs the job.
     async fn claim_refused(&self, a: &mut Attempt, e: FenceError) -> Outcome {
         let Held::Lock { session, lock } = &a.held else {
@@ -429,6 +463,9 @@ fn check_admission(row: &JobRow, header_type: Option<&str>) -> Result<(), Outcom
             tracing::debug!("job already done; acking the redelivery");
             return Err(Outcome::Ack);
         }
+        // Dead, its `on_dead` hook not yet committed (a crash mid-hook, or
+        // the broker gave up on it): compensate first.
+        JobStatus::Dead if row.compensation_pending => {}
         // The row went dead but the message was not dead-lettered yet (a crash
         // in between): finish that now.
         JobStatus::Dead => return Err(dead_row(Some(row))),

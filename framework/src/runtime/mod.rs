@@ -21,6 +21,7 @@
 //! ```
 
 mod cancel;
+mod compensate;
 mod fetcher;
 pub(crate) mod handover;
 mod job_actor;
@@ -441,10 +442,23 @@ async fn mark_given_up_dead(shared: &Shared, g: &crate::queue::GaveUp) -> bool {
         "max_deliveries: the broker gave up after {} deliveries",
         g.deliveries
     );
-    match shared.store.mark_dead_unfenced(g.job_id, &reason).await {
+    // Compensation pending unless this worker runs the type and knows it has
+    // no `on_dead` hook: a worker of another type cannot tell, and one that
+    // runs it decides (a type without a hook just marks it done).
+    let compensate = g
+        .job_type
+        .as_deref()
+        .and_then(|t| shared.registry.get(t))
+        .is_none_or(|job| job.has_on_dead());
+    let marked = shared
+        .store
+        .mark_dead_unfenced(g.job_id, &reason, compensate);
+    match marked.await {
         Ok(()) => {
+            republish_for_compensation(shared, g.job_id).await;
             let job_type = g.job_type.as_deref().unwrap_or("unknown");
             shared.metrics.dead_lettered(job_type, "max_deliveries");
+            outcome::notify_finished(shared, g.job_id, crate::fence::JobStatus::Dead).await;
             tracing::warn!(job_id = %g.job_id, %reason, "job dead-lettered by the broker");
             true
         }
@@ -454,6 +468,30 @@ async fn mark_given_up_dead(shared: &Shared, g: &crate::queue::GaveUp) -> bool {
             tracing::warn!(job_id = %g.job_id, error = %e, "marking the given-up job dead failed; the message is kept and retried");
             false
         }
+    }
+}
+
+/// A job the broker gave up on has no message left to run its `on_dead`
+/// hook: if its compensation is pending, a fresh message (the redrive's kind)
+/// takes it to a worker of its type, whose admission compensates and then
+/// dead-letters it (so its DLQ holds a second entry). Best effort: a failure
+/// is logged, the compensation stays pending until a redrive.
+async fn republish_for_compensation(shared: &Shared, job_id: crate::JobId) {
+    let row = match shared.store.job(job_id).await {
+        Ok(Some(row)) if row.compensation_pending => row,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(%job_id, error = %e, "reading the given-up job failed; its on_dead hook waits for a redrive");
+            return;
+        }
+    };
+    let payload = serde_json::to_vec(&row.input).unwrap_or_default();
+    let published = shared
+        .queue
+        .publish_redrive(job_id, &row.job_type, payload.into())
+        .await;
+    if let Err(e) = published {
+        tracing::warn!(%job_id, error = %e, "publishing the compensation message failed; its on_dead hook waits for a redrive");
     }
 }
 

@@ -13,10 +13,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::cancel::CancelWatch;
+use super::compensate::{Compensated, Compensation};
 use super::job_actor::{Holding, JobRun};
 use super::registry::DynJob;
 use super::slots::RunSlot;
-use crate::fence::{FenceError, JobRow};
+use crate::fence::{FenceError, JobRow, JobStatus};
 use crate::lease::{JobLock, ReleaseMode, Session};
 use crate::queue::{DeadLetterInfo, Delivery};
 use crate::telemetry::StaleAt;
@@ -49,9 +50,13 @@ pub(super) enum Outcome {
         job_id: JobId,
     },
     /// A retryable failure of an attempt we own: counted on the row (fenced),
-    /// then [`Retry`](Outcome::Retry) with backoff, or
+    /// then [`Retry`](Outcome::Retry) with backoff (or `after`, the delay the
+    /// step asked for with `StepError::retry_after`), or
     /// [`DeadLetter`](Outcome::DeadLetter) past the job's retry limit.
-    Fail { reason: String },
+    Fail {
+        reason: String,
+        after: Option<Duration>,
+    },
     /// We stop a job we own (the worker drains, the step was cancelled, our
     /// definition does not fit its committed steps): the release is recorded
     /// on the row, so the next claim is no takeover, then
@@ -77,6 +82,16 @@ pub(super) enum Outcome {
     /// commit): a lock we hold is deleted at once; the message is neither acked
     /// nor nak'ed, so the broker redelivers it after AckWait to the next owner.
     LeaveToNextOwner,
+}
+
+impl Outcome {
+    /// A retryable failure with the backoff's delay.
+    pub(super) fn fail(reason: String) -> Self {
+        Outcome::Fail {
+            reason,
+            after: None,
+        }
+    }
 }
 
 /// The outcomes that end a delivery as they are: what [`JobRun::settle`]
@@ -230,7 +245,7 @@ impl JobRun {
         let mut outcome = outcome;
         let ending = loop {
             outcome = match outcome {
-                Outcome::Fail { reason } => self.record_failure(&mut a, reason).await,
+                Outcome::Fail { reason, after } => self.record_failure(&mut a, reason, after).await,
                 Outcome::Release { after } => self.record_release(&a, after).await,
                 Outcome::Regression { error } => {
                     self.regression_alarm(&a, &error);
@@ -239,7 +254,14 @@ impl JobRun {
                 }
                 Outcome::DeadLetter { code, reason } => {
                     match self.mark_dead(&a, code, &reason).await {
-                        Ok(()) => return self.dead_letter(a, code, reason).await,
+                        Ok(()) => match self.compensate_owned(&a).await {
+                            Ok(None) => return self.dead_letter(a, code, reason).await,
+                            Ok(Some(note)) => {
+                                let reason = format!("{reason}; {note}");
+                                return self.dead_letter(a, code, reason).await;
+                            }
+                            Err(next) => next,
+                        },
                         Err(next) => next,
                     }
                 }
@@ -265,6 +287,9 @@ impl JobRun {
         match ending {
             Ending::Done => {
                 sh.metrics.completed(&a.job_type);
+                if let Held::Claim(owned) = &a.held {
+                    notify_finished(sh, owned.job_id, JobStatus::Done).await;
+                }
                 self.ack(a).await;
             }
             Ending::Ack => self.ack(a).await,
@@ -311,7 +336,12 @@ impl JobRun {
     }
 
     /// Records a retryable failure on the row, and says what follows.
-    async fn record_failure(&self, a: &mut Attempt, reason: String) -> Outcome {
+    async fn record_failure(
+        &self,
+        a: &mut Attempt,
+        reason: String,
+        after: Option<Duration>,
+    ) -> Outcome {
         let sh = &self.shared;
         let Held::Claim(owned) = &mut a.held else {
             return Outcome::Retry {
@@ -343,7 +373,10 @@ impl JobRun {
             };
         }
         sh.metrics.retried(&a.job_type);
-        let delay = retry::jittered(&sh.cfg.retry_backoff, attempts.saturating_sub(1));
+        // The step's own request (already cut to `MAX_RETRY_AFTER`) replaces
+        // the backoff for this attempt.
+        let delay = after
+            .unwrap_or_else(|| retry::jittered(&sh.cfg.retry_backoff, attempts.saturating_sub(1)));
         tracing::info!(attempts, ?delay, %reason, "step failed; retrying");
         Outcome::Retry { delay }
     }
@@ -375,7 +408,9 @@ impl JobRun {
         };
         let marked = self
             .with_claim(owned, || {
-                sh.store.mark_dead(owned.job_id, owned.token, reason)
+                let compensate = owned.job.has_on_dead();
+                sh.store
+                    .mark_dead(owned.job_id, owned.token, reason, compensate)
             })
             .await;
         match marked {
@@ -386,6 +421,29 @@ impl JobRun {
                 let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
                 Err(Outcome::Retry { delay })
             }
+        }
+    }
+
+    /// Runs the `on_dead` hook of a job we own and just marked dead (its
+    /// compensation pending): `Ok(Some(note))` when the hook failed for good.
+    async fn compensate_owned(&self, a: &Attempt) -> Result<Option<String>, Outcome> {
+        let Held::Claim(owned) = &a.held else {
+            return Ok(None);
+        };
+        if !owned.job.has_on_dead() {
+            return Ok(None);
+        }
+        let attempt = a.delivery.delivery_count().saturating_sub(1);
+        let compensation = Compensation {
+            job: &owned.job,
+            job_id: owned.job_id,
+            token: owned.token,
+            session: &owned.session,
+            attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+        };
+        match self.compensate(compensation).await? {
+            Compensated::Done => Ok(None),
+            Compensated::Failed(note) => Ok(Some(note)),
         }
     }
 
@@ -407,6 +465,13 @@ impl JobRun {
         };
         sh.metrics.dead_lettered(&a.job_type, code.as_str());
         tracing::warn!(reason = %reason, code = code.as_str(), "job dead-lettered");
+        let dead_row = match &a.held {
+            Held::Claim(owned) => Some(owned.job_id),
+            _ => a.row.as_ref().map(|r| r.id),
+        };
+        if let Some(job_id) = dead_row {
+            notify_finished(sh, job_id, JobStatus::Dead).await;
+        }
         let Attempt {
             delivery, mut held, ..
         } = a;
@@ -423,7 +488,8 @@ impl JobRun {
             return;
         }
         if let Some(row) = &a.row {
-            if let Err(e) = self.shared.store.mark_dead_unfenced(row.id, reason).await {
+            let marked = self.shared.store.mark_dead_unfenced(row.id, reason, false);
+            if let Err(e) = marked.await {
                 tracing::warn!(error = %e, "marking the job dead failed");
             }
         }
@@ -513,6 +579,14 @@ fn info(
         last_token,
         takeovers,
         attempts,
+    }
+}
+
+/// Publishes the job's completion notice (best effort: a waiter reads the
+/// row at its timeout anyway).
+pub(super) async fn notify_finished(sh: &super::Shared, job_id: JobId, status: JobStatus) {
+    if let Err(e) = sh.queue.publish_finished(job_id, status.as_str()).await {
+        tracing::warn!(error = %e, "publishing the completion notice failed");
     }
 }
 

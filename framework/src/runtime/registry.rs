@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::StepIndex;
-use crate::job::{BoxFuture, Job, StepCtx, StepError, StepInfo};
+use crate::job::{BoxFuture, DeadJob, Job, StepCtx, StepError, StepInfo};
 
 /// A [`Job`] behind a trait object (the runtime holds many job types at once).
 pub(crate) trait DynJob: Send + Sync + 'static {
@@ -12,6 +12,12 @@ pub(crate) trait DynJob: Send + Sync + 'static {
     fn steps(&self) -> &'static [StepInfo];
     fn max_takeovers(&self) -> Option<u32>;
     fn retries(&self) -> Option<u32>;
+    fn has_on_dead(&self) -> bool;
+    fn on_dead<'a>(
+        &'a self,
+        ctx: &'a mut StepCtx,
+        dead: DeadJob,
+    ) -> BoxFuture<'a, Result<(), StepError>>;
     fn run_step<'a>(
         &'a self,
         step: StepIndex,
@@ -32,6 +38,16 @@ impl<J: Job> DynJob for J {
     }
     fn retries(&self) -> Option<u32> {
         J::RETRIES
+    }
+    fn has_on_dead(&self) -> bool {
+        J::ON_DEAD
+    }
+    fn on_dead<'a>(
+        &'a self,
+        ctx: &'a mut StepCtx,
+        dead: DeadJob,
+    ) -> BoxFuture<'a, Result<(), StepError>> {
+        Job::on_dead(self, ctx, dead)
     }
     fn run_step<'a>(
         &'a self,

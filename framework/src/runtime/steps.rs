@@ -119,6 +119,7 @@ impl JobRun {
             handover: Some(asks_tx),
             claim_lost: false,
             job_input: Some(owned.input.clone()),
+            compensating: false,
             #[cfg(feature = "mysql")]
             mysql: None,
         };
@@ -146,9 +147,7 @@ impl JobRun {
         }
         match (outcome.result, outcome.ctx) {
             (Ok(out), Some(ctx)) => self.commit(owned, ctx, step, out, started).await,
-            (Ok(_), None) => Err(Outcome::Fail {
-                reason: "step lost its context".into(),
-            }),
+            (Ok(_), None) => Err(Outcome::fail("step lost its context".into())),
             (Err(err), ctx) => Err(self.step_failed(owned, ctx, step, err).await),
         }
     }
@@ -179,7 +178,7 @@ impl JobRun {
                 Err(e) if e.is_fenced_out() => return Err(stale(StaleAt::Admission, step, &e)),
                 Err(e) => {
                     let reason = format!("database: {e}");
-                    return Err(Outcome::Fail { reason });
+                    return Err(Outcome::fail(reason));
                 }
             },
         };
@@ -198,7 +197,7 @@ impl JobRun {
                 return Err(stale(StaleAt::StepCommit, step, &e));
             }
             let reason = format!("mysql commit: {e}");
-            return Err(Outcome::Fail { reason });
+            return Err(Outcome::fail(reason));
         }
         let span =
             tracing::info_span!(spans::COMMIT, step = %step.index, token = owned.token.get());
@@ -225,7 +224,7 @@ impl JobRun {
             Err(e) => {
                 tracing::warn!(error = %e, step = %step.index, "commit failed");
                 let reason = format!("commit: {e}");
-                Err(Outcome::Fail { reason })
+                Err(Outcome::fail(reason))
             }
         }
     }
@@ -293,7 +292,10 @@ impl JobRun {
                 code: DeadCode::PermanentError,
                 reason,
             },
-            _ => Outcome::Fail { reason },
+            _ => Outcome::Fail {
+                reason,
+                after: err.requested_delay(),
+            },
         }
     }
 

@@ -68,7 +68,14 @@ async fn main() {
         worker: worker.clone(),
         schema: ns.clone(),
     };
-    let mut builder = Worker::builder(cfg).register(job).observer(Arc::new(Print));
+    let compensated = tenure_tests::Compensated {
+        worker: worker.clone(),
+        schema: ns.clone(),
+    };
+    let mut builder = Worker::builder(cfg)
+        .register(job)
+        .register(compensated)
+        .observer(Arc::new(Print));
     if let Some(i) = args.iter().position(|a| a == "--cron") {
         let name = args.get(i + 1).expect("--cron NAME");
         let every_second = tenure::Schedule::new(name, "* * * * * *")

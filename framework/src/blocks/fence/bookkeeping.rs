@@ -87,7 +87,9 @@ impl FenceStore {
     }
 
     /// Marks the job `dead` under generation `token` (poison, retries exhausted),
-    /// recording `reason` as the last error. Works after this generation's own
+    /// recording `reason` as the last error; with `compensate` (the job type
+    /// has an `on_dead` hook) its compensation becomes `pending` in the same
+    /// statement (see `FenceStore::claim_compensation`). Works after this generation's own
     /// [`record_failure`](Self::record_failure). Idempotent.
     ///
     /// # Errors
@@ -101,6 +103,7 @@ impl FenceStore {
         id: JobId,
         token: FencingToken,
         reason: &str,
+        compensate: bool,
     ) -> Result<(), FenceError> {
         let span = tracing::info_span!("tenure.fence.mark_dead", job_id = %id, token = %token);
         async {
@@ -108,6 +111,7 @@ impl FenceStore {
                 .bind(id.as_uuid())
                 .bind(token.get())
                 .bind(reason)
+                .bind(compensate)
                 .execute(&self.pool)
                 .await?;
             if done.rows_affected() == 1 {
@@ -136,7 +140,8 @@ impl FenceStore {
         .await
     }
 
-    /// Marks the job `dead` without a token, for paths where no generation exists
+    /// Marks the job `dead` without a token (its compensation `pending` with
+    /// `compensate`), for paths where no generation exists
     /// (payload that does not deserialize, unknown job type, the broker giving up).
     /// Only a non-terminal row changes; a `done` or `dead` row is left as it is and
     /// this returns `Ok`. It waits for a running step's transaction (row lock), and
@@ -144,12 +149,18 @@ impl FenceStore {
     ///
     /// # Errors
     /// [`FenceError::NotFound`], [`FenceError::Db`].
-    pub async fn mark_dead_unfenced(&self, id: JobId, reason: &str) -> Result<(), FenceError> {
+    pub async fn mark_dead_unfenced(
+        &self,
+        id: JobId,
+        reason: &str,
+        compensate: bool,
+    ) -> Result<(), FenceError> {
         let span = tracing::info_span!("tenure.fence.mark_dead_unfenced", job_id = %id);
         async {
             let done = sqlx::query(&self.sql.dead_unfenced)
                 .bind(id.as_uuid())
                 .bind(reason)
+                .bind(compensate)
                 .execute(&self.pool)
                 .await?;
             if done.rows_affected() == 1 {

@@ -78,6 +78,7 @@
 mod access;
 mod bookkeeping;
 mod claims;
+mod compensation;
 mod error;
 mod gate;
 mod guard;
@@ -97,6 +98,7 @@ mod store;
 mod tx;
 
 pub use access::{connect_options, pool_options};
+pub use compensation::DeadRow;
 pub use error::{FenceError, GUARD_SQLSTATE, is_guard_refusal};
 pub use gate::{
     Admitted, FenceMarks, GateError, MemoryFenceMarks, MemoryTx, PgFenceMarks, StaleToken,

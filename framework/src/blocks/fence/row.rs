@@ -131,6 +131,9 @@ pub struct JobRow {
     /// Since when the workers that claimed the job had definitions that do
     /// not fit its committed steps (cleared by a compatible claim).
     pub incompatible_since: Option<DateTime<Utc>>,
+    /// A dead job whose `on_dead` hook has not committed yet (migration
+    /// 0011): a worker runs it before the job is dead-lettered.
+    pub compensation_pending: bool,
 }
 
 /// What a cancel did ([`FenceStore::cancel_job`](super::FenceStore::cancel_job),
@@ -205,6 +208,7 @@ pub(crate) fn job_row(row: &PgRow) -> Result<JobRow, FenceError> {
         step_names: row.try_get("step_names")?,
         steps_fingerprint: row.try_get("steps_fingerprint")?,
         incompatible_since: row.try_get("incompatible_since")?,
+        compensation_pending: row.try_get::<String, _>("compensation")? == "pending",
     })
 }
 

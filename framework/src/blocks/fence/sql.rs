@@ -4,7 +4,7 @@
 /// Columns of a full [`JobRow`](super::JobRow).
 pub(crate) const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status, released, \
                            takeovers, attempts, last_error, cancel_reason, created_at, updated_at, run_at, awaiting_publish, \
-                           step_names, steps_fingerprint, incompatible_since";
+                           step_names, steps_fingerprint, incompatible_since, compensation";
 
 /// Columns a claim returns.
 const CLAIM_RETURNING: &str = "job_type, input, step, checkpoint, status, takeovers, attempts, prev_fence, took_over, \
@@ -115,6 +115,11 @@ pub(crate) struct Sql {
     pub dead_unfenced: String,
     pub redrive: String,
     pub cancel: String,
+    /// Compensation (migration 0011, `compensation.rs`).
+    pub claim_compensation: String,
+    pub compensation_state: String,
+    pub admit_compensation: String,
+    pub finish_compensation: String,
     pub guard_function: String,
 }
 
@@ -175,17 +180,21 @@ impl Sql {
                 "UPDATE {t} SET incompatible_since = coalesce(incompatible_since, clock_timestamp()) \
                  WHERE id = $1 AND fence = $2 AND status = 'running'"
             ),
+            // `$4`: the job type has an `on_dead` hook (0011): its compensation
+            // is pending from this very statement on.
             dead: format!(
-                "UPDATE {t} SET status = 'dead', last_error = $3, released = true, updated_at = now() \
+                "UPDATE {t} SET status = 'dead', last_error = $3, released = true, updated_at = now(), \
+                                compensation = CASE WHEN $4 THEN 'pending' ELSE 'none' END \
                  WHERE id = $1 AND fence = $2 AND status IN ('pending', 'running')"
             ),
             dead_unfenced: format!(
-                "UPDATE {t} SET status = 'dead', last_error = $2, released = true, updated_at = now() \
+                "UPDATE {t} SET status = 'dead', last_error = $2, released = true, updated_at = now(), \
+                                compensation = CASE WHEN $3 THEN 'pending' ELSE 'none' END \
                  WHERE id = $1 AND status IN ('pending', 'running')"
             ),
             redrive: format!(
                 "UPDATE {t} SET status = 'pending', takeovers = 0, attempts = 0, released = true, \
-                                incompatible_since = NULL, updated_at = now() \
+                                incompatible_since = NULL, compensation = 'none', updated_at = now() \
                  WHERE id = $1 AND status = 'dead' AND fence = $2"
             ),
             // Operator cancel (migration 0007): no token, the row lock orders it
@@ -200,6 +209,23 @@ impl Sql {
                  RETURNING fence"
             ),
             guard_function: format!("\"{schema}\".tenure_guard()"),
+            claim_compensation: format!(
+                "UPDATE {t} SET fence = $2, updated_at = now() \
+                 WHERE id = $1 AND status = 'dead' AND compensation = 'pending' AND fence <= $2 \
+                 RETURNING input, step, checkpoint, last_error"
+            ),
+            compensation_state: format!("SELECT fence, compensation FROM {t} WHERE id = $1"),
+            admit_compensation: format!(
+                "WITH admitted AS MATERIALIZED ( \
+                     SELECT id, step FROM {t} \
+                     WHERE id = $1 AND fence = $2 AND status = 'dead' AND compensation = 'pending' \
+                     FOR UPDATE) \
+                 SELECT step, {set_gucs} FROM admitted"
+            ),
+            finish_compensation: format!(
+                "UPDATE {t} SET compensation = 'done', updated_at = now() \
+                 WHERE id = $1 AND fence = $2 AND status = 'dead' AND compensation = 'pending'"
+            ),
         }
     }
 

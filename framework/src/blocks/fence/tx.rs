@@ -92,6 +92,16 @@ impl FencedTx {
         &mut self.tx
     }
 
+    /// The store this transaction belongs to.
+    pub(super) fn store(&self) -> &FenceStore {
+        &self.store
+    }
+
+    /// The open transaction itself (for a commit that is not a step's).
+    pub(super) fn into_inner(self) -> Transaction<'static, Postgres> {
+        self.tx
+    }
+
     /// The job.
     pub fn job_id(&self) -> JobId {
         self.job_id

@@ -67,6 +67,7 @@ mod batch;
 mod cancel;
 mod delivery;
 mod dlq;
+mod finished;
 pub mod headers;
 mod routes;
 mod setup;
@@ -88,6 +89,7 @@ pub use batch::JobMessage;
 pub use cancel::CancelNotices;
 pub use delivery::{BadMessage, Delivery};
 pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, GaveUpNotice, reasons};
+pub use finished::FinishedNotices;
 
 /// A boxed error from the NATS client, kept as the `source` of a [`QueueError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -247,6 +249,7 @@ enum Cause {
 /// assert_eq!(n.type_consumer("ledger.transfer"), "payments_workers_ledger_dtransfer");
 /// assert_eq!(n.dlq_stream, "TENURE_PAYMENTS_DLQ");
 /// assert_eq!(n.dlq_subject_prefix, "payments.dlq.");
+/// assert_eq!(n.finished_subject_prefix, "payments.finished.");
 /// assert_eq!(
 ///     n.advisory_subject,
 ///     "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TENURE_PAYMENTS_JOBS.*"
@@ -280,6 +283,8 @@ pub struct QueueNames {
     pub advisory_consumer: String,
     /// Operator cancel notices (core NATS, no stream) are `<ns>.cancel.<job_id>`.
     pub cancel_subject_prefix: String,
+    /// Completion notices (core NATS, no stream) are `<ns>.finished.<job_id>`.
+    pub finished_subject_prefix: String,
 }
 
 /// The last token of DLQ subjects of messages without a valid job id.
@@ -301,6 +306,7 @@ impl QueueNames {
             advisory_stream: format!("TENURE_{upper}_ADVISORIES"),
             advisory_consumer: format!("{namespace}_advisories"),
             cancel_subject_prefix: format!("{namespace}.cancel."),
+            finished_subject_prefix: format!("{namespace}.finished."),
         }
     }
 
@@ -344,6 +350,11 @@ impl QueueNames {
     /// The cancel notice subject of a job, `<ns>.cancel.<job_id>`.
     pub fn cancel_subject(&self, job_id: JobId) -> String {
         format!("{}{job_id}", self.cancel_subject_prefix)
+    }
+
+    /// The completion notice subject of a job, `<ns>.finished.<job_id>`.
+    pub fn finished_subject(&self, job_id: JobId) -> String {
+        format!("{}{job_id}", self.finished_subject_prefix)
     }
 
     /// The DLQ subject of a job (`None`: a message without a valid job id).
