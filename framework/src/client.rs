@@ -188,10 +188,7 @@ impl Client {
         idempotency_key: &str,
         input: &J::Input,
     ) -> Result<Enqueued, ClientError> {
-        let value = serde_json::to_value(input).map_err(|source| ClientError::Input {
-            job_type: J::NAME,
-            source,
-        })?;
+        let value = input_value::<J>(input)?;
         let job_id = JobId::from_key(J::NAME, idempotency_key);
         let inserted = self
             .store
@@ -269,10 +266,7 @@ impl Client {
         if ahead > self.max_delay {
             return Err(self.too_long(ahead));
         }
-        let value = serde_json::to_value(input).map_err(|source| ClientError::Input {
-            job_type: J::NAME,
-            source,
-        })?;
+        let value = input_value::<J>(input)?;
         let job_id = JobId::from_key(J::NAME, idempotency_key);
         let inserted = self
             .store
@@ -640,6 +634,14 @@ fn output_of<J: Job>(row: JobRow) -> Result<Option<J::Output>, ClientError> {
         job_id,
         status: row.status,
         reason,
+    })
+}
+
+/// A typed job input as the JSON its row and message carry.
+pub(crate) fn input_value<J: Job>(input: &J::Input) -> Result<serde_json::Value, ClientError> {
+    serde_json::to_value(input).map_err(|source| ClientError::Input {
+        job_type: J::NAME,
+        source,
     })
 }
 

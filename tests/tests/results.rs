@@ -300,12 +300,14 @@ impl Transfer {
     }
 }
 
-async fn bank(client: &tenure::Client, ns: &str) {
+/// The guarded tables `accounts` (alice 100, bob 0) and `refunds` (`job_id`,
+/// `token` and the text column `note`).
+async fn bank(client: &tenure::Client, ns: &str, note: &str) {
     let pool = client.store().pool();
     for ddl in [
         format!("CREATE TABLE {ns}.accounts (id text PRIMARY KEY, balance bigint NOT NULL)"),
         format!(
-            "CREATE TABLE {ns}.refunds (job_id uuid NOT NULL, token bigint NOT NULL, reason text NOT NULL)"
+            "CREATE TABLE {ns}.refunds (job_id uuid NOT NULL, token bigint NOT NULL, {note} text NOT NULL)"
         ),
     ] {
         sqlx::query(&ddl).execute(pool).await.unwrap();
@@ -358,7 +360,7 @@ async fn run_failed_transfer(flaky_hook: bool) {
         "res_comp"
     };
     let (ns, cfg, client) = fresh_namespace(prefix, Duration::from_secs(10)).await;
-    bank(&client, &ns).await;
+    bank(&client, &ns, "reason").await;
     let job = Transfer {
         schema: ns.clone(),
         flaky_hook,
@@ -455,26 +457,7 @@ async fn a_takeover_during_compensation_still_compensates_once() {
     // About lease loss: a short TTL on purpose.
     let (ns, cfg, client) = fresh_namespace("res_comp_take", Duration::from_secs(2)).await;
     let pool = client.store().pool();
-    for ddl in [
-        format!("CREATE TABLE {ns}.accounts (id text PRIMARY KEY, balance bigint NOT NULL)"),
-        format!(
-            "CREATE TABLE {ns}.refunds (job_id uuid NOT NULL, token bigint NOT NULL, worker text NOT NULL)"
-        ),
-    ] {
-        sqlx::query(&ddl).execute(pool).await.unwrap();
-    }
-    for t in ["accounts", "refunds"] {
-        client.install_guard(&format!("{ns}.{t}")).await.unwrap();
-    }
-    let mut tx = pool.begin().await.unwrap();
-    client.bypass_guard(&mut tx).await.unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO {ns}.accounts VALUES ('alice', 100), ('bob', 0)"
-    ))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    bank(&client, &ns, "worker").await;
 
     let stack = tenure::devstack::DevStack::shared().expect("dev stack");
     let program = env!("CARGO_BIN_EXE_tenure-test-worker");

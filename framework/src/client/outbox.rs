@@ -54,10 +54,7 @@ impl Client {
         idempotency_key: &str,
         input: &J::Input,
     ) -> Result<Enqueued, ClientError> {
-        let value = serde_json::to_value(input).map_err(|source| ClientError::Input {
-            job_type: J::NAME,
-            source,
-        })?;
+        let value = super::input_value::<J>(input)?;
         self.enqueue_value_in(conn, J::NAME, idempotency_key, value, Some(J::STEPS))
             .await
     }

@@ -133,16 +133,8 @@ impl FenceStore {
                 self.notify_outbox(conn).await?;
                 return Ok(Inserted::New);
             }
-            let same: Option<bool> = sqlx::query_scalar(&self.sql.same_payload)
-                .bind(id.as_uuid())
-                .bind(job_type)
-                .bind(input)
-                .fetch_optional(&mut *conn)
-                .await?;
-            match same {
-                Some(true) => return Ok(Inserted::Existing),
-                Some(false) => return Err(FenceError::PayloadConflict { job_id: id }),
-                None => continue,
+            if let Some(found) = self.existing(&mut *conn, id, job_type, input).await? {
+                return found;
             }
         }
         Err(FenceError::NotFound(id))

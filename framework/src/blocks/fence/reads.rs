@@ -99,22 +99,46 @@ impl FenceStore {
                 }
                 // ON CONFLICT DO NOTHING waited for a concurrent inserter to finish,
                 // so the row is visible now (unless it was deleted meanwhile: retry).
-                let same: Option<bool> = sqlx::query_scalar(&self.sql.same_payload)
-                    .bind(id.as_uuid())
-                    .bind(job_type)
-                    .bind(input)
-                    .fetch_optional(&self.pool)
-                    .await?;
-                match same {
-                    Some(true) => return Ok(Inserted::Existing),
-                    Some(false) => return Err(FenceError::PayloadConflict { job_id: id }),
-                    None => continue,
+                if let Some(found) = self.existing(&self.pool, id, job_type, input).await? {
+                    return found;
                 }
             }
             Err(FenceError::NotFound(id))
         }
         .instrument(span)
         .await
+    }
+
+    /// What an insert that conflicted on `id` found: the same job
+    /// ([`Inserted::Existing`]), another one under the id
+    /// ([`FenceError::PayloadConflict`]), or `None` when the row is gone
+    /// (deleted meanwhile: insert again).
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub(super) async fn existing<'e, E>(
+        &self,
+        exec: E,
+        id: JobId,
+        job_type: &str,
+        input: &serde_json::Value,
+    ) -> Result<Option<Result<Inserted, FenceError>>, FenceError>
+    where
+        E: Executor<'e, Database = Postgres>,
+    {
+        let same: Option<bool> = sqlx::query_scalar(&self.sql.same_payload)
+            .bind(id.as_uuid())
+            .bind(job_type)
+            .bind(input)
+            .fetch_optional(exec)
+            .await?;
+        Ok(same.map(|same| {
+            if same {
+                Ok(Inserted::Existing)
+            } else {
+                Err(FenceError::PayloadConflict { job_id: id })
+            }
+        }))
     }
 
     /// Reads one job row.
