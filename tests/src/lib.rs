@@ -264,6 +264,22 @@ impl Cancellable {
     }
 }
 
+/// When job `id` was first claimed (its first `claimed` or `taken_over`
+/// event in schema `ns`); `None` if never.
+pub async fn claimed_at(
+    client: &tenure::Client,
+    ns: &str,
+    id: tenure::JobId,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    sqlx::query_scalar(&format!(
+        "SELECT min(at) FROM {ns}.job_events WHERE job_id = $1 AND kind IN ('claimed', 'taken_over')"
+    ))
+    .bind(id.as_uuid())
+    .fetch_one(client.store().pool())
+    .await
+    .expect("claimed_at")
+}
+
 /// Counts rows of `step_log` per (job, step) that appear more than once.
 pub async fn double_commits(pool: &sqlx::PgPool, schema: &str) -> i64 {
     sqlx::query_scalar(&format!(

@@ -9,12 +9,14 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tenure::blocks::fence::{FenceError, JobStatus};
 use tenure::devstack::DevStack;
 use tenure::{BatchError, Client, ClientError, EnqueueItemError, JobId, StepCtx, StepError};
-use tenure_tests::{ChildWorker, ThreeStep, Work, double_commits, fresh_namespace, wait_until};
+use tenure_tests::{
+    ChildWorker, ThreeStep, Work, claimed_at, double_commits, fresh_namespace, wait_until,
+};
 
 fn work(n: u64) -> Work {
     Work {
@@ -41,17 +43,6 @@ async fn steps_logged(client: &Client, ns: &str, id: JobId) -> i64 {
     .fetch_one(client.store().pool())
     .await
     .expect("step_log")
-}
-
-/// When job `id` was first claimed.
-async fn claimed_at(client: &Client, ns: &str, id: JobId) -> Option<DateTime<Utc>> {
-    sqlx::query_scalar(&format!(
-        "SELECT min(at) FROM {ns}.job_events WHERE job_id = $1 AND kind IN ('claimed', 'taken_over')"
-    ))
-    .bind(id.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .expect("claimed_at")
 }
 
 async fn is_done(client: &Client, id: JobId) -> bool {

@@ -14,8 +14,8 @@ use tenure::devstack::DevStack;
 use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
 use tenure::{Worker, WorkerError};
 use tenure_tests::{
-    ChildWorker, ThreeStep, Work, double_commits, fresh_namespace, init_logs, three_step_worker,
-    wait_until,
+    ChildWorker, ThreeStep, Work, claimed_at, double_commits, fresh_namespace, init_logs,
+    three_step_worker, wait_until,
 };
 
 fn stack() -> &'static DevStack {
@@ -30,16 +30,6 @@ async fn count(client: &Client, sql: &str) -> i64 {
 }
 
 /// When job `id` was first claimed (its history's first `claimed` event).
-async fn claimed_at(client: &Client, ns: &str, id: JobId) -> Option<DateTime<Utc>> {
-    sqlx::query_scalar(&format!(
-        "SELECT min(at) FROM {ns}.job_events WHERE job_id = $1 AND kind IN ('claimed', 'taken_over')"
-    ))
-    .bind(id.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .expect("claimed_at")
-}
-
 fn work(n: u64) -> Work {
     Work {
         n,
