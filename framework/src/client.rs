@@ -484,11 +484,7 @@ impl Client {
     /// errors (a failed notice publish changes nothing either).
     pub async fn cancel(&self, job_id: JobId, reason: &str) -> Result<Cancelled, ClientError> {
         check_reason(reason)?;
-        let row = self
-            .store
-            .job(job_id)
-            .await?
-            .ok_or(ClientError::UnknownJob(job_id))?;
+        let row = self.row(job_id).await?;
         match row.status {
             // Also after a dead job's cancel whose DLQ deletion failed.
             JobStatus::Cancelled => {
