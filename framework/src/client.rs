@@ -153,19 +153,29 @@ impl Client {
     /// Invalid configuration or an unreachable server.
     pub async fn connect(cfg: &Config) -> Result<Self, ClientError> {
         cfg.validate()?;
+        let store = FenceStore::connect(cfg).await?;
+        // A producer publishing to the wrong subjects would strand its jobs.
+        store.check_partitions(cfg.partitions).await?;
         Ok(Client {
-            store: FenceStore::connect(cfg).await?,
+            store,
             queue: Queue::connect_or_create(cfg).await?,
             max_delay: cfg.max_delay,
         })
     }
 
-    /// Applies Tenure's migrations to the configured schema (idempotent).
+    /// Applies Tenure's migrations to the configured schema (idempotent),
+    /// then records the configured way of owning jobs
+    /// ([`Config::partitions`]) if the namespace has none yet.
     ///
     /// # Errors
-    /// A database error.
+    /// A database error; [`FenceError::PartitionsChanged`] when the namespace
+    /// records another way.
     pub async fn migrate(&self) -> Result<(), ClientError> {
-        Ok(self.store.migrate().await?)
+        self.store.migrate().await?;
+        Ok(self
+            .store
+            .record_partitions(self.queue.partitions())
+            .await?)
     }
 
     /// Enqueues a job of type `J` under `idempotency_key`.

@@ -120,6 +120,15 @@ pub struct Config {
     /// for a run slot, from the mean job time, so a worker whose jobs take long
     /// holds none ahead (see `ARCHITECTURE.md`, fetching in groups).
     pub prefetch: usize,
+    /// Partition mode (`Some(p)`): every job type's jobs are split into `p`
+    /// partitions by job id ([`JobId::partition`](crate::JobId::partition)),
+    /// workers own partitions through etcd and run their jobs under the
+    /// partition's token, with no etcd request per job. `None` (default):
+    /// one etcd lock per job. The namespace records the choice the first time
+    /// a worker or client connects and refuses a different one later
+    /// ([`FenceError::PartitionsChanged`](crate::fence::FenceError::PartitionsChanged)).
+    /// 1 to [`MAX_PARTITIONS`]; sizing in `guide::production`.
+    pub partitions: Option<u32>,
     /// Default number of lost owners before a job goes to the DLQ.
     pub max_takeovers: u32,
     /// Default number of failed attempts before a job goes to the DLQ.
@@ -171,6 +180,9 @@ pub struct Config {
 /// The largest [`Config::prefetch`].
 pub const MAX_PREFETCH: usize = 1024;
 
+/// The largest [`Config::partitions`].
+pub const MAX_PARTITIONS: u32 = 1024;
+
 impl Config {
     /// Defaults for namespace `namespace`, with local server addresses.
     pub fn new(namespace: impl Into<String>) -> Self {
@@ -205,6 +217,7 @@ impl Config {
             etcd_request_timeout: Duration::from_secs(1),
             max_in_flight: 64,
             prefetch: 32,
+            partitions: None,
             max_takeovers: 5,
             max_retries: 3,
             max_deliver: 1000,
@@ -224,7 +237,7 @@ impl Config {
     /// Reads `TENURE_ETCD_ENDPOINTS` (comma-separated), `TENURE_NATS_URL`,
     /// `TENURE_DATABASE_URL` (all required), and optionally `TENURE_NAMESPACE`
     /// (default `tenure`), `TENURE_SCHEMA`, `TENURE_WORKER_ID`, `TENURE_LEASE_TTL_MS`,
-    /// `TENURE_STREAM_REPLICAS`, `TENURE_PREFETCH`.
+    /// `TENURE_STREAM_REPLICAS`, `TENURE_PREFETCH`, `TENURE_PARTITIONS`.
     ///
     /// # Errors
     /// A missing required variable or an invalid value.
@@ -268,6 +281,9 @@ impl Config {
         }
         if let Some(n) = number(var, "TENURE_PREFETCH")? {
             cfg.prefetch = n;
+        }
+        if let Some(n) = number(var, "TENURE_PARTITIONS")? {
+            cfg.partitions = Some(n);
         }
         if let Some(ms) = number(var, "TENURE_LEASE_TTL_MS")? {
             cfg.lease_ttl = Duration::from_millis(ms);
@@ -373,6 +389,15 @@ impl Config {
             return Err(ConfigError::Invalid {
                 name: "max_in_flight",
                 reason: "must be at least 1".into(),
+            });
+        }
+        if let Some(p) = self
+            .partitions
+            .filter(|p| !(1..=MAX_PARTITIONS).contains(p))
+        {
+            return Err(ConfigError::Invalid {
+                name: "partitions",
+                reason: format!("{p} is not between 1 and {MAX_PARTITIONS}"),
             });
         }
         if self.prefetch > MAX_PREFETCH {
@@ -509,6 +534,12 @@ impl Config {
         self.worker_id = id.into();
         self
     }
+    /// Builder: partition mode with `partitions` partitions per job type
+    /// ([`Config::partitions`]).
+    pub fn with_partitions(mut self, partitions: u32) -> Self {
+        self.partitions = Some(partitions);
+        self
+    }
     /// Builder: lease TTL (whole seconds).
     pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
@@ -618,6 +649,7 @@ impl std::fmt::Debug for Config {
             .field("etcd_request_timeout", &self.etcd_request_timeout)
             .field("max_in_flight", &self.max_in_flight)
             .field("prefetch", &self.prefetch)
+            .field("partitions", &self.partitions)
             .field("max_takeovers", &self.max_takeovers)
             .field("max_retries", &self.max_retries)
             .field("max_deliver", &self.max_deliver)

@@ -42,6 +42,22 @@ impl JobId {
     pub fn as_uuid(&self) -> uuid::Uuid {
         self.0
     }
+
+    /// The partition this job belongs to for its whole life when the
+    /// namespace has `partitions` of them (`Config::partitions`): the UUID
+    /// read as a big-endian 128-bit number, modulo `partitions` (stable, so
+    /// any producer can compute it). `partitions` must be positive.
+    ///
+    /// ```
+    /// let id = tenure::JobId::from_key("pay", "order-1");
+    /// assert!(id.partition(16) < 16);
+    /// assert_eq!(id.partition(16), id.partition(16));
+    /// assert_eq!(id.partition(1), 0);
+    /// ```
+    pub fn partition(&self, partitions: u32) -> u32 {
+        let p = self.0.as_u128() % u128::from(partitions.max(1));
+        u32::try_from(p).unwrap_or(0)
+    }
 }
 
 impl std::str::FromStr for JobId {

@@ -53,6 +53,11 @@ pub struct Tuning {
     /// job types waits on each type in turn (default 5 ms): the messages there
     /// come at once, an empty type costs this much.
     pub fetch_wait_now: Duration,
+    /// Partition mode: how often a worker re-reads the partition owners even
+    /// if its etcd watch reported no change (default 5 s). Every change wakes
+    /// every worker through the watch; this is a backstop against a watch
+    /// that stalls silently, and costs one etcd read per worker per period.
+    pub partition_resync: Duration,
     /// How often a fetcher whose session is not `Healthy` looks again (default
     /// 200 ms), besides waking on every health change.
     pub fetch_unhealthy_recheck: Duration,
@@ -124,6 +129,7 @@ impl Tuning {
         fetch_wait: Duration::from_millis(500),
         fetch_wait_several: Duration::from_millis(100),
         fetch_wait_now: Duration::from_millis(5),
+        partition_resync: Duration::from_secs(5),
         fetch_unhealthy_recheck: Duration::from_millis(200),
         fetch_error_pause: Duration::from_millis(250),
         lock_acquire_linger: Duration::from_millis(2),
@@ -162,6 +168,9 @@ impl Tuning {
         }
         if self.fetch_wait.is_zero() {
             return invalid("tuning.fetch_wait", "must be positive");
+        }
+        if self.partition_resync < Duration::from_millis(100) {
+            return invalid("tuning.partition_resync", "must be at least 100 ms");
         }
         if self.fetch_wait_several.is_zero() || self.fetch_wait_now.is_zero() {
             return invalid("tuning.fetch_wait_several", "fetch waits must be positive");

@@ -27,6 +27,7 @@
 //! PostgreSQL schema). Tests that inject faults start a stack of their own.
 
 mod mariadb;
+mod metrics;
 mod process;
 mod ready;
 mod redis;

@@ -78,8 +78,18 @@ impl Actor for Fetcher {
             () = sh.draining.cancelled() => return Ok(()),
             h = st.args.slots.to_fetch() => h,
         };
-        let round = st.args.routes.round();
-        if round.is_empty() {
+        let round = sources(&sh, st.args.routes.round());
+        if round.is_empty() && sh.ownership.as_ref().is_some_and(|o| o.owned() == 0) {
+            // Partition mode, nothing owned yet (or any more): wait for a
+            // partition rather than for a job to end.
+            drop(holds);
+            if let Some(ownership) = &sh.ownership {
+                tokio::select! {
+                    () = sh.draining.cancelled() => return Ok(()),
+                    () = ownership.changed(sh.cfg.tuning.fetch_wait) => {}
+                }
+            }
+        } else if round.is_empty() {
             // Every type is at its limit: wait for one of its jobs to end.
             drop(holds);
             tokio::select! {
@@ -97,8 +107,32 @@ impl Actor for Fetcher {
     }
 }
 
-/// A round's types: (index, name, deliveries it may take).
-type Round = Vec<(usize, &'static str, usize)>;
+/// A round's sources: (type index, type name, partition in partition mode,
+/// deliveries it may take).
+type Round = Vec<(usize, &'static str, Option<u32>, usize)>;
+
+/// The round's types as sources: each type itself, or in partition mode each
+/// partition of it this worker owns, the type's room shared out among them.
+fn sources(sh: &Shared, types: Vec<(usize, &'static str, usize)>) -> Round {
+    let Some(ownership) = &sh.ownership else {
+        return types
+            .into_iter()
+            .map(|(i, n, room)| (i, n, None, room))
+            .collect();
+    };
+    let mut round = Round::new();
+    for (index, name, room) in types {
+        let owned = ownership.fetchable(name);
+        let k = owned.len();
+        for (j, p) in owned.into_iter().enumerate() {
+            let share = room / k + usize::from(j < room % k);
+            if share > 0 {
+                round.push((index, name, Some(p), share));
+            }
+        }
+    }
+    round
+}
 
 impl FetcherState {
     /// One fetch round over the types below their limit; whether it delivered
@@ -114,14 +148,13 @@ impl FetcherState {
         let t = &self.args.shared.cfg.tuning;
         if round.len() > 1 && self.busy {
             let mut got = false;
-            for &(index, name, room) in &round {
+            for &(index, name, partition, room) in &round {
                 if holds.is_empty() {
                     break;
                 }
                 let max = room.min(holds.len());
-                got |= self
-                    .pull(index, name, max, t.fetch_wait_now, &mut holds)
-                    .await;
+                let source = (index, name, partition);
+                got |= self.pull(source, max, t.fetch_wait_now, &mut holds).await;
             }
             if got || holds.is_empty() {
                 return got;
@@ -133,11 +166,14 @@ impl FetcherState {
             t.fetch_wait
         };
         let mut pulls = futures::stream::FuturesUnordered::new();
-        for ((index, name, _), mut share) in round.iter().copied().zip(share_out(&round, holds)) {
+        for ((index, name, partition, _), mut share) in
+            round.iter().copied().zip(share_out(&round, holds))
+        {
             if !share.is_empty() {
                 pulls.push(async move {
                     let max = share.len();
-                    self.pull(index, name, max, wait, &mut share).await
+                    let source = (index, name, partition);
+                    self.pull(source, max, wait, &mut share).await
                 });
             }
         }
@@ -152,14 +188,17 @@ impl FetcherState {
     /// started with one of `holds`; whether it delivered anything.
     async fn pull(
         &self,
-        index: usize,
-        name: &'static str,
+        (index, name, partition): (usize, &'static str, Option<u32>),
         max: usize,
         wait: std::time::Duration,
         holds: &mut Vec<HoldSlot>,
     ) -> bool {
         let sh = &self.args.shared;
-        match sh.queue.fetch(name, max, wait).await {
+        let fetched = match partition {
+            Some(p) => sh.queue.fetch_partition(name, p, max, wait).await,
+            None => sh.queue.fetch(name, max, wait).await,
+        };
+        match fetched {
             Ok(deliveries) => {
                 let got = !deliveries.is_empty();
                 self.start(index, deliveries, holds).await;
@@ -209,7 +248,7 @@ fn share_out<T>(round: &Round, mut holds: Vec<T>) -> Vec<Vec<T>> {
     let mut shares: Vec<Vec<T>> = round.iter().map(|_| Vec::new()).collect();
     while !holds.is_empty() {
         let mut dealt = false;
-        for (share, &(_, _, room)) in shares.iter_mut().zip(round) {
+        for (share, &(_, _, _, room)) in shares.iter_mut().zip(round) {
             if share.len() < room {
                 if let Some(h) = holds.pop() {
                     share.push(h);
@@ -257,13 +296,13 @@ mod tests {
 
     #[test]
     fn holds_are_dealt_out_fairly_up_to_each_types_room() {
-        let round: Round = vec![(0, "a", 1), (1, "b", 10), (2, "c", 10)];
+        let round: Round = vec![(0, "a", None, 1), (1, "b", None, 10), (2, "c", Some(3), 10)];
         let shares = share_out(&round, (0..6).collect());
         let sizes: Vec<usize> = shares.iter().map(Vec::len).collect();
         assert_eq!(sizes, [1, 3, 2]);
         let few = share_out(&round, vec![1, 2]);
         assert_eq!(few.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 0]);
-        let capped = share_out(&vec![(0, "a", 1)], vec![1, 2, 3]);
+        let capped = share_out(&vec![(0, "a", None, 1)], vec![1, 2, 3]);
         assert_eq!(capped[0].len(), 1, "the rest go back to the slots");
     }
 }

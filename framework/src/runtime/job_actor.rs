@@ -13,7 +13,8 @@ use tracing::{Instrument, field};
 
 use super::Shared;
 use super::compensate::{Compensated, Compensation};
-use super::outcome::{Attempt, DeadCode, Held, Outcome, Owned};
+use super::outcome::{Attempt, DeadCode, Grant, Held, Outcome, Owned};
+use super::partitions::Ownership;
 use super::registry::DynJob;
 use super::slots::{HoldSlot, Slots};
 use crate::fence::{Claim, FenceError, FencedTx, JobRow, JobStatus};
@@ -225,7 +226,8 @@ impl JobRun {
         Err(Outcome::DeadLetter { code, reason })
     }
 
-    /// Phase 2: the job's lock, under a healthy session.
+    /// Phase 2: the job's lock (or, in partition mode, its partition's
+    /// grant), under a healthy session.
     async fn acquire(&self, a: &mut Attempt, job_id: JobId, coming: Coming) -> Result<(), Outcome> {
         let sh = &self.shared;
         let Some(session) = sh.healthy_session() else {
@@ -233,6 +235,10 @@ impl JobRun {
             return Err(Outcome::Retry { delay });
         };
         tracing::Span::current().record("lease_id", field::display(session.lease_id()));
+        if let Some(ownership) = &sh.ownership {
+            drop(coming);
+            return self.acquire_partition(a, job_id, session, ownership);
+        }
         a.holding = Some(Holding::start(sh.clone(), job_id));
         let acquired = sh
             .locks
@@ -242,7 +248,10 @@ impl JobRun {
         match acquired {
             Ok(Acquire::Acquired(lock)) => {
                 tracing::Span::current().record("token", lock.token().get());
-                a.held = Held::Lock { session, lock };
+                a.held = Held::Lock {
+                    session,
+                    lock: Grant::Lock(lock),
+                };
                 Ok(())
             }
             Ok(Acquire::Contended { holder })
@@ -268,6 +277,40 @@ impl JobRun {
                 Err(Outcome::Retry { delay })
             }
         }
+    }
+
+    /// Phase 2 in partition mode: the grant of the job's partition, which
+    /// this worker must own (ownership moved since the fetch: handed back at
+    /// once, to the new owner's fetch), and no other delivery of the same job
+    /// in this worker (the same token: the row cannot tell them apart).
+    fn acquire_partition(
+        &self,
+        a: &mut Attempt,
+        job_id: JobId,
+        session: Arc<Session>,
+        ownership: &Ownership,
+    ) -> Result<(), Outcome> {
+        let sh = &self.shared;
+        let partitions = sh.cfg.partitions.unwrap_or(1);
+        let Some(grant) = ownership.grant(&a.job_type, job_id, partitions, &session) else {
+            tracing::debug!("not the owner of the job's partition (any more); handing it back");
+            return Err(Outcome::Retry {
+                delay: Duration::ZERO,
+            });
+        };
+        let holding = Holding::start(sh.clone(), job_id);
+        if Holding::others_hold(sh, job_id) {
+            let delay = sh.cfg.lease_ttl / sh.cfg.tuning.contention_retry_divisor;
+            tracing::debug!(?delay, "another delivery of this job runs here");
+            return Err(Outcome::Contended { delay });
+        }
+        tracing::Span::current().record("token", grant.token.get());
+        a.holding = Some(holding);
+        a.held = Held::Lock {
+            session,
+            lock: Grant::Partition(grant),
+        };
+        Ok(())
     }
 
     /// A run slot (held until the delivery is settled): at once unless this
@@ -335,11 +378,16 @@ impl JobRun {
         let Held::Lock { session, lock } = std::mem::replace(&mut a.held, Held::Nothing) else {
             unreachable!("checked above")
         };
+        let (lock, partition) = match lock {
+            Grant::Lock(lock) => (Some(lock), None),
+            Grant::Partition(grant) => (None, Some(grant)),
+        };
         a.held = Held::Claim(Owned {
             job_id,
             job,
             session,
-            lock: Some(lock),
+            lock,
+            partition,
             token,
             takeovers: claim.takeovers,
             attempts: claim.attempts,

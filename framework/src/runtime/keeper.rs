@@ -106,7 +106,7 @@ impl Actor for LeaseKeeper {
             KeeperMsg::Close(reply) => {
                 state.generation += 1;
                 if let Some(session) = state.args.current.send_replace(None) {
-                    match Arc::try_unwrap(session) {
+                    match release_session(session).await {
                         Ok(session) => {
                             if let Err(e) = session.close().await {
                                 tracing::warn!(error = %e, "revoking the session failed; it expires with its TTL");
@@ -206,6 +206,19 @@ fn level(h: Health) -> i64 {
         Health::Degraded => 1,
         Health::Lost => 2,
     }
+}
+
+/// The session, once every other holder (a task that has just been told there
+/// is no session any more) dropped it; given up after a moment.
+async fn release_session(mut session: Arc<Session>) -> Result<Session, Arc<Session>> {
+    for _ in 0..100 {
+        match Arc::try_unwrap(session) {
+            Ok(s) => return Ok(s),
+            Err(shared) => session = shared,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    Arc::try_unwrap(session)
 }
 
 #[cfg(test)]

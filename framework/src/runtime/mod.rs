@@ -27,6 +27,7 @@ pub(crate) mod handover;
 mod job_actor;
 mod keeper;
 mod outcome;
+mod partitions;
 mod registry;
 mod report;
 mod routes;
@@ -153,6 +154,8 @@ pub(crate) struct Shared {
     pub(crate) holding: std::sync::Mutex<std::collections::HashMap<JobId, u32>>,
     /// The jobs in flight here that an operator's cancel notice can reach.
     pub(crate) cancels: cancel::Cancels,
+    /// Partition mode: the partitions this worker owns.
+    pub(crate) ownership: Option<Arc<partitions::Ownership>>,
 }
 
 impl Shared {
@@ -317,10 +320,14 @@ impl WorkerBuilder {
             None => Metrics::global(&cfg.worker_id),
         };
         let store = FenceStore::connect(&cfg).await?;
+        store.record_partitions(cfg.partitions).await?;
         let schedules = register_schedules(&store, schedules).await?;
         let queue = Queue::provision(&cfg).await?;
         let routes = routes::TypeRoutes::new(self.registry.routes());
-        queue.route(&routes.names()).await?;
+        if cfg.partitions.is_none() {
+            // Partition mode opens each owned partition's consumer instead.
+            queue.route(&routes.names()).await?;
+        }
         let first = Session::establish(&cfg).await?;
 
         let draining = CancellationToken::new();
@@ -342,6 +349,18 @@ impl WorkerBuilder {
             observer: self.observer,
             holding: Default::default(),
             cancels: Default::default(),
+            ownership: cfg.partitions.map(|_| Arc::default()),
+        });
+        // Its own task, stopped before the session is revoked at shutdown: it
+        // holds the session, which is revoked only once nobody else does.
+        let rebalancer = shared.ownership.as_ref().map(|ownership| {
+            let stop = stop_all.child_token();
+            let task = tokio::spawn(partitions::rebalance(
+                shared.clone(),
+                ownership.clone(),
+                stop.clone(),
+            ));
+            (stop, tokio_util::task::AbortOnDropHandle::new(task))
         });
         // Subscribed before the first fetch: a cancel notice for any job this
         // worker runs finds the subscription in place.
@@ -384,6 +403,7 @@ impl WorkerBuilder {
             tasks,
             _advisories: advisories,
             reporter,
+            rebalancer,
         })
     }
 }
@@ -521,6 +541,8 @@ pub struct Worker {
     _advisories: crate::queue::AdvisoryListener,
     /// Writes this worker's reports for operators (`stopped` at shutdown).
     reporter: Reporter,
+    /// Partition mode: the rebalancing task and its stop.
+    rebalancer: Option<(CancellationToken, tokio_util::task::AbortOnDropHandle<()>)>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -584,6 +606,10 @@ impl Worker {
                 .await;
         }
         self.reporter.stopped().await;
+        if let Some((stop, task)) = self.rebalancer.take() {
+            stop.cancel();
+            let _ = task.await;
+        }
         let _ = ractor::call!(self.supervisor, SupervisorMsg::CloseSession);
         self.stop_all.cancel();
         self.supervisor.stop(Some("shutdown".into()));

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::cancel::CancelWatch;
 use super::compensate::{Compensated, Compensation};
 use super::job_actor::{Holding, JobRun};
+use super::partitions::PartitionGrant;
 use super::registry::DynJob;
 use super::slots::RunSlot;
 use crate::fence::{FenceError, JobRow, JobStatus};
@@ -158,15 +159,35 @@ impl DeadCode {
     }
 }
 
+/// What a delivery runs its job under until its claim: the job's own lock
+/// (one lock per job) or its partition's grant (partition mode).
+pub(super) enum Grant {
+    Lock(JobLock),
+    Partition(PartitionGrant),
+}
+
+impl Grant {
+    pub(super) fn job_id(&self) -> JobId {
+        match self {
+            Grant::Lock(l) => l.job_id(),
+            Grant::Partition(g) => g.job_id,
+        }
+    }
+
+    pub(super) fn token(&self) -> FencingToken {
+        match self {
+            Grant::Lock(l) => l.token(),
+            Grant::Partition(g) => g.token,
+        }
+    }
+}
+
 /// What a delivery holds when it ends.
 pub(super) enum Held {
     /// Nothing of ours: no lock (yet), no claim.
     Nothing,
-    /// Our job lock, not claimed at the resource.
-    Lock {
-        session: Arc<Session>,
-        lock: JobLock,
-    },
+    /// Our job lock or partition grant, not claimed at the resource.
+    Lock { session: Arc<Session>, lock: Grant },
     /// Our claim on the job row (and our lock, until it is deleted).
     Claim(Owned),
 }
@@ -176,7 +197,15 @@ impl Held {
     fn take_lock(&mut self) -> Option<(Arc<Session>, JobLock)> {
         match std::mem::replace(self, Held::Nothing) {
             Held::Nothing => None,
-            Held::Lock { session, lock } => Some((session, lock)),
+            Held::Lock {
+                session,
+                lock: Grant::Lock(lock),
+            } => Some((session, lock)),
+            held @ Held::Lock { .. } => {
+                // A partition's grant: nothing to delete; kept until settled.
+                *self = held;
+                None
+            }
             Held::Claim(mut owned) => {
                 let lock = owned.lock.take().map(|l| (owned.session.clone(), l));
                 *self = Held::Claim(owned);
@@ -192,6 +221,9 @@ pub(super) struct Owned {
     pub(super) job: Arc<dyn DynJob>,
     pub(super) session: Arc<Session>,
     pub(super) lock: Option<JobLock>,
+    /// Partition mode: the partition's grant (its hand-over stops the job at
+    /// the next step boundary).
+    pub(super) partition: Option<PartitionGrant>,
     pub(super) token: FencingToken,
     pub(super) takeovers: u32,
     pub(super) attempts: u32,
@@ -199,6 +231,15 @@ pub(super) struct Owned {
     pub(super) cancel: CancellationToken,
     /// The job's input as enqueued (every step's `StepCtx::input`).
     pub(super) input: Arc<serde_json::Value>,
+}
+
+impl Owned {
+    /// Whether the job's partition is being handed over to another worker.
+    pub(super) fn handing_over(&self) -> bool {
+        self.partition
+            .as_ref()
+            .is_some_and(|g| g.handover.is_cancelled())
+    }
 }
 
 /// One delivery on its way through the phases: the message, what is known of

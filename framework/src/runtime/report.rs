@@ -51,6 +51,9 @@ impl Reporter {
             self.report(session.as_deref(), health.as_str()).await;
             self.record_unrouted().await;
             let mut healths = session.as_ref().map(|s| s.watch_health());
+            // Not held while waiting: a graceful shutdown revokes the session
+            // only once nobody else holds it.
+            drop(session);
             tokio::select! {
                 () = stop.cancelled() => return,
                 _ = sessions.changed() => {}

@@ -66,7 +66,9 @@ impl JobRun {
                 }
                 return Err(self.cancel_asked(owned).await);
             }
-            if self.shared.draining.is_cancelled() && k > first {
+            // Shutdown, or the job's partition goes to another worker: stop
+            // at this step boundary, released (no takeover for the next owner).
+            if (self.shared.draining.is_cancelled() || owned.handing_over()) && k > first {
                 // The transaction opened for this step holds the job row.
                 if let Some(tx) = open_tx.take() {
                     let _ = tx.rollback().await;

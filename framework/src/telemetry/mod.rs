@@ -150,6 +150,7 @@ pub(crate) struct Metrics {
     completed: Counter<u64>,
     unrouted: Gauge<i64>,
     cancelled: Counter<u64>,
+    partitions: Counter<u64>,
 }
 
 /// Bucket boundaries (seconds) of every duration histogram: 1 ms to 30 s, about
@@ -246,12 +247,31 @@ impl Metrics {
                 .u64_counter("tenure.jobs.cancelled")
                 .with_description("deliveries ended (acked) because an operator cancelled the job")
                 .build(),
+            partitions: meter
+                .u64_counter("tenure.partitions.changes")
+                .with_description(
+                    "partition ownership changes of this worker (partition mode), by change: taken, handed_over, lost",
+                )
+                .build(),
         }
     }
 
     /// Instruments from the global meter provider.
     pub fn global(worker: &str) -> Self {
         Self::new(&opentelemetry::global::meter("tenure"), worker)
+    }
+
+    /// This worker took (`taken`), handed over (`handed_over`) or lost
+    /// (`lost`) partitions of `job_type` (`n` of them).
+    pub fn partitions(&self, job_type: &str, change: &'static str, n: u64) {
+        self.partitions.add(
+            n,
+            &[
+                self.worker.clone(),
+                KeyValue::new("job_type", job_type.to_string()),
+                KeyValue::new("change", change),
+            ],
+        );
     }
 
     /// `n` messages of `job_type` wait and no live worker registers the type.

@@ -1,6 +1,6 @@
 //! A worker process for tests that need to pause (SIGSTOP) or kill a worker.
 //!
-//! `tenure-test-worker --etcd E1,E2,E3 --nats URL --db URL --ns NS --ttl-secs N --worker ID [--cron NAME]`
+//! `tenure-test-worker --etcd E1,E2,E3 --nats URL --db URL --ns NS --ttl-secs N --worker ID [--cron NAME] [--partitions P]`
 //!
 //! With `--cron NAME` it also declares the schedule NAME: a [`ThreeStep`] job
 //! every second, missed ticks caught up (at most 1000).
@@ -60,6 +60,13 @@ async fn main() {
         .with_database_url(arg(&args, "--db"))
         .with_lease_ttl(Duration::from_secs(ttl))
         .with_worker_id(worker.clone());
+    if let Some(i) = args.iter().position(|a| a == "--partitions") {
+        let p = args
+            .get(i + 1)
+            .and_then(|p| p.parse().ok())
+            .expect("--partitions P");
+        cfg = cfg.with_partitions(p);
+    }
     cfg.contention_backoff.base = Duration::from_millis(50);
     cfg.contention_backoff.cap = Duration::from_millis(500);
     cfg.retry_backoff.base = Duration::from_millis(50);

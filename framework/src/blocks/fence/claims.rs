@@ -211,6 +211,9 @@ impl FenceStore {
                 self.record_refusal(&err, token, None, "claim").await;
                 ClaimVerdict::Refused(err)
             }
+            // Partition mode: the owner's own token on the row is its own
+            // earlier claim; the row changed after our update. Try again.
+            Some(d) if d.fence == token.get() && self.sql.partitioned => ClaimVerdict::Retry,
             Some(d) if d.fence == token.get() => {
                 let err = FenceError::TokenRegression {
                     job_id: id,

@@ -225,6 +225,37 @@ pub enum FenceError {
         /// The role's fence now (`None`: never claimed).
         current: Option<ObservedFence>,
     },
+    /// The namespace records another way of owning jobs than the
+    /// configuration asks for ([`Config::partitions`](crate::Config::partitions)):
+    /// set the recorded one (or use a new namespace).
+    #[error(
+        "the namespace records {} but the configuration asks for {}: set partitions to the recorded value (TENURE_PARTITIONS) or use a new namespace",
+        partitions_text(*recorded),
+        partitions_text(*configured)
+    )]
+    PartitionsChanged {
+        /// What the namespace records (`None`: one lock per job).
+        recorded: Option<u32>,
+        /// What the configuration says.
+        configured: Option<u32>,
+    },
+    /// A partition owner's claim refused: the partition's fence in PostgreSQL
+    /// is at or above the owner's token. Above: a newer owner claimed it (this
+    /// one is stale). Equal: etcd issued this token before (its revisions went
+    /// backwards): an alarm. Either way, run none of its jobs.
+    #[error(
+        "partition {partition} of {job_type}: fenced out, token {ours} (current fence {current})"
+    )]
+    PartitionFencedOut {
+        /// The job type.
+        job_type: String,
+        /// The partition.
+        partition: u32,
+        /// Our token.
+        ours: ObservedFence,
+        /// The partition's fence now.
+        current: ObservedFence,
+    },
     /// A schema or table name that is not a plain identifier.
     #[error("invalid {what} name {name:?}: {reason}")]
     InvalidName {
@@ -331,6 +362,14 @@ impl From<sqlx::Error> for FenceError {
 impl From<sqlx::migrate::MigrateError> for FenceError {
     fn from(err: sqlx::migrate::MigrateError) -> Self {
         FenceError::Migrate(err)
+    }
+}
+
+/// How a [`FenceError::PartitionsChanged`] names a way of owning jobs.
+fn partitions_text(p: Option<u32>) -> String {
+    match p {
+        Some(n) => format!("{n} partitions per job type"),
+        None => "one etcd lock per job".into(),
     }
 }
 

@@ -89,6 +89,7 @@ mod leader;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod outbox;
+mod partitions;
 mod reads;
 mod retention;
 mod row;

@@ -91,6 +91,9 @@ fn claim_sql(t: &str, fence_check: &str) -> String {
 
 #[derive(Debug)]
 pub(crate) struct Sql {
+    /// Partition mode ([`Sql::partitioned`]): a claim accepts the row's own
+    /// token (the partition owner claims each of its jobs with one token).
+    pub partitioned: bool,
     pub insert: String,
     pub same_payload: String,
     pub job: String,
@@ -130,6 +133,7 @@ impl Sql {
         let claim = claim_sql(&t, "AND fence < $2");
         let set_gucs = SET_GUCS;
         Sql {
+            partitioned: false,
             insert: format!(
                 "INSERT INTO {t} (id, job_type, input, run_at, awaiting_publish, step_names, \
                                   steps_fingerprint) \
@@ -254,6 +258,26 @@ impl Sql {
     pub(crate) fn admit_literal(&self, id: uuid::Uuid, token: i64, step: i32) -> String {
         let [id, token, step] = key_literals(id, token, step);
         with_literals(&self.admit, &[&id, &token, &step])
+    }
+
+    /// Partition mode: the claim raises the fence to the partition owner's
+    /// token or finds it there already (`fence <= $2`), and counts a takeover
+    /// only from an older owner that did not release (`fence < $2`). The same
+    /// token on the row is the same owner (its earlier attempt of the job);
+    /// two owners never share a token (`FenceStore::claim_partition`).
+    pub(crate) fn partitioned(mut self, schema: &str) -> Self {
+        let t = format!("\"{schema}\".jobs");
+        self.claim = format!(
+            "UPDATE {t} SET prev_fence = fence, \
+                            took_over = (fence > 0 AND fence < $2 AND NOT released), \
+                            takeovers = takeovers + (fence > 0 AND fence < $2 AND NOT released)::int, \
+                            fence = $2, released = false, status = 'running', updated_at = now() \
+             WHERE id = $1 AND fence <= $2 AND status IN ('pending', 'running') \
+             RETURNING {CLAIM_RETURNING}"
+        );
+        self.claim_and_begin = format!("{}, {SET_GUCS}", self.claim);
+        self.partitioned = true;
+        self
     }
 
     /// TEST ONLY: the torture test's negative control (`Config::unsafe_no_fencing`).

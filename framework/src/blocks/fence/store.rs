@@ -48,12 +48,16 @@ impl FenceStore {
                 .await
                 .map_err(|e| with_address(cfg, e))?,
         };
-        let store = Self::new(pool, &cfg.schema)?;
+        let mut store = Self::new(pool, &cfg.schema)?;
+        if cfg.partitions.is_some() {
+            let sql = Sql::new(&cfg.schema).partitioned(&cfg.schema);
+            store.sql = Arc::new(sql);
+        }
         #[cfg(feature = "testing")]
         let store = if cfg.unsafe_no_fencing {
             tracing::error!("UNSAFE: fencing is OFF (test-only negative control)");
             FenceStore {
-                sql: Arc::new(Sql::new(&cfg.schema).without_fencing(&cfg.schema)),
+                sql: Arc::new(unfenced(cfg)),
                 ..store
             }
         } else {
@@ -174,6 +178,8 @@ impl FenceStore {
             format!(
                 "GRANT SELECT, INSERT, UPDATE ON \"{s}\".schedules, \"{s}\".leader_fences TO {role}"
             ),
+            format!("GRANT SELECT, INSERT ON \"{s}\".partitioning TO {role}"),
+            format!("GRANT SELECT, INSERT, UPDATE ON \"{s}\".partition_fences TO {role}"),
             format!(
                 "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_step_cas(uuid, bigint, integer, jsonb, boolean) TO {role}"
             ),
@@ -192,6 +198,18 @@ impl FenceStore {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// The negative control's SQL (in partition mode too).
+#[cfg(feature = "testing")]
+fn unfenced(cfg: &Config) -> Sql {
+    let sql = Sql::new(&cfg.schema);
+    let sql = if cfg.partitions.is_some() {
+        sql.partitioned(&cfg.schema)
+    } else {
+        sql
+    };
+    sql.without_fencing(&cfg.schema)
 }
 
 /// A connect error, with the server's address when it is a refusal.

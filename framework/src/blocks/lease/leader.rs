@@ -61,8 +61,17 @@ impl Session {
     /// # Errors
     /// [`LeaseError::SessionLost`], [`LeaseError::Etcd`], [`LeaseError::Timeout`].
     pub async fn campaign(&self, role: &str) -> Result<Campaign, LeaseError> {
+        self.campaign_at(role, self.leader_key(role)).await
+    }
+
+    /// [`campaign`](Self::campaign) for the key `key`, the role named `role`
+    /// (also how a partition is owned: `partition.rs`).
+    pub(super) async fn campaign_at(
+        &self,
+        role: &str,
+        key: String,
+    ) -> Result<Campaign, LeaseError> {
         self.ensure_not_lost()?;
-        let key = self.leader_key(role);
         let value = serde_json::json!({"worker": self.worker_id, "lease": self.lease.to_string()})
             .to_string();
         let create = Txn::new()
@@ -151,7 +160,7 @@ impl Session {
 }
 
 /// The lease and `create_revision` of the first key a Get answer holds.
-fn held_by(answers: &[TxnOpResponse]) -> Option<(i64, i64)> {
+pub(super) fn held_by(answers: &[TxnOpResponse]) -> Option<(i64, i64)> {
     answers.iter().find_map(|r| match r {
         TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (kv.lease(), kv.create_revision())),
         _ => None,

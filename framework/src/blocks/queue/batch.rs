@@ -50,7 +50,7 @@ impl Queue {
         m: &JobMessage<'_>,
     ) -> Result<(String, async_nats::jetstream::context::PublishAckFuture), QueueError> {
         validate_job_type(m.job_type)?;
-        let subject = self.inner.names.work_subject(m.job_type);
+        let subject = self.job_subject(m.job_type, m.job_id);
         let h = job_headers(m.job_id, m.job_type, &m.job_id.to_string());
         let ack = self
             .inner

@@ -501,7 +501,10 @@ impl Queue {
         let names = &self.inner.names;
         let subject = match (&entry.original_subject, &entry.job_type) {
             (Some(s), _) if s.starts_with(&names.subject_prefix) => s.clone(),
-            (_, Some(t)) if super::validate_job_type(t).is_ok() => names.work_subject(t),
+            (_, Some(t)) if super::validate_job_type(t).is_ok() => match entry.job_id {
+                Some(id) => self.job_subject(t, id),
+                None => names.work_subject(t),
+            },
             _ => {
                 return Err(QueueError::Redrive {
                     dlq_sequence: entry.dlq_sequence,

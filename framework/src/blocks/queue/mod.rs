@@ -315,6 +315,18 @@ impl QueueNames {
         format!("{}{job_type}", self.subject_prefix)
     }
 
+    /// The work subject of partition `partition` of `job_type` (partition
+    /// mode): `<ns>.jobs.<job_type>.<partition>`.
+    pub fn partition_subject(&self, job_type: &str, partition: u32) -> String {
+        format!("{}{job_type}.{partition}", self.subject_prefix)
+    }
+
+    /// The durable consumer of partition `partition` of `job_type`: the type's
+    /// consumer name ([`QueueNames::type_consumer`]) and `_p<partition>`.
+    pub fn partition_consumer(&self, job_type: &str, partition: u32) -> String {
+        format!("{}_p{partition}", self.type_consumer(job_type))
+    }
+
     /// The durable consumer of `job_type`'s work subject: the prefix, then the
     /// type with `_` written `__` and `.` written `_d` (consumer names cannot
     /// hold a dot; the spelling is one-to-one).
@@ -331,6 +343,7 @@ impl QueueNames {
     }
 
     /// The job type whose consumer is `consumer` (`None`: not one of ours).
+    /// A partition's consumer names its job type too.
     pub fn consumer_job_type(&self, consumer: &str) -> Option<String> {
         let mut rest = consumer.strip_prefix(&self.consumer_prefix)?.chars();
         let mut job_type = String::new();
@@ -339,6 +352,12 @@ impl QueueNames {
                 '_' => match rest.next()? {
                     '_' => job_type.push('_'),
                     'd' => job_type.push('.'),
+                    'p' => {
+                        let partition = rest.as_str();
+                        let digits =
+                            !partition.is_empty() && partition.bytes().all(|b| b.is_ascii_digit());
+                        return (digits && !job_type.is_empty()).then_some(job_type);
+                    }
                     _ => return None,
                 },
                 c => job_type.push(c),
@@ -431,6 +450,7 @@ struct Settings {
     ack_wait: Duration,
     max_deliver: i64,
     backoff: BackoffConfig,
+    partitions: Option<u32>,
 }
 
 struct Inner {
@@ -556,7 +576,7 @@ impl Queue {
         let span = tracing::debug_span!("tenure.queue.publish", %job_id, job_type);
         async move {
             validate_job_type(job_type)?;
-            let subject = self.inner.names.work_subject(job_type);
+            let subject = self.job_subject(job_type, job_id);
             let h = job_headers(job_id, job_type, &msg_id);
             let ack = self.publish_confirmed(subject, h, payload).await?;
             tracing::debug!(
@@ -568,6 +588,24 @@ impl Queue {
         }
         .instrument(span)
         .await
+    }
+
+    /// The work subject of job `job_id` of `job_type`: its partition's in
+    /// partition mode ([`QueueNames::partition_subject`]), else its type's.
+    pub fn job_subject(&self, job_type: &str, job_id: JobId) -> String {
+        match self.inner.settings.partitions {
+            Some(p) => self
+                .inner
+                .names
+                .partition_subject(job_type, job_id.partition(p)),
+            None => self.inner.names.work_subject(job_type),
+        }
+    }
+
+    /// The partition count this queue publishes and fetches with
+    /// (`Config::partitions`).
+    pub fn partitions(&self) -> Option<u32> {
+        self.inner.settings.partitions
     }
 
     /// Publishes to any subject of the namespace's streams and waits for the
@@ -626,8 +664,41 @@ impl Queue {
             got = tracing::field::Empty
         );
         let consumer = self.type_consumer(job_type).await?;
+        self.fetch_from(&consumer, max, wait, span).await
+    }
+
+    /// As [`Queue::fetch`], from the consumer of partition `partition` of
+    /// `job_type` (partition mode), created on first use by a worker's queue.
+    ///
+    /// # Errors
+    /// As [`Queue::fetch`].
+    pub async fn fetch_partition(
+        &self,
+        job_type: &str,
+        partition: u32,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let span = tracing::debug_span!(
+            "tenure.queue.fetch",
+            job_type,
+            partition,
+            max,
+            got = tracing::field::Empty
+        );
+        let consumer = self.partition_consumer(job_type, partition).await?;
+        self.fetch_from(&consumer, max, wait, span).await
+    }
+
+    async fn fetch_from(
+        &self,
+        consumer: &consumer::PullConsumer,
+        max: usize,
+        wait: Duration,
+        span: tracing::Span,
+    ) -> Result<Vec<Delivery>, QueueError> {
         let messages = self
-            .pull(&consumer, &consumer.cached_info().name, max, wait)
+            .pull(consumer, &consumer.cached_info().name, max, wait)
             .instrument(span.clone())
             .await?;
         span.record("got", messages.len());
@@ -829,5 +900,14 @@ mod tests {
         assert_eq!(n.consumer_job_type("ns_workers"), None);
         assert_eq!(n.consumer_job_type("ns_advisories"), None);
         assert_eq!(n.consumer_job_type("ns_workers_a_x"), None);
+        // Partition consumers name their type, whatever the type's spelling.
+        for t in ["a", "a_p3", "a.b", "a__p"] {
+            let name = n.partition_consumer(t, 12);
+            assert!(!name.contains('.'), "{name}");
+            assert_eq!(n.consumer_job_type(&name).as_deref(), Some(t), "{name}");
+        }
+        assert_eq!(n.partition_subject("a.b", 7), "ns.jobs.a.b.7");
+        assert_eq!(n.consumer_job_type("ns_workers_a_p"), None);
+        assert_eq!(n.consumer_job_type("ns_workers_a_p1x"), None);
     }
 }

@@ -61,6 +61,23 @@ pub(super) fn type_consumer_config(
     }
 }
 
+/// The durable consumer of one partition of one job type (partition mode).
+pub(super) fn partition_consumer_config(
+    names: &QueueNames,
+    settings: &Settings,
+    job_type: &str,
+    partition: u32,
+) -> consumer::pull::Config {
+    consumer::pull::Config {
+        durable_name: Some(names.partition_consumer(job_type, partition)),
+        description: Some(format!(
+            "Tenure owner of partition {partition} of job type {job_type}"
+        )),
+        filter_subject: names.partition_subject(job_type, partition),
+        ..type_consumer_config(names, settings, job_type)
+    }
+}
+
 impl Queue {
     /// Opens the consumers of `job_types` (workers call it once at start, with
     /// the types they registered): created or updated by a queue from
@@ -98,6 +115,31 @@ impl Queue {
         Ok(c)
     }
 
+    /// The consumer of partition `partition` of `job_type`, opened on first
+    /// use as [`Queue::route`] opens a type's (partition mode: a worker opens
+    /// the consumers of the partitions it owns).
+    pub(super) async fn partition_consumer(
+        &self,
+        job_type: &str,
+        partition: u32,
+    ) -> Result<consumer::PullConsumer, QueueError> {
+        let routes = &self.inner.routes;
+        let names = &self.inner.names;
+        let name = names.partition_consumer(job_type, partition);
+        if let Some(c) = routes.cached(&name) {
+            return Ok(c);
+        }
+        validate_job_type(job_type)?;
+        let spec = partition_consumer_config(names, &self.inner.settings, job_type, partition);
+        let mode = match routes.mode {
+            Provisioning::Apply => Provisioning::Apply,
+            _ => Provisioning::Bind,
+        };
+        let c = ensure_consumer(&self.inner.work_stream, spec, mode).await?;
+        routes.keep(&name, c.clone());
+        Ok(c)
+    }
+
     /// The job types that have a consumer on the server (a worker registering
     /// them ran at some time), with the messages each has not delivered yet.
     ///
@@ -105,10 +147,12 @@ impl Queue {
     /// [`QueueError::Read`].
     pub async fn routed_types(&self) -> Result<BTreeMap<String, u64>, QueueError> {
         let infos = self.type_consumer_infos().await?;
-        Ok(infos
-            .into_iter()
-            .map(|(job_type, info)| (job_type, info.num_pending))
-            .collect())
+        let mut out = BTreeMap::new();
+        for (job_type, info) in infos {
+            // Partition mode: a type's partitions, summed.
+            *out.entry(job_type).or_insert(0) += info.num_pending;
+        }
+        Ok(out)
     }
 
     /// The server's info on every per-type consumer of the work stream, with
@@ -144,7 +188,11 @@ impl Queue {
         let mut out = BTreeMap::new();
         while let Some(entry) = subjects.next().await {
             let (subject, count) = entry.map_err(read(&names.stream))?;
-            if let Some(job_type) = subject.strip_prefix(&names.subject_prefix) {
+            if let Some(tail) = subject.strip_prefix(&names.subject_prefix) {
+                let job_type = match (self.inner.settings.partitions, tail.rsplit_once('.')) {
+                    (Some(_), Some((job_type, _partition))) => job_type,
+                    _ => tail,
+                };
                 *out.entry(job_type.to_string()).or_insert(0) += count as u64;
             }
         }

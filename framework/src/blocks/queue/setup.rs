@@ -111,6 +111,7 @@ impl Queue {
                     ack_wait: cfg.ack_wait(),
                     max_deliver: cfg.max_deliver,
                     backoff: cfg.retry_backoff,
+                    partitions: cfg.partitions,
                 },
             }),
         })

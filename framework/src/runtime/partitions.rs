@@ -1,0 +1,452 @@
+//! Partition mode (`Config::partitions`): which partitions this worker owns
+//! ([`Ownership`], read by the fetcher and the job actors) and the task that
+//! keeps that share fair ([`rebalance`]).
+//!
+//! Per job type, the live members that registered it share its partitions:
+//! member `i` of `n` (by lease id) aims for `P / n` partitions, one more if
+//! `i < P % n` ([`fair_share`]). A worker below its share campaigns for free
+//! partitions (etcd key, then the partition's fence in PostgreSQL); above it,
+//! it hands the extra ones over: it stops fetching them, lets their running
+//! jobs stop at their next step boundary (released, so the next owner counts no
+//! takeover), then deletes the key. A crashed worker's keys go with its lease.
+//! Every change under `<ns>/own/` wakes every worker's rebalance at once (an
+//! etcd watch), so a free partition is taken a round trip after it is freed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use crate::fence::FenceError;
+use crate::lease::{Campaign, Health, Leadership, LeaseError, OwnershipView, Session};
+use crate::types::{FencingToken, JobId, LeaseId};
+
+/// One owned partition of one job type.
+struct Unit {
+    lead: Leadership,
+    lease: LeaseId,
+    /// Cancelled when the partition is being handed over: its jobs stop at
+    /// their next step boundary, no new one starts.
+    handover: CancellationToken,
+    /// This partition's deliveries past their grant, until they end.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// The partitions this worker owns, by (job type, partition).
+#[derive(Default)]
+pub(crate) struct Ownership {
+    units: Mutex<HashMap<(String, u32), Unit>>,
+    /// Woken on every change of the owned set.
+    changed: Notify,
+}
+
+/// A delivery's right to run its job: the partition's token, held while the
+/// delivery lives (the hand-over of the partition waits for it to end).
+pub(crate) struct PartitionGrant {
+    pub(crate) job_id: JobId,
+    pub(crate) token: FencingToken,
+    pub(crate) handover: CancellationToken,
+    _use: UnitUse,
+}
+
+/// Counts a delivery in its partition's `in_flight` until dropped.
+struct UnitUse(Arc<AtomicUsize>);
+
+impl Drop for UnitUse {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Ownership {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u32), Unit>> {
+        self.units.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The grant to run `job_id` of `job_type` under `session`: `None` unless
+    /// this session owns the job's partition and is not handing it over.
+    pub(crate) fn grant(
+        &self,
+        job_type: &str,
+        job_id: JobId,
+        partitions: u32,
+        session: &Session,
+    ) -> Option<PartitionGrant> {
+        let units = self.lock();
+        let unit = units.get(&(job_type.to_string(), job_id.partition(partitions)))?;
+        if unit.lease != session.lease_id() || unit.handover.is_cancelled() {
+            return None;
+        }
+        unit.in_flight.fetch_add(1, Ordering::AcqRel);
+        Some(PartitionGrant {
+            job_id,
+            token: unit.lead.token(),
+            handover: unit.handover.clone(),
+            _use: UnitUse(unit.in_flight.clone()),
+        })
+    }
+
+    /// The partitions of `job_type` to fetch from (owned, not handed over).
+    pub(crate) fn fetchable(&self, job_type: &str) -> Vec<u32> {
+        let mut out: Vec<u32> = self
+            .lock()
+            .iter()
+            .filter(|((t, _), u)| t == job_type && !u.handover.is_cancelled())
+            .map(|((_, p), _)| *p)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// How many partitions this worker owns (all types).
+    pub(crate) fn owned(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Waits for a change of the owned set (at most `bound`).
+    pub(crate) async fn changed(&self, bound: Duration) {
+        let _ = tokio::time::timeout(bound, self.changed.notified()).await;
+    }
+
+    fn insert(&self, job_type: &str, partition: u32, lead: Leadership, lease: LeaseId) {
+        let unit = Unit {
+            lead,
+            lease,
+            handover: CancellationToken::new(),
+            in_flight: Arc::default(),
+        };
+        self.lock().insert((job_type.to_string(), partition), unit);
+        self.changed.notify_waiters();
+    }
+
+    /// Forgets every partition not held under `lease` (a lost session's), and
+    /// those `view` shows are no longer ours; tells their jobs to stop.
+    /// Returns the job type of each one forgotten.
+    fn forget_lost(&self, lease: LeaseId, view: Option<&OwnershipView>) -> Vec<String> {
+        let mut units = self.lock();
+        let mut lost = Vec::new();
+        units.retain(|(t, p), u| {
+            let still = u.lease == lease
+                && view.is_none_or(|v| {
+                    v.owners.iter().any(|o| {
+                        o.job_type == *t
+                            && o.partition == *p
+                            && o.lease == lease
+                            && o.revision == u.lead.token().get()
+                    })
+                });
+            // One being handed over is gone by our own hand: not lost.
+            if !still && !u.handover.is_cancelled() {
+                u.handover.cancel();
+                lost.push(t.clone());
+            }
+            still
+        });
+        if !lost.is_empty() {
+            tracing::warn!(
+                lost = lost.len(),
+                "partitions lost (session lost or key gone)"
+            );
+            self.changed.notify_waiters();
+        }
+        lost
+    }
+
+    /// [`forget_lost`](Self::forget_lost), counted.
+    fn forget(&self, shared: &Shared, lease: LeaseId, view: Option<&OwnershipView>) {
+        for job_type in self.forget_lost(lease, view) {
+            shared.metrics.partitions(&job_type, "lost", 1);
+        }
+    }
+
+    /// Marks partition `partition` of `job_type` as handed over; returns its
+    /// key and in-flight count if it was ours and not already marked.
+    fn start_handover(
+        &self,
+        job_type: &str,
+        partition: u32,
+    ) -> Option<(Leadership, Arc<AtomicUsize>)> {
+        let units = self.lock();
+        let unit = units.get(&(job_type.to_string(), partition))?;
+        if unit.handover.is_cancelled() {
+            return None;
+        }
+        unit.handover.cancel();
+        self.changed.notify_waiters();
+        Some((unit.lead.clone(), unit.in_flight.clone()))
+    }
+
+    fn remove(&self, job_type: &str, partition: u32, token: FencingToken) {
+        let mut units = self.lock();
+        let key = (job_type.to_string(), partition);
+        if units.get(&key).is_some_and(|u| u.lead.token() == token) {
+            units.remove(&key);
+        }
+    }
+}
+
+/// Member `index` of `members`' share of `partitions`: `P / n`, one more for
+/// the first `P % n` members.
+pub(crate) fn fair_share(partitions: u32, members: usize, index: usize) -> usize {
+    let (p, n) = (partitions as usize, members.max(1));
+    p / n + usize::from(index < p % n)
+}
+
+/// Keeps this worker's share of every registered type's partitions until
+/// `stop`: on every session, join the members, then reconcile on every change
+/// under `<ns>/own/` (and every `Tuning::partition_resync` as a backstop).
+pub(crate) async fn rebalance(
+    shared: Arc<Shared>,
+    ownership: Arc<Ownership>,
+    stop: CancellationToken,
+) {
+    let Some(partitions) = shared.cfg.partitions else {
+        return;
+    };
+    let types = shared.registry.names();
+    let mut current = shared.session.clone();
+    loop {
+        let session = current.borrow_and_update().clone();
+        match session.filter(|s| s.health() != Health::Lost) {
+            Some(session) => {
+                let round = Rebalance {
+                    shared: &shared,
+                    ownership: &ownership,
+                    session: &session,
+                    partitions,
+                    types: &types,
+                    handovers: Mutex::default(),
+                };
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = round.run() => {}
+                    _ = current.changed() => {}
+                }
+            }
+            None => {
+                ownership.forget(&shared, LeaseId::new(0), None);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = current.changed() => {}
+                }
+            }
+        }
+    }
+}
+
+/// One session's rebalancing.
+struct Rebalance<'a> {
+    shared: &'a Arc<Shared>,
+    ownership: &'a Arc<Ownership>,
+    session: &'a Arc<Session>,
+    partitions: u32,
+    types: &'a [String],
+    /// Hand-overs in progress (aborted with the session's rebalancing: the
+    /// key then goes with the lease).
+    handovers: Mutex<tokio::task::JoinSet<()>>,
+}
+
+impl Rebalance<'_> {
+    /// Until the session is lost: join, watch, reconcile on every change.
+    async fn run(&self) {
+        let pause = self.shared.cfg.tuning.partition_resync;
+        let lease = self.session.lease_id();
+        self.ownership.forget(self.shared, lease, None);
+        let mut lost = self.session.watch_health();
+        loop {
+            let types: Vec<&str> = self.types.iter().map(String::as_str).collect();
+            if let Err(e) = self.session.join_members(&types).await {
+                tracing::warn!(error = %e, "joining the partition members failed; retrying");
+                tokio::time::sleep(pause / 10).await;
+                continue;
+            }
+            let mut watch = match self.session.watch_ownership().await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(error = %e, "watching partition owners failed; retrying");
+                    tokio::time::sleep(pause / 10).await;
+                    continue;
+                }
+            };
+            loop {
+                if let Err(e) = self.reconcile().await {
+                    tracing::warn!(error = %e, "rebalancing partitions failed; retrying");
+                }
+                tokio::select! {
+                    changed = watch.changed() => if changed.is_err() { break },
+                    () = tokio::time::sleep(pause) => {}
+                    () = wait_lost(&mut lost) => {
+                        self.ownership.forget(self.shared, LeaseId::new(0), None);
+                        return std::future::pending().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One reconciliation against the owners etcd shows now.
+    async fn reconcile(&self) -> Result<(), LeaseError> {
+        let view = self.session.ownership().await?;
+        let lease = self.session.lease_id();
+        self.ownership.forget(self.shared, lease, Some(&view));
+        for job_type in self.types {
+            let mut members: Vec<LeaseId> = view
+                .members
+                .iter()
+                .filter(|m| m.job_types.iter().any(|t| t == job_type))
+                .map(|m| m.lease)
+                .collect();
+            if !members.contains(&lease) {
+                members.push(lease);
+            }
+            members.sort_by_key(|l| l.get());
+            let index = members.iter().position(|l| *l == lease).unwrap_or(0);
+            let share = fair_share(self.partitions, members.len(), index);
+            self.balance_type(job_type, &view, share, index).await;
+        }
+        Ok(())
+    }
+
+    /// Takes free partitions of `job_type` up to `share`, or hands the extra
+    /// ones over.
+    async fn balance_type(&self, job_type: &str, view: &OwnershipView, share: usize, index: usize) {
+        let owners: HashMap<u32, LeaseId> = view
+            .owners
+            .iter()
+            .filter(|o| o.job_type == job_type)
+            .map(|o| (o.partition, o.lease))
+            .collect();
+        let kept = self.ownership.fetchable(job_type);
+        if kept.len() > share {
+            for &p in kept.iter().rev().take(kept.len() - share) {
+                self.hand_over(job_type, p);
+            }
+            return;
+        }
+        let mut missing = share - kept.len();
+        if missing == 0 {
+            return;
+        }
+        // Start looking at a different place per member: fewer lost races.
+        let start = (index as u32).wrapping_mul(self.partitions / 4 + 1) % self.partitions;
+        for k in 0..self.partitions {
+            if missing == 0 {
+                break;
+            }
+            let p = (start + k) % self.partitions;
+            if owners.contains_key(&p) {
+                continue;
+            }
+            if self.take(job_type, p).await {
+                missing -= 1;
+            }
+        }
+    }
+
+    /// Campaigns for partition `p` of `job_type`, then claims its fence in
+    /// PostgreSQL; whether it is ours now.
+    async fn take(&self, job_type: &str, p: u32) -> bool {
+        let lead = match self.session.own_partition(job_type, p).await {
+            Ok(Campaign::Elected(lead)) => lead,
+            Ok(Campaign::Follower) => return false,
+            Err(e) => {
+                tracing::warn!(job_type, partition = p, error = %e, "campaign for a partition failed");
+                return false;
+            }
+        };
+        let worker = &self.shared.cfg.worker_id;
+        match self
+            .shared
+            .store
+            .claim_partition(job_type, p, lead.token(), worker)
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(
+                    job_type,
+                    partition = p,
+                    token = lead.token().get(),
+                    "partition owned"
+                );
+                self.shared.metrics.partitions(job_type, "taken", 1);
+                self.ownership
+                    .insert(job_type, p, lead, self.session.lease_id());
+                true
+            }
+            Err(e) => {
+                self.refused(job_type, p, &e);
+                if let Err(e) = self.session.resign(lead).await {
+                    tracing::warn!(job_type, partition = p, error = %e, "giving a refused partition up failed; it goes with the lease");
+                }
+                false
+            }
+        }
+    }
+
+    fn refused(&self, job_type: &str, p: u32, e: &FenceError) {
+        match e {
+            FenceError::PartitionFencedOut { ours, current, .. } if ours == current => {
+                self.shared.metrics.token_regression(job_type);
+                tracing::error!(job_type, partition = p, error = %e,
+                    "ALERT: fencing token regression on a partition (etcd revisions went backwards); none of its jobs run under it");
+            }
+            e => {
+                tracing::warn!(job_type, partition = p, error = %e, "claiming a partition's fence failed")
+            }
+        }
+    }
+
+    /// Hands partition `p` of `job_type` over in the background: no new job
+    /// starts, running ones stop at their next step boundary; once none is
+    /// left (or after `Config::shutdown_grace`), the key is deleted.
+    fn hand_over(&self, job_type: &str, p: u32) {
+        let Some((lead, in_flight)) = self.ownership.start_handover(job_type, p) else {
+            return;
+        };
+        tracing::info!(job_type, partition = p, "handing a partition over");
+        self.shared.metrics.partitions(job_type, "handed_over", 1);
+        let (session, ownership) = (self.session.clone(), self.ownership.clone());
+        let grace = self.shared.cfg.shutdown_grace;
+        let job_type = job_type.to_string();
+        let mut tasks = self.handovers.lock().unwrap_or_else(|p| p.into_inner());
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(async move {
+            let until = tokio::time::Instant::now() + grace;
+            while in_flight.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let token = lead.token();
+            if let Err(e) = session.resign(lead).await {
+                tracing::warn!(%job_type, partition = p, error = %e, "deleting a handed-over partition's key failed; it goes with the lease");
+            }
+            ownership.remove(&job_type, p, token);
+        });
+    }
+}
+
+/// Until `health` says `Lost` (or its session is gone).
+async fn wait_lost(health: &mut tokio::sync::watch::Receiver<Health>) {
+    let _ = health.wait_for(|h| *h == Health::Lost).await;
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up_and_differ_by_at_most_one() {
+        for p in [1u32, 7, 16, 64] {
+            for n in 1..=9usize {
+                let shares: Vec<usize> = (0..n).map(|i| fair_share(p, n, i)).collect();
+                assert_eq!(shares.iter().sum::<usize>(), p as usize, "p={p} n={n}");
+                let (lo, hi) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
+                assert!(hi - lo <= 1, "p={p} n={n}: {shares:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! Partition mode (`Config::partitions`) against the real servers: jobs run
+//! under their partition's token with no etcd request per job, a joining
+//! worker gets its share and a leaving one hands its partitions over with no
+//! takeover, a crashed worker's partitions are taken once its lease expires,
+//! and a namespace keeps the way of owning jobs it recorded first.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tenure::blocks::fence::FenceError;
+use tenure::blocks::lease::Session;
+use tenure::devstack::DevStack;
+use tenure::{Client, ClientError, Config, JobId, JobStatus, WorkerError};
+use tenure_tests::{
+    ChildWorker, ThreeStep, Work, config_for, double_commits, init_logs, prepare_schema,
+    three_step_worker, wait_until,
+};
+
+/// A fresh namespace in partition mode with `partitions` partitions, on the
+/// shared dev stack.
+async fn partitioned(prefix: &str, ttl: Duration, partitions: u32) -> (String, Config, Client) {
+    let stack = DevStack::shared().expect("dev stack");
+    partitioned_on(stack, prefix, ttl, partitions).await
+}
+
+async fn partitioned_on(
+    stack: &DevStack,
+    prefix: &str,
+    ttl: Duration,
+    partitions: u32,
+) -> (String, Config, Client) {
+    let ns = DevStack::unique_namespace(prefix);
+    let cfg = config_for(stack, &ns, ttl).with_partitions(partitions);
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    (ns, cfg, client)
+}
+
+/// How many partitions of `ThreeStep` each worker owns now, by worker id (read
+/// from etcd through a session of the test's own).
+async fn owners(observer: &Session) -> BTreeMap<String, usize> {
+    let view = observer.ownership().await.expect("ownership");
+    let mut out = BTreeMap::new();
+    let three_step = <ThreeStep as tenure::Job>::NAME;
+    for o in view.owners.into_iter().filter(|o| o.job_type == three_step) {
+        let worker = view
+            .members
+            .iter()
+            .find(|m| m.lease == o.lease)
+            .map_or_else(|| format!("lease {}", o.lease), |m| m.worker.clone());
+        *out.entry(worker).or_insert(0) += 1;
+    }
+    out
+}
+
+/// Waits (up to 30 s) until the owners are exactly `want`; how long it took.
+async fn until_owners(observer: &Session, want: &[(&str, usize)]) -> Duration {
+    let want: BTreeMap<String, usize> = want.iter().map(|(w, n)| ((*w).to_string(), *n)).collect();
+    let start = Instant::now();
+    let ok = wait_until(Duration::from_secs(30), || async {
+        owners(observer).await == want
+    })
+    .await;
+    assert!(ok, "owners {:?}, wanted {want:?}", owners(observer).await);
+    start.elapsed()
+}
+
+async fn enqueue(client: &Client, prefix: &str, n: usize, work: &Work) -> Vec<JobId> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = format!("{prefix}-{i}");
+        ids.push(
+            client
+                .enqueue::<ThreeStep>(&key, work)
+                .await
+                .expect("enqueue")
+                .job_id,
+        );
+    }
+    ids
+}
+
+async fn all_done(client: &Client, ids: &[JobId], within: Duration) -> bool {
+    wait_until(within, || async {
+        for id in ids {
+            match client.job(*id).await {
+                Ok(Some(row)) if row.status == JobStatus::Done => {}
+                _ => return false,
+            }
+        }
+        true
+    })
+    .await
+}
+
+async fn takeovers(client: &Client, ns: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT coalesce(sum(takeovers), 0)::bigint FROM {ns}.jobs"
+    ))
+    .fetch_one(client.store().pool())
+    .await
+    .expect("takeovers")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jobs_run_under_their_partitions_token_with_no_etcd_request_per_job() {
+    init_logs();
+    // A stack of its own: etcd's counters then count this test's requests only.
+    let stack = DevStack::start().await.expect("dev stack");
+    let (ns, cfg, client) = partitioned_on(&stack, "part_steady", Duration::from_secs(10), 4).await;
+    let worker = three_step_worker(&cfg, &ns, "w1").await;
+    let observer = Session::establish(&cfg).await.expect("observer session");
+    until_owners(&observer, &[("w1", 4)]).await;
+    let warm = enqueue(&client, "warm", 8, &Work::default()).await;
+    assert!(all_done(&client, &warm, Duration::from_secs(30)).await);
+
+    let before = stack.etcd_unary_requests().await.expect("etcd metrics");
+    let ids = enqueue(&client, "job", 200, &Work::default()).await;
+    assert!(all_done(&client, &ids, Duration::from_secs(60)).await);
+    let requests = stack.etcd_unary_requests().await.expect("etcd metrics") - before;
+    // One-lock-per-job mode needs at least an acquisition and a release Txn
+    // per batch of jobs; here only the rebalancer's backstop read (every 5 s)
+    // and the test's own session may ask.
+    eprintln!("etcd unary requests for 200 jobs in partition mode: {requests}");
+    assert!(requests <= 6, "{requests} etcd requests for 200 jobs");
+
+    // Every job's fence is its partition's token.
+    let mismatched: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {ns}.jobs j WHERE NOT EXISTS (
+             SELECT 1 FROM {ns}.partition_fences f
+              WHERE f.job_type = j.job_type AND f.fence = j.fence)"
+    ))
+    .fetch_one(client.store().pool())
+    .await
+    .expect("fences");
+    assert_eq!(mismatched, 0, "job fences that are no partition's token");
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+    observer.close().await.expect("close observer");
+    worker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_joining_worker_gets_its_share_and_a_leaving_one_hands_over_without_takeovers() {
+    init_logs();
+    let ttl = Duration::from_secs(4);
+    let (ns, cfg, client) = partitioned("part_join", ttl, 8).await;
+    let a = three_step_worker(&cfg, &ns, "a").await;
+    let observer = Session::establish(&cfg).await.expect("observer session");
+    until_owners(&observer, &[("a", 8)]).await;
+    // Jobs mid-step while ownership moves: step 1 takes 200 ms on `a`.
+    let slow = Work {
+        slow_worker: Some("a".into()),
+        slow_step: 1,
+        slow_ms: 200,
+        ..Work::default()
+    };
+    let first = enqueue(&client, "before-join", 60, &slow).await;
+    let b = three_step_worker(&cfg, &ns, "b").await;
+    let joined = until_owners(&observer, &[("a", 4), ("b", 4)]).await;
+    eprintln!("rebalance on join: {joined:?} (TTL {ttl:?})");
+    let second = enqueue(&client, "after-join", 60, &slow).await;
+    b.shutdown().await.expect("b shutdown");
+    // A graceful leave revokes the session: its keys are gone at once, not
+    // after the TTL (a task holding the session once kept it from the revoke).
+    let view = observer.ownership().await.expect("ownership");
+    assert!(
+        view.members.iter().all(|m| m.worker != "b"),
+        "b's member key outlived its graceful shutdown: {view:?}"
+    );
+    let left = until_owners(&observer, &[("a", 8)]).await;
+    eprintln!("partitions back after a graceful leave: {left:?}");
+    assert!(all_done(&client, &first, Duration::from_secs(60)).await);
+    assert!(all_done(&client, &second, Duration::from_secs(60)).await);
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+    assert_eq!(
+        takeovers(&client, &ns).await,
+        0,
+        "hand-overs release their jobs: no takeover"
+    );
+    observer.close().await.expect("close observer");
+    a.shutdown().await.expect("a shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crashed_workers_partitions_are_taken_once_its_lease_expires() {
+    init_logs();
+    let stack = DevStack::shared().expect("dev stack");
+    let ttl = Duration::from_secs(3);
+    let (ns, cfg, client) = partitioned("part_crash", ttl, 4).await;
+    let program = env!("CARGO_BIN_EXE_tenure-test-worker");
+    let mut child = ChildWorker::spawn(program, stack, &ns, "child", 3, &["--partitions", "4"]);
+    let observer = Session::establish(&cfg).await.expect("observer session");
+    until_owners(&observer, &[("child", 4)]).await;
+    let a = three_step_worker(&cfg, &ns, "a").await;
+    until_owners(&observer, &[("a", 2), ("child", 2)]).await;
+    let ids = enqueue(&client, "job", 40, &Work::default()).await;
+    child.kill();
+    let killed = Instant::now();
+    until_owners(&observer, &[("a", 4)]).await;
+    let took = killed.elapsed();
+    eprintln!("partitions taken {took:?} after the crash (TTL {ttl:?})");
+    assert!(
+        took >= ttl / 2,
+        "taken before the lease could expire: {took:?}"
+    );
+    assert!(all_done(&client, &ids, Duration::from_secs(60)).await);
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+    observer.close().await.expect("close observer");
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespace_keeps_the_way_of_owning_jobs_it_recorded() {
+    let stack = DevStack::shared().expect("dev stack");
+    let (ns, cfg, _client) = partitioned("part_mode", Duration::from_secs(10), 4).await;
+    let changed = |e: &FenceError| {
+        matches!(
+            e,
+            FenceError::PartitionsChanged {
+                recorded: Some(4),
+                configured: None | Some(8)
+            }
+        )
+    };
+    for other in [
+        config_for(stack, &ns, Duration::from_secs(10)),
+        cfg.clone().with_partitions(8),
+    ] {
+        match Client::connect(&other).await {
+            Err(ClientError::Fence(e)) if changed(&e) => {}
+            r => panic!("a client with another partition count connected: {r:?}"),
+        }
+        let started = tenure::Worker::builder(other)
+            .register(ThreeStep {
+                worker: "w".into(),
+                schema: ns.clone(),
+            })
+            .start()
+            .await;
+        match started {
+            Err(WorkerError::Fence(e)) if changed(&e) => {
+                assert!(e.to_string().contains("TENURE_PARTITIONS"), "{e}");
+            }
+            r => panic!("a worker with another partition count started: {r:?}"),
+        }
+    }
+    // The recorded way works, and the record is the namespace's, not the
+    // client's: a namespace recorded as one lock per job refuses partitions.
+    assert!(Client::connect(&cfg).await.is_ok());
+    let (ns2, cfg2, _client2) =
+        tenure_tests::fresh_namespace("part_mode_lock", Duration::from_secs(10)).await;
+    let started = tenure::Worker::builder(cfg2.with_partitions(4))
+        .register(ThreeStep {
+            worker: "w".into(),
+            schema: ns2,
+        })
+        .start()
+        .await;
+    assert!(
+        matches!(
+            &started,
+            Err(WorkerError::Fence(FenceError::PartitionsChanged {
+                recorded: None,
+                configured: Some(4)
+            }))
+        ),
+        "{started:?}"
+    );
+}
