@@ -129,6 +129,46 @@ fn unfenced_run_is_caught() {
 /// well under a minute each.
 const SHORT: [&str; 4] = ["--jobs", "120", "--faults", "12"];
 
+/// Partition mode: two of each of the fourteen kinds (the twelve, plus
+/// `worker_join` and `worker_leave_graceful`).
+const PARTITIONED: [&str; 6] = ["--jobs", "300", "--faults", "28", "--partitions", "8"];
+
+#[test]
+fn partition_mode_fenced_run_has_no_violation() {
+    let (ok, s, all) = run(&PARTITIONED);
+    assert!(ok, "the fenced partition-mode run failed\n{all}");
+    assert!(
+        all.contains("torture: mode=fenced target=postgres partitions=8"),
+        "{all}"
+    );
+    assert_eq!(s.get("jobs"), 300, "{all}");
+    assert_eq!(s.get("lost"), 0, "{all}");
+    assert_eq!(s.get("double_commits"), 0, "{all}");
+    assert_eq!(s.get("token_regressions"), 0, "{all}");
+    assert_eq!(s.get("done") + s.get("dead"), 300, "{all}");
+    assert_eq!(history_field(&all, "unexplained_alarms"), 0, "{all}");
+    assert_eq!(s.get("faults"), 28, "{all}");
+    every_kind_injected(&all);
+    assert!(
+        all.contains("worker_join=2") && all.contains("worker_leave_graceful=2"),
+        "{all}"
+    );
+}
+
+#[test]
+fn partition_mode_unfenced_run_is_caught() {
+    let (ok, s, all) = run(&[&PARTITIONED[..], &["--unsafe-no-fencing"]].concat());
+    assert!(
+        ok,
+        "the partition-mode negative control found no violation\n{all}"
+    );
+    assert!(
+        s.get("double_commits") > 0 || s.get("token_regressions") > 0,
+        "{all}"
+    );
+    assert_eq!(s.get("faults"), 28, "{all}");
+}
+
 /// MariaDB as the fenced resource: the transfers' accounts and history in
 /// MariaDB (`StepCtx::mysql`), the job rows in PostgreSQL, the same faults
 /// (`postgres_restart` restarts MariaDB too). No violation; every re-run

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! torture --jobs N --workers W --faults F --seed S [--ttl-secs T] [--unsafe-no-fencing]
-//!         [--cancel FRACTION]
+//!         [--cancel FRACTION] [--partitions P]
 //! ```
 //!
 //! Starts its own dev stack (3 etcd members, NATS, PostgreSQL), W worker processes
@@ -35,6 +35,13 @@
 //! Workers record every attempted commit: accepted ones (`C`) and refused stale
 //! ones (`S`) in a file per worker process (through
 //! [`WorkerObserver`](tenure::WorkerObserver)).
+//!
+//! `--partitions P` runs Tenure in partition mode (`Config::partitions`):
+//! workers own partitions of the job type instead of locking each job, and two
+//! more fault kinds move partitions while jobs are mid-step: `worker_join` (a
+//! spare worker joins, or, if it is running, leaves gracefully and joins
+//! again) and `worker_leave_graceful` (a worker shuts down gracefully, handing
+//! its partitions over, and joins again after a moment).
 //!
 //! `--unsafe-no-fencing` sets the test-only `Config::unsafe_no_fencing` in the
 //! workers (fence predicates off, no pre-commit health check) and installs no
@@ -216,6 +223,8 @@ struct Args {
     /// The operator action `cancel`: this fraction of the jobs is cancelled
     /// mid-run (`--cancel F`, 0 to 1).
     cancel: f64,
+    /// Partition mode with this many partitions (`--partitions P`).
+    partitions: Option<u32>,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Args> {
@@ -232,6 +241,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         quiesce: Duration::from_secs(240),
         only: None,
         cancel: 0.0,
+        partitions: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -253,6 +263,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--target" => a.target = Target::parse(&val()?)?,
             "--only" => a.only = Some(val()?),
             "--cancel" => a.cancel = val()?.parse()?,
+            "--partitions" => a.partitions = Some(val()?.parse()?),
             other => bail!("unknown argument {other:?}"),
         }
     }
@@ -263,6 +274,9 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         bail!("--workers must be at least 2 (a takeover needs a second worker)");
     }
     a.unsafe_no_fencing = a.mode == RunMode::Unfenced;
+    if a.partitions.is_some() && a.mode == RunMode::RedisLock {
+        bail!("--partitions runs Tenure; --mode redis-lock does not");
+    }
     if a.target == Target::Mariadb && a.mode == RunMode::RedisLock {
         bail!("--mode redis-lock writes to PostgreSQL only (--target postgres)");
     }
@@ -426,7 +440,7 @@ async fn worker_main(args: &[String]) -> anyhow::Result<()> {
     let pause = PauseArm::default();
     let mode = RunMode::parse(&flag_value(args, "--mode")?)?;
     // Held until the process ends: dropping the worker stops it.
-    let _worker = if mode == RunMode::RedisLock {
+    let mut worker = if mode == RunMode::RedisLock {
         let runner = redis_runner(args, recorder.clone(), pause.clone()).await?;
         tokio::spawn(runner.run());
         None
@@ -445,6 +459,14 @@ async fn worker_main(args: &[String]) -> anyhow::Result<()> {
             Ok(_) => match line.trim() {
                 "crash-after-commit" => recorder.crash_armed.store(true, Ordering::SeqCst),
                 "pause-before-write" => pause.arm(),
+                // A graceful leave: running steps finish, jobs are released,
+                // the session (and every partition with it) revoked.
+                "leave" => {
+                    if let Some(w) = worker.take() {
+                        w.shutdown().await?;
+                    }
+                    break;
+                }
                 _ => {}
             },
         }
@@ -476,6 +498,9 @@ async fn tenure_worker(
     cfg.session_backoff.cap = Duration::from_secs(1);
     cfg.max_in_flight = 16;
     cfg.unsafe_no_fencing = args.iter().any(|a| a == "--unsafe-no-fencing");
+    if let Ok(p) = flag_value(args, "--partitions") {
+        cfg = cfg.with_partitions(p.parse()?);
+    }
     let mariadb = match flag_value(args, "--mysql") {
         Ok(url) => Some(MySqlFence::connect(&ns, &url, ttl).await?),
         Err(_) => None,
@@ -670,9 +695,20 @@ enum Fault {
     SlowKeepalive,
     EtcdRestore,
     EtcdRestoreBumped,
+    WorkerJoin,
+    WorkerLeaveGraceful,
 }
 
 impl Fault {
+    /// Partition mode's two more kinds (`--partitions`).
+    const MOVES: [Fault; 2] = [Fault::WorkerJoin, Fault::WorkerLeaveGraceful];
+
+    /// The kinds a run injects.
+    fn kinds(partitions: bool) -> Vec<Fault> {
+        let moves = if partitions { &Fault::MOVES[..] } else { &[] };
+        Fault::ALL.iter().chain(moves).copied().collect()
+    }
+
     const ALL: [Fault; 12] = [
         Fault::WorkerPause,
         Fault::WorkerKill,
@@ -702,6 +738,8 @@ impl Fault {
             Fault::SlowKeepalive => "slow_keepalives",
             Fault::EtcdRestore => "etcd_restore",
             Fault::EtcdRestoreBumped => "etcd_restore_bumped",
+            Fault::WorkerJoin => "worker_join",
+            Fault::WorkerLeaveGraceful => "worker_leave_graceful",
         }
     }
 }
@@ -709,6 +747,8 @@ impl Fault {
 /// One worker slot: its process (replaced after a kill) and its etcd proxy.
 struct Slot {
     index: usize,
+    /// Should be running (a spare worker's slot is not until it joins).
+    active: bool,
     generation: u32,
     child: Option<Child>,
     stdin: Option<ChildStdin>,
@@ -797,6 +837,9 @@ impl Run {
         if let Some(url) = &self.mysql_url {
             cmd.arg("--mysql").arg(url);
         }
+        if let Some(p) = self.args.partitions {
+            cmd.arg("--partitions").arg(p.to_string());
+        }
         if self.args.mode == RunMode::RedisLock {
             // The coordinator link through the fault proxy is Redis's.
             let via = slot.proxy.addrs[0].replace("http://", "redis://");
@@ -822,6 +865,7 @@ impl Run {
         slot.stdin = child.stdin.take();
         slot.child = Some(child);
         slot.ready = ready;
+        slot.active = true;
         Ok(())
     }
 
@@ -838,6 +882,9 @@ impl Run {
     /// Replaces workers that died on their own (or by an armed crash).
     fn reap(&mut self) -> anyhow::Result<()> {
         for i in 0..self.slots.len() {
+            if !self.slots[i].active {
+                continue;
+            }
             let exited = match self.slots[i].child.as_mut() {
                 Some(c) => matches!(c.try_wait(), Ok(Some(_))),
                 None => true,
@@ -849,6 +896,34 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// Worker `i` leaves gracefully (`leave` on its stdin: running steps
+    /// finish, jobs released, session revoked); killed if it takes longer than
+    /// the shutdown grace and a margin.
+    async fn leave(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        slot.active = false;
+        let told = slot
+            .stdin
+            .as_mut()
+            .is_some_and(|s| s.write_all(b"leave\n").and_then(|()| s.flush()).is_ok());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while told && Instant::now() < deadline {
+            match slot.child.as_mut().map(Child::try_wait) {
+                Some(Ok(None)) => tokio::time::sleep(Duration::from_millis(20)).await,
+                _ => break,
+            }
+        }
+        self.kill_worker(i);
+    }
+
+    /// Waits (up to 30 s) until worker `i` printed READY.
+    async fn joined(&self, i: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.slots[i].ready.load(Ordering::SeqCst) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn count(&mut self, f: Fault) {
@@ -1073,6 +1148,21 @@ impl Run {
                 self.restore_etcd(f == Fault::EtcdRestoreBumped, rng)
                     .await?;
             }
+            Fault::WorkerJoin => {
+                let spare = self.args.workers;
+                if self.slots[spare].active {
+                    self.leave(spare).await;
+                    tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
+                }
+                self.spawn(spare)?;
+                self.joined(spare).await;
+            }
+            Fault::WorkerLeaveGraceful => {
+                self.leave(w).await;
+                tokio::time::sleep(ms(rng, Duration::from_millis(200), ttl)).await;
+                self.spawn(w)?;
+                self.joined(w).await;
+            }
         }
         self.count(f);
         Ok(())
@@ -1214,6 +1304,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         .with_database_url(stack.database_url())
         .with_lease_ttl(args.ttl);
     cfg.max_in_flight = 16;
+    cfg.partitions = args.partitions;
     let client = Client::connect(&cfg).await.context("client")?;
     setup_schema(&client, &ns, args.mode == RunMode::Fenced)
         .await
@@ -1249,9 +1340,12 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         _ => stack.etcd_endpoints(),
     };
     let mut slots = Vec::new();
-    for index in 0..args.workers {
+    // Partition mode: one spare slot, for `worker_join`.
+    let spares = usize::from(args.partitions.is_some());
+    for index in 0..args.workers + spares {
         slots.push(Slot {
             index,
+            active: false,
             generation: 0,
             child: None,
             stdin: None,
@@ -1276,7 +1370,12 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         run.spawn(i)?;
     }
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !run.slots.iter().all(|s| s.ready.load(Ordering::SeqCst)) {
+    while !run
+        .slots
+        .iter()
+        .filter(|s| s.active)
+        .all(|s| s.ready.load(Ordering::SeqCst))
+    {
         if Instant::now() > deadline {
             bail!("workers did not start; see {}", dir.display());
         }
@@ -1299,12 +1398,11 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         })
         .collect();
     let mut rng = StdRng::seed_from_u64(args.seed);
-    let mut schedule: Vec<Fault> = (0..args.faults)
-        .map(|i| Fault::ALL[i % Fault::ALL.len()])
-        .collect();
+    let kinds = Fault::kinds(args.partitions.is_some());
+    let mut schedule: Vec<Fault> = (0..args.faults).map(|i| kinds[i % kinds.len()]).collect();
     schedule.shuffle(&mut rng);
     if let Some(only) = &args.only {
-        let f = *Fault::ALL
+        let f = *kinds
             .iter()
             .find(|f| f.name() == only)
             .with_context(|| format!("no fault kind {only}"))?;
@@ -1320,7 +1418,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     for (k, fault) in schedule.iter().copied().enumerate() {
         let lo = args.jobs * k / batches;
         let hi = args.jobs * (k + 1) / batches;
-        let w = rng.random_range(0..run.slots.len());
+        let w = rng.random_range(0..args.workers);
         let armed = fault == Fault::KillAfterCommit && run.arm_crash(w);
         let batch = enqueue_batch(&client, &jobs[lo..hi]).await?;
         cancels.spawn(&client, &batch, args.cancel, &mut cancel_rng);
@@ -1397,7 +1495,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         run.kill_worker(i);
     }
     let faults: u64 = run.counts.values().sum();
-    let kinds: Vec<String> = Fault::ALL
+    let kinds: Vec<String> = kinds
         .iter()
         .map(|f| format!("{}={}", f.name(), run.counts.get(f.name()).unwrap_or(&0)))
         .collect();
@@ -1429,9 +1527,10 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         args.mode.name()
     );
     println!(
-        "torture: mode={} target={}",
+        "torture: mode={} target={} partitions={}",
         args.mode.name(),
-        args.target.name()
+        args.target.name(),
+        args.partitions.unwrap_or(0)
     );
     println!(
         "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \
