@@ -10,21 +10,33 @@
 //! * `TENURE_BENCH_JOBS=N`: jobs per throughput run.
 //! * `TENURE_BENCH_TTL_MS=N`: lease TTL of the takeover trials (default 5000).
 //! * `TENURE_BENCH_TRIALS=N`: takeover trials (default 24, at least 20 in a full run).
-//! * `TENURE_BENCH_ONLY=throughput,enqueue,acquire,takeover,rss`: run only these parts
+//! * `TENURE_BENCH_ONLY=throughput,enqueue,acquire,takeover,rss,partitions,scale`: run only these parts
 //!   (the last line then reports NaN for what did not run).
 //! * `TENURE_BENCH_PREFETCH=N`: the fenced worker's `Config::prefetch` (default:
 //!   the `Config` default).
 //! * `TENURE_BENCH_NO_HISTORY=1`: disable the job-history trigger (`jobs_history`,
 //!   migration 0005) in the benchmark's schemas, to measure what it costs (it
 //!   fires for the fenced runs and the unfenced baseline alike).
+//! * `TENURE_BENCH_PARTITIONS=N`: partitions per job type of the partition-mode
+//!   runs (default 16).
 //! * `RUST_LOG=...`: logs of the in-process workers (and the worker children) to stderr.
 //!
 //! The `enqueue` part measures enqueue throughput with no worker running:
 //! `Client::enqueue` with 64 in flight, and `Client::enqueue_many` one batch at a
 //! time at batch sizes 1, 64 and 1000 (line `pipeline.enqueue`).
 //!
+//! Partition mode (`Config::partitions`, issue 20): at every concurrency the
+//! throughput part also runs the fenced worker in partition mode, and counts
+//! etcd's unary requests (its own `/metrics`) per job for both fenced modes;
+//! the `partitions` part measures partition ownership moves (a crashed owner's
+//! partitions taken, and the rebalance when a worker joins), the `scale` part
+//! drains the same jobs with 1, 2 and 4 worker processes, and the `rss` part
+//! measures the peak RSS in both modes.
+//!
 //! Writes `target/tenure-bench/pipeline.json`; prints one line per figure, the last
-//! `pipeline: fenced_jobs_per_s=X unfenced_jobs_per_s=Y ratio=R takeover_p99_ms=T ttl_ms=L`.
+//! `pipeline: fenced_jobs_per_s=X unfenced_jobs_per_s=Y ratio=R partition_jobs_per_s=P
+//! partition_ratio=Q etcd_requests_per_job=E takeover_p99_ms=T ttl_ms=L` (one line;
+//! `E` is partition mode's).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Stdio;
@@ -42,6 +54,9 @@ use tenure::devstack::DevStack;
 use tenure::{Client, Config, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
 use tenure_benches::{BenchInput, BenchJob, JOB_TYPE, create_table_sql, insert_sql};
+
+#[path = "pipeline/partitions.rs"]
+mod partitions;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
@@ -54,6 +69,7 @@ struct Opts {
     trials: usize,
     bound_secs: f64,
     only: Option<Vec<String>>,
+    partitions: u32,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -73,6 +89,7 @@ impl Opts {
             .filter_map(|s| s.trim().parse().ok())
             .collect();
         Opts {
+            partitions: env_or("TENURE_BENCH_PARTITIONS", 16),
             quick,
             concurrency,
             jobs: env_or("TENURE_BENCH_JOBS", if quick { 1000 } else { 4000 }),
@@ -126,11 +143,17 @@ fn load() -> String {
 }
 
 fn config(stack: &DevStack, ns: &str) -> Config {
-    let cfg = Config::new(ns)
+    config_with(stack, ns, None)
+}
+
+/// [`config`] in partition mode when `partitions` is given.
+fn config_with(stack: &DevStack, ns: &str, partitions: Option<u32>) -> Config {
+    let mut cfg = Config::new(ns)
         .with_schema(ns)
         .with_etcd_endpoints(stack.etcd_endpoints())
         .with_nats_url(stack.nats_url())
         .with_database_url(stack.database_url());
+    cfg.partitions = partitions;
     match std::env::var("TENURE_BENCH_PREFETCH")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -142,8 +165,17 @@ fn config(stack: &DevStack, ns: &str) -> Config {
 
 /// A fresh namespace with its schema, the bench table and the streams.
 async fn namespace(stack: &DevStack, prefix: &str) -> Result<(String, Client)> {
+    namespace_with(stack, prefix, None).await
+}
+
+/// [`namespace`], recorded in partition mode when `partitions` is given.
+async fn namespace_with(
+    stack: &DevStack,
+    prefix: &str,
+    partitions: Option<u32>,
+) -> Result<(String, Client)> {
     let ns = DevStack::unique_namespace(prefix);
-    let client = Client::connect(&config(stack, &ns)).await?;
+    let client = Client::connect(&config_with(stack, &ns, partitions)).await?;
     client.migrate().await?;
     sqlx::query(&create_table_sql(&ns))
         .execute(client.store().pool())
@@ -263,6 +295,8 @@ struct Run {
     secs: f64,
     /// CPU milliseconds per job: etcd (3 members), nats, postgres, this process.
     cpu: Cpu,
+    /// etcd unary requests per job while the jobs ran (fenced runs only).
+    etcd_requests_per_job: f64,
 }
 
 /// CPU time (ms) by component.
@@ -369,27 +403,38 @@ impl Cpu {
     }
 }
 
-/// Fenced: one Tenure worker with `max_in_flight = c` drains `n` pre-enqueued jobs.
-async fn fenced_run(stack: &DevStack, c: usize, n: usize) -> Result<Run> {
-    let (ns, client) = namespace(stack, "bench_fenced").await?;
+/// Fenced: one Tenure worker with `max_in_flight = c` drains `n` pre-enqueued
+/// jobs (in partition mode with `partitions`: timed once it owns them all).
+async fn fenced_run(stack: &DevStack, c: usize, n: usize, partitions: Option<u32>) -> Result<Run> {
+    let prefix = if partitions.is_some() {
+        "bench_part"
+    } else {
+        "bench_fenced"
+    };
+    let (ns, client) = namespace_with(stack, prefix, partitions).await?;
     let enqueue_per_s = enqueue(&client, n, |i| BenchInput {
         n: i,
         ..BenchInput::default()
     })
     .await?;
     let done = Arc::new(Done::default());
-    let mut cfg = config(stack, &ns).with_worker_id(format!("fenced-{c}"));
+    let mut cfg = config_with(stack, &ns, partitions).with_worker_id(format!("fenced-{c}"));
     cfg.max_in_flight = c;
-    let worker = Worker::builder(cfg)
+    let worker = Worker::builder(cfg.clone())
         .register(BenchJob::new("fenced", &ns))
         .observer(done.clone())
         .start()
         .await?;
+    if let Some(p) = partitions {
+        partitions::wait_owned(&cfg, p as usize, 1).await?;
+    }
+    let etcd0 = stack.etcd_unary_requests().await?;
     let cpu0 = Cpu::now(stack);
     let started = Instant::now();
     done.wait_for(n as u64, Duration::from_secs(600)).await?;
     let secs = started.elapsed().as_secs_f64();
     let cpu = Cpu::now(stack).per_job_since(cpu0, n);
+    let etcd_requests = stack.etcd_unary_requests().await? - etcd0;
     worker.shutdown().await?;
     let rows: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM {ns}.jobs WHERE status = 'done'"
@@ -404,6 +449,7 @@ async fn fenced_run(stack: &DevStack, c: usize, n: usize) -> Result<Run> {
         enqueue_per_s,
         secs,
         cpu,
+        etcd_requests_per_job: etcd_requests as f64 / n as f64,
     })
 }
 
@@ -527,6 +573,7 @@ async fn unfenced_run(stack: &DevStack, c: usize, n: usize, mode: Baseline) -> R
         enqueue_per_s,
         secs,
         cpu,
+        etcd_requests_per_job: f64::NAN,
     })
 }
 
@@ -688,6 +735,7 @@ impl Child {
         id: &str,
         ttl: Duration,
         max_in_flight: Option<usize>,
+        partitions: Option<u32>,
     ) -> Result<Self> {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure-bench-worker"));
         cmd.args([
@@ -706,6 +754,9 @@ impl Child {
         ]);
         if let Some(n) = max_in_flight {
             cmd.args(["--max-in-flight", &n.to_string()]);
+        }
+        if let Some(p) = partitions {
+            cmd.args(["--partitions", &p.to_string()]);
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -815,7 +866,7 @@ async fn takeover_lane(
     let mut out = Vec::new();
     for trial in 0..trials {
         let a_id = format!("a{lane}x{trial}");
-        let a = Child::spawn(stack, &ns, &a_id, ttl, None).await?;
+        let a = Child::spawn(stack, &ns, &a_id, ttl, None, None).await?;
         let job = client
             .enqueue::<BenchJob>(
                 &format!("takeover-{trial}"),
@@ -885,10 +936,15 @@ fn rand_ms(max: u64) -> u64 {
 }
 
 /// Peak RSS of a worker process with 1,000 jobs in flight (each holding in step 0).
-async fn rss_with_jobs_in_flight(stack: &DevStack, n: usize) -> Result<Value> {
-    let (ns, client) = namespace(stack, "bench_rss").await?;
+async fn rss_with_jobs_in_flight(
+    stack: &DevStack,
+    n: usize,
+    partitions: Option<u32>,
+) -> Result<Value> {
+    let (ns, client) = namespace_with(stack, "bench_rss", partitions).await?;
     let id = "rss";
-    let w = Child::spawn(stack, &ns, id, Duration::from_secs(5), Some(n)).await?;
+    let ttl = Duration::from_secs(5);
+    let w = Child::spawn(stack, &ns, id, ttl, Some(n), partitions).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (idle_hwm, idle_rss) = w.memory_kib()?;
     enqueue(&client, n, |i| BenchInput {
@@ -968,11 +1024,13 @@ async fn main() -> Result<()> {
 
     let mut rows = Vec::new();
     let mut best: Option<(usize, f64, f64)> = None;
+    let mut best_part: Option<(f64, f64)> = None;
     let concurrency = if opts.runs("throughput") {
         // Warm-up (PostgreSQL caches, first connections), not reported.
         let warm = if opts.quick { 200 } else { 500 };
         let c0 = *opts.concurrency.first().context("no concurrency")?;
-        fenced_run(&stack, c0, warm).await?;
+        fenced_run(&stack, c0, warm, None).await?;
+        fenced_run(&stack, c0, warm, Some(opts.partitions)).await?;
         unfenced_run(&stack, c0, warm, Baseline::Checkpointed).await?;
         opts.concurrency.clone()
     } else {
@@ -983,8 +1041,10 @@ async fn main() -> Result<()> {
         let etcd = etcd_bound(&stack, c, opts.bound_secs).await?;
         let pg = pg_bound(&stack, c, opts.bound_secs).await?;
         let plain = unfenced_run(&stack, c, n, Baseline::Checkpointed).await?;
-        let fenced = fenced_run(&stack, c, n).await?;
+        let fenced = fenced_run(&stack, c, n, None).await?;
+        let part = fenced_run(&stack, c, n, Some(opts.partitions)).await?;
         let bare = unfenced_run(&stack, c, n, Baseline::Bare).await?;
+        let part_ratio = part.jobs_per_s / plain.jobs_per_s;
         // Bounds in jobs/s: an unbatched job pays one etcd create+delete pair;
         // a three-step fenced job needs at least three FOR UPDATE + CAS commits.
         let etcd_jobs = etcd;
@@ -1021,10 +1081,29 @@ async fn main() -> Result<()> {
             fenced.jobs_per_s / bound,
             fenced.cpu.line(),
         );
+        println!(
+            "pipeline.fenced_etcd c={c} etcd_requests_per_job={:.3}",
+            fenced.etcd_requests_per_job
+        );
+        println!(
+            "pipeline.partition c={c} partitions={} jobs={n} secs={:.2} jobs_per_s={:.0} ratio={part_ratio:.2} etcd_requests_per_job={:.3} {}",
+            opts.partitions,
+            part.secs,
+            part.jobs_per_s,
+            part.etcd_requests_per_job,
+            part.cpu.line(),
+        );
         rows.push(json!({
             "concurrency": c,
             "jobs": n,
             "fenced_jobs_per_s": round1(fenced.jobs_per_s),
+            "partition_jobs_per_s": round1(part.jobs_per_s),
+            "partition_ratio": (part_ratio * 1000.0).round() / 1000.0,
+            "partitions": opts.partitions,
+            "etcd_requests_per_job": {
+                "fenced": (fenced.etcd_requests_per_job * 1000.0).round() / 1000.0,
+                "partition": (part.etcd_requests_per_job * 1000.0).round() / 1000.0,
+            },
             "unfenced_jobs_per_s": round1(plain.jobs_per_s),
             "unfenced_bare_jobs_per_s": round1(bare.jobs_per_s),
             "ratio": (ratio * 1000.0).round() / 1000.0,
@@ -1038,6 +1117,7 @@ async fn main() -> Result<()> {
             "fraction_of_binding_bound": (fenced.jobs_per_s / bound * 1000.0).round() / 1000.0,
             "cpu_ms_per_job": {
                 "fenced": fenced.cpu.json(),
+                "partition": part.cpu.json(),
                 "unfenced": plain.cpu.json(),
                 "unfenced_bare": bare.cpu.json(),
             },
@@ -1045,6 +1125,7 @@ async fn main() -> Result<()> {
         }));
         if best.is_none_or(|(_, f, _)| fenced.jobs_per_s > f) {
             best = Some((c, fenced.jobs_per_s, plain.jobs_per_s));
+            best_part = Some((part.jobs_per_s, part.etcd_requests_per_job));
         }
     }
 
@@ -1096,16 +1177,62 @@ async fn main() -> Result<()> {
         opts.ttl.as_millis()
     );
 
-    let rss = if opts.runs("rss") {
-        rss_with_jobs_in_flight(&stack, 1000).await?
+    let (rss, rss_part) = if opts.runs("rss") {
+        (
+            rss_with_jobs_in_flight(&stack, 1000, None).await?,
+            rss_with_jobs_in_flight(&stack, 1000, Some(opts.partitions)).await?,
+        )
     } else {
-        json!({})
+        (json!({}), json!({}))
     };
     println!(
-        "pipeline.rss jobs_in_flight=1000 peak_rss_mib={} idle_peak_rss_mib={}",
-        rss["peak_rss_mib"], rss["idle_peak_rss_mib"]
+        "pipeline.rss jobs_in_flight=1000 peak_rss_mib={} idle_peak_rss_mib={} partition_peak_rss_mib={}",
+        rss["peak_rss_mib"], rss["idle_peak_rss_mib"], rss_part["peak_rss_mib"]
     );
 
+    let moves = if opts.runs("partitions") {
+        let trials = if opts.quick { 3 } else { 10 };
+        partitions::ownership_trials(&stack, trials, opts.ttl, opts.partitions).await?
+    } else {
+        partitions::Moves::default()
+    };
+    let (crash, join) = (
+        stats_ms(moves.crash_ms.clone()),
+        stats_ms(moves.join_ms.clone()),
+    );
+    println!(
+        "pipeline.partition_takeover trials={} p50_ms={} p99_ms={} max_ms={} ttl_ms={}",
+        crash["n"],
+        crash["p50_ms"],
+        crash["p99_ms"],
+        crash["max_ms"],
+        opts.ttl.as_millis()
+    );
+    println!(
+        "pipeline.partition_rebalance trials={} p50_ms={} p99_ms={} max_ms={} ttl_ms={}",
+        join["n"],
+        join["p50_ms"],
+        join["p99_ms"],
+        join["max_ms"],
+        opts.ttl.as_millis()
+    );
+    let scale = if opts.runs("scale") {
+        partitions::scale_out(&stack, opts.jobs, opts.partitions, &[1, 2, 4]).await?
+    } else {
+        Vec::new()
+    };
+    let scale_line: Vec<String> = scale
+        .iter()
+        .map(|(k, v)| format!("workers_{k}_jobs_per_s={v:.0}"))
+        .collect();
+    println!(
+        "pipeline.scale_out partitions={} jobs={} {}",
+        opts.partitions,
+        opts.jobs,
+        scale_line.join(" ")
+    );
+
+    let (part_best, part_etcd) = best_part.unwrap_or((f64::NAN, f64::NAN));
     let (best_c, fenced_best, plain_at_best) = best.unwrap_or((0, f64::NAN, f64::NAN));
     let ratio = fenced_best / plain_at_best;
     let uptime_after = load();
@@ -1121,6 +1248,9 @@ async fn main() -> Result<()> {
             "fenced_jobs_per_s": round1(fenced_best),
             "unfenced_jobs_per_s": round1(plain_at_best),
             "ratio": (ratio * 1000.0).round() / 1000.0,
+            "partition_jobs_per_s": round1(part_best),
+            "partition_ratio": ((part_best / plain_at_best) * 1000.0).round() / 1000.0,
+            "partition_etcd_requests_per_job": part_etcd,
         },
         "enqueue": enq_json,
         "lease_acquire": acq,
@@ -1130,6 +1260,16 @@ async fn main() -> Result<()> {
             "stats": tk,
         },
         "rss": rss,
+        "partition": {
+            "partitions": opts.partitions,
+            "rss": rss_part,
+            "takeover_after_crash": crash,
+            "rebalance_on_join": join,
+            "scale_out_jobs_per_s": scale
+                .iter()
+                .map(|(k, v)| (k.to_string(), json!(round1(*v))))
+                .collect::<serde_json::Map<String, Value>>(),
+        },
         "wall_secs": round1(wall.elapsed().as_secs_f64()),
     });
     let path = output_path();
@@ -1141,10 +1281,13 @@ async fn main() -> Result<()> {
         wall.elapsed().as_secs_f64()
     );
     println!(
-        "pipeline: fenced_jobs_per_s={:.0} unfenced_jobs_per_s={:.0} ratio={:.2} takeover_p99_ms={:.0} ttl_ms={}",
+        "pipeline: fenced_jobs_per_s={:.0} unfenced_jobs_per_s={:.0} ratio={:.2} partition_jobs_per_s={:.0} partition_ratio={:.2} etcd_requests_per_job={:.3} takeover_p99_ms={:.0} ttl_ms={}",
         fenced_best,
         plain_at_best,
         ratio,
+        part_best,
+        part_best / plain_at_best,
+        part_etcd,
         tk["p99_ms"].as_f64().unwrap_or(f64::NAN),
         opts.ttl.as_millis()
     );

@@ -1,7 +1,7 @@
 //! A worker process for the `pipeline` benchmark (takeover latency, peak RSS).
 //!
 //! `tenure-bench-worker --etcd E1,E2,E3 --nats URL --db URL --ns NS --ttl-ms N
-//!  --worker ID [--max-in-flight N]`
+//!  --worker ID [--max-in-flight N] [--partitions P]`
 //!
 //! Runs [`tenure_benches::BenchJob`] with the default `Config` (but the given TTL
 //! and `max_in_flight`). Prints `READY <id>`, `COMMIT <job> <step> <token>` per
@@ -57,6 +57,9 @@ async fn main() -> anyhow::Result<()> {
         .with_worker_id(worker.clone());
     if let Ok(n) = arg(&args, "--max-in-flight") {
         cfg.max_in_flight = n.parse()?;
+    }
+    if let Ok(p) = arg(&args, "--partitions") {
+        cfg = cfg.with_partitions(p.parse()?);
     }
     let w = Worker::builder(cfg)
         .register(BenchJob::new(&worker, &ns))
