@@ -428,13 +428,25 @@ async fn fenced_run(stack: &DevStack, c: usize, n: usize, partitions: Option<u32
     if let Some(p) = partitions {
         partitions::wait_owned(&cfg, p as usize, 1).await?;
     }
+    let multixact0 = partitions::next_multixact(client.store().pool()).await?;
     let etcd0 = stack.etcd_unary_requests().await?;
+    let waits = partitions::LockWaits::start(client.store().pool().clone());
     let cpu0 = Cpu::now(stack);
     let started = Instant::now();
     done.wait_for(n as u64, Duration::from_secs(600)).await?;
     let secs = started.elapsed().as_secs_f64();
     let cpu = Cpu::now(stack).per_job_since(cpu0, n);
     let etcd_requests = stack.etcd_unary_requests().await? - etcd0;
+    let (samples, waiting, most) = waits.finish().await?;
+    let multixacts = partitions::next_multixact(client.store().pool()).await? - multixact0;
+    println!(
+        "pipeline.pg_locks mode={} c={c} lock_wait_samples={waiting}/{samples} most_waiting={most} multixacts_created={multixacts}",
+        if partitions.is_some() {
+            "partition"
+        } else {
+            "fenced"
+        }
+    );
     worker.shutdown().await?;
     let rows: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM {ns}.jobs WHERE status = 'done'"

@@ -156,3 +156,50 @@ pub(super) async fn scale_out(
     }
     Ok(out)
 }
+
+/// PostgreSQL's next MultiXact id, after a checkpoint (so the control data is
+/// current): the difference over a run is how many MultiXacts it created.
+pub(super) async fn next_multixact(pool: &sqlx::PgPool) -> Result<i64> {
+    sqlx::query("CHECKPOINT").execute(pool).await?;
+    let id: String =
+        sqlx::query_scalar("SELECT next_multixact_id::text FROM pg_control_checkpoint()")
+            .fetch_one(pool)
+            .await?;
+    Ok(id.parse()?)
+}
+
+/// Samples, every 10 ms until stopped, how many backends wait for a lock.
+pub(super) struct LockWaits {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(u64, u64, i64)>,
+}
+
+impl LockWaits {
+    pub(super) fn start(pool: sqlx::PgPool) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let until = stop.clone();
+        let task = tokio::spawn(async move {
+            let (mut samples, mut waiting, mut max) = (0u64, 0u64, 0i64);
+            while !until.load(std::sync::atomic::Ordering::Acquire) {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap_or(0);
+                samples += 1;
+                waiting += u64::from(n > 0);
+                max = max.max(n);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (samples, waiting, max)
+        });
+        LockWaits { stop, task }
+    }
+
+    /// (samples, samples with a backend waiting for a lock, most waiting at once).
+    pub(super) async fn finish(self) -> Result<(u64, u64, i64)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        Ok(self.task.await?)
+    }
+}
