@@ -19,6 +19,8 @@
 //!   fires for the fenced runs and the unfenced baseline alike).
 //! * `TENURE_BENCH_PARTITIONS=N`: partitions per job type of the partition-mode
 //!   runs (default 16).
+//! * `TENURE_BENCH_SCALE=1,2,4`: worker process counts of the scale-out part;
+//!   `TENURE_BENCH_SCALE_LOCKS=1`: scale out in one-lock-per-job mode instead.
 //! * `RUST_LOG=...`: logs of the in-process workers (and the worker children) to stderr.
 //!
 //! The `enqueue` part measures enqueue throughput with no worker running:
@@ -1229,7 +1231,14 @@ async fn main() -> Result<()> {
         opts.ttl.as_millis()
     );
     let scale = if opts.runs("scale") {
-        partitions::scale_out(&stack, opts.jobs, opts.partitions, &[1, 2, 4]).await?
+        let counts: Vec<usize> = std::env::var("TENURE_BENCH_SCALE")
+            .unwrap_or_else(|_| "1,2,4".into())
+            .split(',')
+            .filter_map(|k| k.trim().parse().ok())
+            .collect();
+        let locks = std::env::var("TENURE_BENCH_SCALE_LOCKS").is_ok_and(|v| v == "1");
+        let mode = if locks { None } else { Some(opts.partitions) };
+        partitions::scale_out(&stack, opts.jobs, mode, &counts).await?
     } else {
         Vec::new()
     };

@@ -12,7 +12,7 @@ use tenure::devstack::DevStack;
 use tenure_benches::{BenchInput, BenchJob, JOB_TYPE};
 use tokio::time::Instant;
 
-use super::{Child, config_with, enqueue, namespace_with, rand_ms};
+use super::{Child, config_with, namespace_with, rand_ms};
 
 /// Partitions of the bench job type per owner, largest first.
 async fn counts(observer: &Session) -> Result<Vec<usize>> {
@@ -105,38 +105,50 @@ pub(super) async fn ownership_trials(
     Ok(moves)
 }
 
-/// For each worker count `k`: `n` jobs enqueued first, `k` worker processes
-/// (`max_in_flight` 64 each) started at once; timed from the moment all are
-/// ready and own fair shares until every job is done (jobs done before that
-/// are left out of the rate).
+/// For each worker count `k`: `k` worker processes (`max_in_flight` 64 each)
+/// started and owning fair shares first, then `n` jobs enqueued in batches of
+/// 1,000 (`Client::enqueue_many`); timed from the first enqueue until every
+/// job is done.
 pub(super) async fn scale_out(
     stack: &DevStack,
     n: usize,
-    p: u32,
+    partitions: Option<u32>,
     workers: &[usize],
 ) -> Result<Vec<(usize, f64)>> {
     let mut out = Vec::new();
     for &k in workers {
-        let (ns, client) = namespace_with(stack, &format!("bench_scale{k}"), Some(p)).await?;
-        enqueue(&client, n, |i| BenchInput {
-            n: i,
-            ..BenchInput::default()
-        })
-        .await?;
+        let (ns, client) = namespace_with(stack, &format!("bench_scale{k}"), partitions).await?;
         let ttl = Duration::from_secs(5);
         let ids: Vec<String> = (0..k).map(|i| format!("s{k}x{i}")).collect();
         let spawns = ids
             .iter()
-            .map(|id| Child::spawn(stack, &ns, id, ttl, None, Some(p)));
+            .map(|id| Child::spawn(stack, &ns, id, ttl, None, partitions));
         let children: Vec<Child> = futures::future::try_join_all(spawns).await?;
-        wait_owned(&config_with(stack, &ns, Some(p)), p as usize, k).await?;
+        if let Some(p) = partitions {
+            wait_owned(&config_with(stack, &ns, Some(p)), p as usize, k).await?;
+        }
+        let items: Vec<(String, BenchInput)> = (0..n)
+            .map(|i| {
+                let input = BenchInput {
+                    n: i as u64,
+                    ..BenchInput::default()
+                };
+                (format!("scale-{i}"), input)
+            })
+            .collect();
+        let started = Instant::now();
+        for chunk in items.chunks(1000) {
+            client.enqueue_many::<BenchJob>(chunk).await?;
+        }
         let done_sql = format!("SELECT count(*) FROM {ns}.jobs WHERE status = 'done'");
         let pool = client.store().pool();
-        let before: i64 = sqlx::query_scalar(&done_sql).fetch_one(pool).await?;
-        let started = Instant::now();
         let deadline = started + Duration::from_secs(600);
+        let mut trace = Vec::new();
         loop {
             let done: i64 = sqlx::query_scalar(&done_sql).fetch_one(pool).await?;
+            if trace.last().is_none_or(|(_, d)| *d != done) {
+                trace.push((started.elapsed().as_millis(), done));
+            }
             if done as usize >= n {
                 break;
             }
@@ -145,10 +157,12 @@ pub(super) async fn scale_out(
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let rate = (n as f64 - before as f64) / started.elapsed().as_secs_f64();
-        println!(
-            "pipeline.scale_out_run workers={k} jobs={n} done_before_clock={before} jobs_per_s={rate:.0}"
-        );
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        if std::env::var_os("TENURE_BENCH_TRACE").is_some() {
+            eprintln!("scale trace k={k}: {trace:?}");
+        }
+        let mode = partitions.map_or("locks".to_string(), |p| format!("partitions_{p}"));
+        println!("pipeline.scale_out_run mode={mode} workers={k} jobs={n} jobs_per_s={rate:.0}");
         out.push((k, rate));
         for c in children {
             c.kill().await;

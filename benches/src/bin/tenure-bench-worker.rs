@@ -3,6 +3,10 @@
 //! `tenure-bench-worker --etcd E1,E2,E3 --nats URL --db URL --ns NS --ttl-ms N
 //!  --worker ID [--max-in-flight N] [--partitions P]`
 //!
+//! `TENURE_BENCH_FETCH_NOW_MS` and `TENURE_BENCH_FETCH_SEVERAL_MS` set the
+//! worker's `Tuning::fetch_wait_now` and `fetch_wait_several` (investigating
+//! fetch rounds over many partitions).
+//!
 //! Runs [`tenure_benches::BenchJob`] with the default `Config` (but the given TTL
 //! and `max_in_flight`). Prints `READY <id>`, `COMMIT <job> <step> <token>` per
 //! committed step, and `INFLIGHT <n>` every 100 ms while it changes. Exits when its
@@ -57,6 +61,18 @@ async fn main() -> anyhow::Result<()> {
         .with_worker_id(worker.clone());
     if let Ok(n) = arg(&args, "--max-in-flight") {
         cfg.max_in_flight = n.parse()?;
+    }
+    if let Some(ms) = std::env::var("TENURE_BENCH_FETCH_NOW_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.tuning.fetch_wait_now = Duration::from_millis(ms);
+    }
+    if let Some(ms) = std::env::var("TENURE_BENCH_FETCH_SEVERAL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.tuning.fetch_wait_several = Duration::from_millis(ms);
     }
     if let Ok(p) = arg(&args, "--partitions") {
         cfg = cfg.with_partitions(p.parse()?);

@@ -754,6 +754,12 @@ impl Queue {
                     if out.is_empty() {
                         return Err(err(boxed(Cause::TimedOut(wait + slack))));
                     }
+                    tracing::warn!(
+                        got = out.len(),
+                        max,
+                        ?wait,
+                        "pull request not ended by the server; gave up at its deadline"
+                    );
                     break;
                 }
             }
