@@ -216,6 +216,8 @@ pub(crate) use blocks::{fence, lease, queue};
 
 #[cfg(feature = "devstack")]
 pub mod devstack;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// Guides: longer documentation, kept in `framework/src/docs/*.md`.
 pub mod guide {
@@ -225,6 +227,8 @@ pub mod guide {
     pub mod protocol {}
     #[doc = include_str!("docs/production.md")]
     pub mod production {}
+    #[doc = include_str!("docs/testing.md")]
+    pub mod testing {}
 }
 
 pub use client::{
@@ -238,6 +242,9 @@ pub use job::{DeadJob, Job, StepCtx, StepError};
 pub use lease::Health;
 pub use runtime::{JobLimits, Worker, WorkerBuilder, WorkerError, WorkerObserver};
 pub use schedule::{MissedTicks, Schedule, ScheduleError};
+#[cfg(feature = "devstack")]
+#[cfg(feature = "testing")]
+pub use tenure_macros::test;
 pub use tenure_macros::{job, step};
 pub use types::{FencingToken, InvalidFence, JobId, LeaseId, ObservedFence, StepIndex};
 
