@@ -169,7 +169,7 @@ pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// The test gets a [`TestEnv`](https://docs.rs/tenure/latest/tenure/testing/struct.TestEnv.html):
 /// a namespace and PostgreSQL schema of its own, migrated, a client, a config,
 /// a history checker, and workers on demand. `worker = path` names a
-/// `fn(tenure::Config) -> tenure::WorkerBuilder` that registers the jobs a
+/// `async fn(tenure::Config) -> tenure::WorkerBuilder` that registers the jobs a
 /// worker process runs (the test binary re-runs itself as that worker).
 ///
 /// # Errors

@@ -77,7 +77,7 @@ fn parse_args(attr: TokenStream, errors: &mut Errors) -> TestArgs {
                 Expr::Path(p) => args.worker = Some(p.clone()),
                 other => errors.spanned(
                     other,
-                    "`worker` names a function `fn(tenure::Config) -> tenure::WorkerBuilder`",
+                    "`worker` names a function `async fn(tenure::Config) -> tenure::WorkerBuilder`",
                 ),
             },
             (Some("own_stack" | "ttl_secs" | "worker"), Meta::Path(_) | Meta::NameValue(_))
@@ -169,7 +169,7 @@ fn generate(func: &ItemFn, args: &TestArgs) -> TokenStream {
     let ttl = args.ttl_secs.unwrap_or(DEFAULT_TTL_SECS);
     let own_stack = args.own_stack;
     let worker = match &args.worker {
-        Some(p) => quote!(::core::option::Option::Some(#p)),
+        Some(p) => quote!(::core::option::Option::Some(|cfg| ::std::boxed::Box::pin(#p(cfg)))),
         None => quote!(::core::option::Option::None),
     };
     let body_fn = syn::Ident::new("__tenure_test_body", Span::call_site());

@@ -81,7 +81,7 @@ impl Leaky {
 }
 
 /// What every worker of these tests runs, in process or as a worker process.
-fn workers(cfg: Config) -> WorkerBuilder {
+async fn workers(cfg: Config) -> WorkerBuilder {
     let schema = cfg.schema.clone();
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)

@@ -25,9 +25,13 @@ pub struct TestSpec {
     /// Whether it starts a dev stack of its own (for server faults) instead of
     /// sharing the test binary's.
     pub own_stack: bool,
-    /// What a worker process of this test runs (`worker = path` argument).
-    pub worker: Option<fn(Config) -> WorkerBuilder>,
+    /// What a worker process of this test runs (`worker = path` argument: an
+    /// `async fn(Config) -> WorkerBuilder`).
+    pub worker: Option<WorkerFn>,
 }
+
+/// A test's worker function, boxed: `worker = path` of `#[tenure::test]`.
+pub type WorkerFn = fn(Config) -> BoxFuture<'static, WorkerBuilder>;
 
 impl TestSpec {
     /// The test's name as libtest knows it (the module path without the crate).
@@ -267,16 +271,18 @@ impl TestEnv {
         Ok(self.history.check(&self.client).await?)
     }
 
-    /// Starts an in-process worker `id`: `build` registers its jobs on the
-    /// test's config; the env installs the [`History`] as its observer.
+    /// Starts an in-process worker `id`: `build` (an `async fn(Config) ->
+    /// WorkerBuilder`, e.g. the test's `worker = ...` function) registers its
+    /// jobs on the test's config; the env installs the [`History`] as its
+    /// observer.
     ///
     /// # Errors
     /// [`TestError::Worker`].
-    pub async fn worker(
-        &self,
-        id: &str,
-        build: impl FnOnce(Config) -> WorkerBuilder,
-    ) -> Result<Worker, TestError> {
+    pub async fn worker<F, Fut>(&self, id: &str, build: F) -> Result<Worker, TestError>
+    where
+        F: FnOnce(Config) -> Fut,
+        Fut: Future<Output = WorkerBuilder>,
+    {
         self.worker_with_faults(id, FaultPlan::new(), build).await
     }
 
@@ -288,19 +294,23 @@ impl TestEnv {
     /// # Errors
     /// [`TestError::Unsupported`] for a fault it cannot apply;
     /// [`TestError::Worker`].
-    pub async fn worker_with_faults(
+    pub async fn worker_with_faults<F, Fut>(
         &self,
         id: &str,
         plan: FaultPlan,
-        build: impl FnOnce(Config) -> WorkerBuilder,
-    ) -> Result<Worker, TestError> {
+        build: F,
+    ) -> Result<Worker, TestError>
+    where
+        F: FnOnce(Config) -> Fut,
+        Fut: Future<Output = WorkerBuilder>,
+    {
         let mut cfg = self.cfg.clone().with_worker_id(id);
         let injector = self.in_process_injector(&plan, &mut cfg).await?;
         if !plan.rules().is_empty() {
             cfg.fault_plan = Some(plan.with_injector(injector));
         }
         let observer: Arc<dyn crate::WorkerObserver> = self.history.clone();
-        Ok(build(cfg).observer(observer).start().await?)
+        Ok(build(cfg).await.observer(observer).start().await?)
     }
 
     /// Checks `plan` for an in-process worker and builds its injector (with

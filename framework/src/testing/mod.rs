@@ -37,4 +37,4 @@ pub use process::WorkerProcess;
 /// Used by the code `#[tenure::test]` generates. Not a public API.
 #[cfg(feature = "devstack")]
 #[doc(hidden)]
-pub use env::{TestSpec, run as __run};
+pub use env::{TestSpec, WorkerFn, run as __run};

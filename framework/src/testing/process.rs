@@ -84,7 +84,11 @@ pub(super) async fn serve(spec: TestSpec, child: ChildSpec) -> Result<(), TestEr
         plan = plan.at(r.job, r.step, r.point, r.fault);
     }
     cfg.fault_plan = Some(plan.with_injector(Arc::new(SelfInjector)));
-    let worker = build(cfg).observer(Arc::new(Reporter)).start().await?;
+    let worker = build(cfg)
+        .await
+        .observer(Arc::new(Reporter))
+        .start()
+        .await?;
     say("ready");
     let _ = tokio::task::spawn_blocking(|| {
         let mut sink = Vec::new();
