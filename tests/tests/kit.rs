@@ -291,3 +291,34 @@ async fn the_checker_reports_an_unguarded_write_under_a_freeze(env: TestEnv) {
     );
     w2.shutdown().await.unwrap();
 }
+
+#[tenure::test]
+async fn run_step_commits_one_step_in_a_real_fenced_transaction(env: TestEnv) {
+    tables(&env).await;
+    let e = env
+        .client()
+        .enqueue::<Tally>("by-hand", &Count { n: 5 })
+        .await
+        .unwrap();
+    let tally = Tally {
+        schema: env.schema().to_string(),
+    };
+    let out = env
+        .run_step(&tally, e.job_id, StepIndex::new(0))
+        .await
+        .unwrap();
+    assert_eq!(out, serde_json::json!({ "n": 5 }));
+    let row = env.client().job(e.job_id).await.unwrap().unwrap();
+    assert_eq!(row.step.get(), 1, "step 0's checkpoint committed");
+    assert_eq!(tally_rows(&env, e.job_id).await.len(), 1, "with its write");
+    // The row is at step 1 now: step 0 again is refused, and writes nothing.
+    let again = env.run_step(&tally, e.job_id, StepIndex::new(0)).await;
+    assert!(again.is_err(), "{again:?}");
+    // A worker takes the job over from the test and finishes it.
+    let w = env.worker("w1", workers).await.unwrap();
+    env.run_until_done(e.job_id, WAIT).await.unwrap();
+    assert_eq!(env.result::<Tally>(e.job_id).await.unwrap(), Some(5));
+    assert_eq!(tally_rows(&env, e.job_id).await.len(), 2);
+    env.check().await.unwrap().assert_clean();
+    w.shutdown().await.unwrap();
+}

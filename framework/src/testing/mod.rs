@@ -26,6 +26,8 @@ mod env;
 mod process;
 #[cfg(feature = "devstack")]
 mod proxy;
+#[cfg(feature = "devstack")]
+mod step;
 
 pub use crate::runtime::faults::{Fault, FaultHit, FaultPlan, FaultPoint, FaultRule, Injector};
 #[cfg(feature = "devstack")]
