@@ -187,3 +187,28 @@ async fn at(cfg: &Config, point: FaultPoint, job: JobId, step: StepIndex) {
         None => tracing::error!(fault = ?rule.fault, "no injector for this fault; skipped"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_fires_once_at_its_job_step_and_point_only() {
+        let job = JobId::from_key("t", "a");
+        let other = JobId::from_key("t", "b");
+        let (s0, s1) = (StepIndex::new(0), StepIndex::new(1));
+        let plan = FaultPlan::new()
+            .at(Some(job), s1, FaultPoint::AfterCommit, Fault::Crash)
+            .at(None, s0, FaultPoint::StepStart, Fault::RestartPostgres);
+        assert_eq!(plan.fire(FaultPoint::AfterCommit, other, s1), None);
+        assert_eq!(plan.fire(FaultPoint::BeforeCommit, job, s1), None);
+        assert_eq!(plan.fire(FaultPoint::AfterCommit, job, s0), None);
+        let fired = plan.fire(FaultPoint::AfterCommit, job, s1);
+        assert_eq!(fired.map(|r| r.fault), Some(Fault::Crash));
+        assert_eq!(plan.fire(FaultPoint::AfterCommit, job, s1), None, "once");
+        // Any job; clones share what fired.
+        let copy = plan.clone();
+        assert!(copy.fire(FaultPoint::StepStart, other, s0).is_some());
+        assert!(plan.fire(FaultPoint::StepStart, job, s0).is_none());
+    }
+}

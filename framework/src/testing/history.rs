@@ -562,3 +562,69 @@ pub enum CheckError {
     #[error("dead-letter queue: {0}")]
     Queue(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(steps: &[(JobId, i64, i64)]) -> Facts {
+        let mut step_tokens: HashMap<(JobId, i64), Vec<i64>> = HashMap::new();
+        for &(job, step, token) in steps {
+            step_tokens.entry((job, step)).or_default().push(token);
+        }
+        Facts {
+            status: HashMap::new(),
+            dead_lettered: HashSet::new(),
+            step_tokens,
+            after_claim: Vec::new(),
+            regressions: Vec::new(),
+        }
+    }
+
+    fn row(job: JobId, step: i64, token: i64) -> Row {
+        (
+            job.as_uuid(),
+            step,
+            Some(token),
+            format!("({step},{token})"),
+        )
+    }
+
+    #[test]
+    fn a_table_written_once_by_the_committing_owner_is_clean() {
+        let job = JobId::from_key("t", "a");
+        let f = facts(&[(job, 0, 5), (job, 1, 7)]);
+        assert!(judge_rows("t", &[row(job, 0, 5), row(job, 1, 7)], &f).is_empty());
+    }
+
+    #[test]
+    fn a_second_row_and_a_stale_token_are_reported() {
+        let job = JobId::from_key("t", "a");
+        let f = facts(&[(job, 0, 7)]);
+        let v = judge_rows("t", &[row(job, 0, 5), row(job, 0, 7)], &f);
+        assert!(
+            matches!(&v[..], [Violation::DoubleWrite { tokens, .. }, Violation::StaleWrite { committed, rows, .. }]
+            if tokens.len() == 2 && committed == &vec![7] && rows.len() == 1),
+            "{v:?}"
+        );
+        // A row of a step that never committed.
+        let v = judge_rows("t", &[row(job, 1, 7)], &f);
+        assert!(
+            matches!(&v[..], [Violation::StaleWrite { committed, .. }] if committed.is_empty()),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn observers_that_saw_a_step_commit_twice_are_reported() {
+        let h = History::default();
+        let job = JobId::from_key("t", "a");
+        h.record_commit(job, StepIndex::new(0), 5);
+        h.record_commit(job, StepIndex::new(1), 5);
+        assert!(h.observed_doubles().is_empty());
+        h.record_commit(job, StepIndex::new(0), 9);
+        assert!(
+            matches!(&h.observed_doubles()[..], [Violation::DoubleCommit { tokens, .. }] if tokens == &vec![5, 9])
+        );
+    }
+}
