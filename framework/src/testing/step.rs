@@ -1,32 +1,60 @@
-//! [`TestEnv::run_step`]: one step of a job, run by the test itself in a real
-//! fenced transaction on the test's database, under a real token (an etcd
-//! revision of the test's namespace, newer than every lock before it).
+//! [`TestEnv::run_step`]: one step of a job, run by the test itself as a real
+//! owner: a session of its own in etcd, the job's lock (its token), the claim
+//! and the step's fenced transaction on the test's database.
 
 use super::env::{TestEnv, TestError};
 use crate::fence::FencedTx;
 use crate::job::StepCtx;
-use crate::{FencingToken, Job, JobId, StepIndex};
+use crate::lease::{Acquire, Session};
+use crate::{Job, JobId, StepIndex};
 
 impl TestEnv {
     /// Runs step `k` of job `id` (enqueued as `J`) with `job`, as an owner
-    /// would: claims the job's fence under a fresh token, runs the step with a
+    /// would: establishes a session (worker id `run_step`), acquires the
+    /// job's lock (its token), claims the job's fence, runs the step with a
     /// `StepCtx` whose [`StepCtx::db`] is the step's fenced transaction, and
     /// commits the step's writes together with its checkpoint. Returns the
-    /// step's output (JSON). The job's row must be at step `k` (steps before it
-    /// committed). The row stays `running` under this token: a worker that
-    /// takes the job afterwards counts a takeover.
+    /// step's output (JSON), then closes the session (deleting the lock). The
+    /// job's row must be at step `k` (steps before it committed). The row
+    /// stays `running` under this token, not released: a worker that takes
+    /// the job afterwards counts a takeover.
     ///
     /// # Errors
-    /// [`TestError::Step`] when the row is elsewhere, the claim is refused,
-    /// or the step fails (its writes roll back).
+    /// [`TestError::Step`] when a worker holds the job's lock, the row is
+    /// elsewhere, the claim is refused, or the step fails (its writes roll
+    /// back).
     pub async fn run_step<J: Job>(
         &self,
         job: &J,
         id: JobId,
         k: StepIndex,
     ) -> Result<serde_json::Value, TestError> {
+        let cfg = self.config().clone().with_worker_id("run_step");
+        let session = Session::establish(&cfg)
+            .await
+            .map_err(|e| TestError::Step(format!("etcd session: {e}")))?;
+        let result = self.run_step_as_owner(&session, job, id, k).await;
+        let _ = session.close().await;
+        result
+    }
+
+    /// [`TestEnv::run_step`] under `session`.
+    async fn run_step_as_owner<J: Job>(
+        &self,
+        session: &Session,
+        job: &J,
+        id: JobId,
+        k: StepIndex,
+    ) -> Result<serde_json::Value, TestError> {
+        let token = match session.acquire(id).await {
+            Ok(Acquire::Acquired(lock)) => lock.token(),
+            Ok(Acquire::Contended { holder }) => {
+                let held = format!("job {id}'s lock is held by lease {holder:?}");
+                return Err(TestError::Step(held));
+            }
+            Err(e) => return Err(TestError::Step(format!("job lock: {e}"))),
+        };
         let store = self.client().store().clone();
-        let token = self.fresh_token(id).await?;
         let (claim, tx) = store.claim_and_begin(id, token).await.map_err(step_error)?;
         if claim.step != k {
             let _ = tx.rollback().await;
@@ -65,22 +93,6 @@ impl TestEnv {
         tx.commit_step(&out, last).await.map_err(step_error)?;
         self.history().record_commit(id, k, token.get());
         Ok(out)
-    }
-
-    /// A token newer than every lock of the namespace so far: the revision
-    /// of a put into the test's etcd prefix (what a lock's create revision is).
-    async fn fresh_token(&self, id: JobId) -> Result<FencingToken, TestError> {
-        let cfg = self.config();
-        let mut etcd = etcd_client::Client::connect(cfg.etcd_endpoints.clone(), None)
-            .await
-            .map_err(|e| TestError::Step(format!("etcd: {e}")))?;
-        let key = format!("{}/tenure-kit/run_step/{id}", cfg.namespace);
-        let put = etcd
-            .put(key, "", None)
-            .await
-            .map_err(|e| TestError::Step(format!("etcd: {e}")))?;
-        let revision = put.header().map_or(0, |h| h.revision());
-        Ok(FencingToken::for_tests(revision))
     }
 }
 
