@@ -39,12 +39,12 @@ pub async fn fresh_namespace(prefix: &str, ttl: Duration) -> (String, Config, te
 /// The namespace, config and client of a `#[tenure::test]`'s environment,
 /// with the test tables prepared ([`prepare_schema`]): what
 /// [`fresh_namespace`] gives a `#[tokio::test]`.
-pub async fn on_kit(env: &tenure::testing::TestEnv) -> (String, Config, &tenure::Client) {
+pub async fn on_kit(env: &tenure::testing::TestEnv) -> (String, Config, tenure::Client) {
     prepare_schema(env.client()).await;
     (
         env.namespace().to_string(),
         env.config().clone(),
-        env.client(),
+        env.client().clone(),
     )
 }
 

@@ -125,19 +125,11 @@ impl History {
 
     /// Steps the observers saw commit twice.
     fn observed_doubles(&self) -> Vec<Violation> {
-        let mut by_step: HashMap<(JobId, StepIndex), Vec<i64>> = HashMap::new();
-        for c in lock(&self.committed).iter() {
-            by_step.entry((c.job, c.step)).or_default().push(c.token);
-        }
-        by_step
+        // Observers of several workers see commits in no common order: only
+        // their double commits count.
+        judge_commits("worker observers", &lock(&self.committed))
             .into_iter()
-            .filter(|(_, tokens)| tokens.len() > 1)
-            .map(|((job, step), tokens)| Violation::DoubleCommit {
-                source: "worker observers".into(),
-                job,
-                step: i64::from(step.get()),
-                tokens,
-            })
+            .filter(|v| matches!(v, Violation::DoubleCommit { .. }))
             .collect()
     }
 
@@ -156,6 +148,53 @@ impl History {
     }
 }
 
+/// Judges commits given in commit order (per job): a (job, step) committed
+/// more than once is a [`Violation::DoubleCommit`]; a commit under a lower
+/// token than the job's commit before it is a [`Violation::TokenRegression`].
+/// `source` names where the commits come from. The core of
+/// [`History::check`], public for checkers that read commits elsewhere (the
+/// torture test's ledger history).
+///
+/// ```
+/// use tenure::testing::{StepRecord, Violation, judge_commits};
+/// use tenure::{JobId, StepIndex};
+///
+/// let job = JobId::from_key("t", "a");
+/// let at = |step, token| StepRecord { job, step: StepIndex::new(step), token };
+/// assert!(judge_commits("ok", &[at(0, 5), at(1, 5), at(2, 9)]).is_empty());
+/// let v = judge_commits("bad", &[at(0, 9), at(0, 5)]);
+/// assert_eq!(v.len(), 2); // step 0 twice, and token 5 after 9
+/// ```
+pub fn judge_commits(source: &str, commits: &[StepRecord]) -> Vec<Violation> {
+    let mut by_step: HashMap<(JobId, StepIndex), Vec<i64>> = HashMap::new();
+    let mut last: HashMap<JobId, i64> = HashMap::new();
+    let mut v = Vec::new();
+    for c in commits {
+        by_step.entry((c.job, c.step)).or_default().push(c.token);
+        if let Some(earlier) = last.insert(c.job, c.token).filter(|e| c.token < *e) {
+            v.push(Violation::TokenRegression {
+                source: source.into(),
+                job: c.job,
+                step: i64::from(c.step.get()),
+                token: c.token,
+                earlier,
+            });
+        }
+    }
+    let mut doubles: Vec<Violation> = by_step
+        .into_iter()
+        .filter(|(_, tokens)| tokens.len() > 1)
+        .map(|((job, step), tokens)| Violation::DoubleCommit {
+            source: source.into(),
+            job,
+            step: i64::from(step.get()),
+            tokens,
+        })
+        .collect();
+    doubles.append(&mut v);
+    doubles
+}
+
 /// What the database and the DLQ say about the schema's jobs.
 struct Facts {
     /// Each job's status.
@@ -166,8 +205,8 @@ struct Facts {
     step_tokens: HashMap<(JobId, i64), Vec<i64>>,
     /// Commits after a newer owner's claim: (job, step, token, claim token).
     after_claim: Vec<(JobId, i64, i64, i64)>,
-    /// Steps committed under a lower token than an earlier step of the job.
-    regressions: Vec<(JobId, i64, i64, i64)>,
+    /// Double commits and token regressions in the job events.
+    judged: Vec<Violation>,
 }
 
 impl Facts {
@@ -188,20 +227,17 @@ impl Facts {
         .fetch_all(pool)
         .await?;
         let mut step_tokens: HashMap<(JobId, i64), Vec<i64>> = HashMap::new();
-        let mut regressions = Vec::new();
-        let mut highest: HashMap<JobId, i64> = HashMap::new();
+        let mut commits = Vec::with_capacity(steps.len());
         for (id, step, token) in steps {
             let job = JobId::from_uuid(id);
             step_tokens
                 .entry((job, i64::from(step)))
                 .or_default()
                 .push(token);
-            let top = highest.entry(job).or_insert(token);
-            if token < *top {
-                regressions.push((job, i64::from(step), token, *top));
-            }
-            *top = (*top).max(token);
+            let step = StepIndex::new(u32::try_from(step).unwrap_or(u32::MAX));
+            commits.push(StepRecord { job, step, token });
         }
+        let judged = judge_commits("job_events", &commits);
         let after: Vec<(uuid::Uuid, i32, i64, i64)> = sqlx::query_as(&format!(
             "SELECT s.job_id, s.step, s.token, max(c.token) FROM {s}.job_events s
                JOIN {s}.job_events c ON c.job_id = s.job_id AND c.seq < s.seq
@@ -220,33 +256,14 @@ impl Facts {
             dead_lettered,
             step_tokens,
             after_claim,
-            regressions,
+            judged,
         })
     }
 
     /// Double commits, token regressions and commits after a newer claim, in
     /// the job events.
     fn event_violations(&self) -> Vec<Violation> {
-        let mut v: Vec<Violation> = self
-            .step_tokens
-            .iter()
-            .filter(|(_, tokens)| tokens.len() > 1)
-            .map(|((job, step), tokens)| Violation::DoubleCommit {
-                source: "job_events".into(),
-                job: *job,
-                step: *step,
-                tokens: tokens.clone(),
-            })
-            .collect();
-        v.extend(self.regressions.iter().map(|&(job, step, token, earlier)| {
-            Violation::TokenRegression {
-                source: "job_events".into(),
-                job,
-                step,
-                token,
-                earlier,
-            }
-        }));
+        let mut v = self.judged.clone();
         v.extend(self.after_claim.iter().map(|&(job, step, token, claim)| {
             Violation::CommittedAfterNewerClaim {
                 job,
@@ -577,7 +594,7 @@ mod tests {
             dead_lettered: HashSet::new(),
             step_tokens,
             after_claim: Vec::new(),
-            regressions: Vec::new(),
+            judged: Vec::new(),
         }
     }
 

@@ -32,7 +32,7 @@ mod step;
 pub use crate::runtime::faults::{Fault, FaultHit, FaultPlan, FaultPoint, FaultRule, Injector};
 #[cfg(feature = "devstack")]
 pub use env::{TestEnv, TestError, TestResult};
-pub use history::{CheckError, History, Report, StepRecord, Violation};
+pub use history::{CheckError, History, Report, StepRecord, Violation, judge_commits};
 #[cfg(feature = "devstack")]
 pub use process::WorkerProcess;
 
