@@ -80,7 +80,10 @@ pub trait Injector: Send + Sync + 'static {
     fn inject(&self, hit: FaultHit) -> BoxFuture<'static, ()>;
 }
 
-/// Faults at named points of jobs: see the [module docs](self).
+/// Faults at named points of jobs, for `Config::fault_plan`: each rule fires
+/// once per process, at the first job that reaches its point; its
+/// [`Injector`] applies it (without one, only [`Fault::Crash`] is applied).
+/// See the guide [`guide::testing`](crate::guide::testing).
 ///
 /// ```
 /// use std::time::Duration;
@@ -174,7 +177,7 @@ pub(crate) async fn after_commit(cfg: &Config, job: JobId, step: StepIndex) {
 }
 
 /// Applies the fault planned at `point` of `job`'s `step`,
-/// if any (see the [module docs](self)).
+/// if any.
 async fn at(cfg: &Config, point: FaultPoint, job: JobId, step: StepIndex) {
     let Some(plan) = &cfg.fault_plan else { return };
     let Some(rule) = plan.fire(point, job, step) else {

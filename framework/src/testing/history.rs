@@ -33,7 +33,7 @@ struct Watched {
 /// checks them, the job rows and the watched tables ([`History::check`]).
 ///
 /// Install it on a worker with [`WorkerBuilder::observer`](crate::WorkerBuilder::observer)
-/// ([`TestEnv`](super::TestEnv) does it for the workers it starts, worker
+/// (`TestEnv` does it for the workers it starts, worker
 /// processes included).
 #[derive(Debug, Default)]
 pub struct History {

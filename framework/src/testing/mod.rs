@@ -4,10 +4,10 @@
 //! `devstack`). Never enable these features in a production build.
 //!
 //! * [`#[tenure::test]`](crate::test) (feature `devstack`): an async test that
-//!   gets a [`TestEnv`]: the dev stack (shared by the test binary, or its
+//!   gets a `TestEnv`: the dev stack (shared by the test binary, or its
 //!   own), a fresh namespace and schema, migrated, a [`Client`](crate::Client)
 //!   and a [`Config`](crate::Config), and ways to start workers in process
-//!   ([`TestEnv::worker`]) or as child processes ([`TestEnv::worker_process`]).
+//!   (`TestEnv::worker`) or as child processes (`TestEnv::worker_process`).
 //! * [`FaultPlan`]: faults at named points of your own jobs ("at job X, step k,
 //!   after the commit: crash"), applied by the runtime at those points.
 //! * [`History`]: every committed and every refused step (a
