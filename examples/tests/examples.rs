@@ -1,5 +1,8 @@
 //! Runs each example binary end to end and checks its exit code (and the line of
-//! its output that states the verdict).
+//! its output that states the verdict): the demos users run work. The
+//! examples' jobs themselves are tested on the testing kit (`#[tenure::test]`,
+//! fault plans, the history checker) in `ledger_kit.rs` and
+//! `provisioning_kit.rs`.
 //!
 //! `cargo test -p tenure-examples` (and `cargo test --workspace`) builds the
 //! examples before running tests. Selecting only this test target

@@ -175,6 +175,11 @@ pub struct Config {
     #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub unsafe_no_fencing: bool,
+    /// TEST ONLY (feature `testing`): faults the runtime injects at named
+    /// points of jobs ([`crate::testing::FaultPlan`]); `None` in every real run.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fault_plan: Option<crate::testing::FaultPlan>,
 }
 
 /// The largest [`Config::prefetch`].
@@ -231,6 +236,8 @@ impl Config {
             retention: Retention::default(),
             #[cfg(feature = "testing")]
             unsafe_no_fencing: false,
+            #[cfg(feature = "testing")]
+            fault_plan: None,
         }
     }
 
@@ -663,6 +670,8 @@ impl std::fmt::Debug for Config {
             .field("retention", &self.retention);
         #[cfg(feature = "testing")]
         d.field("unsafe_no_fencing", &self.unsafe_no_fencing);
+        #[cfg(feature = "testing")]
+        d.field("fault_plan", &self.fault_plan);
         d.finish()
     }
 }

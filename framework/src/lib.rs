@@ -158,6 +158,8 @@
 //! * [`guide::getting_started`]: the dev stack, a first job, running it, testing it.
 //! * [`guide::protocol`]: the protocol step by step, what it guarantees and what it
 //!   does not.
+//! * [`guide::testing`]: testing your own jobs against real servers and real
+//!   faults (`#[tenure::test]`, fault plans, the history checker).
 //! * [`guide::production`]: sizing the lease TTL, running etcd, NATS and PostgreSQL
 //!   clusters, and what the metrics mean.
 //!
@@ -184,6 +186,8 @@
 //!   ([`guide::production`], Security), and [`security::AccessError`], what a
 //!   refusing server becomes.
 //! - [`telemetry`]: exporters (`otlp`, `prometheus` features) and span names.
+//! - `testing` (feature `testing`, tests only): `#[tenure::test]`, fault plans and
+//!   the history checker for your own jobs ([`guide::testing`]).
 //! - `devstack` (feature `devstack`): real etcd, NATS and PostgreSQL servers as child
 //!   processes, for tests and demos.
 //!
@@ -196,7 +200,7 @@
 //! | feature | default | what it enables |
 //! |---|---|---|
 //! | `devstack` | off | the `devstack` module: starts a 3-member etcd cluster, NATS JetStream and PostgreSQL as child processes on loopback ports, with fault injection (pause, kill, restart a member). For tests, examples and benchmarks. |
-//! | `testing` | off | test-only constructors (`FencingToken::for_tests`, `StepCtx::detached_for_tests`). Never enable it in production. |
+//! | `testing` | off | for tests only: `tenure::testing` (with `devstack`: `#[tenure::test]`, `TestEnv`, worker processes; always: `FaultPlan`, applied by the runtime at named points of jobs, and the `History` checker) and test-only constructors (`FencingToken::for_tests`, `StepCtx::detached_for_tests`). Never enable it in production. |
 //! | `otlp` | off | `telemetry::otlp`: push metrics to an OpenTelemetry collector over gRPC (opentelemetry-otlp). |
 //! | `prometheus` | off | `telemetry::prometheus`: a Prometheus scrape endpoint (`GET /metrics`) for the worker's metrics. |
 //! | `mysql` | off | `fence::mysql` and `StepCtx::mysql`: a MySQL/MariaDB database as a fenced resource (sqlx's MySQL driver, rustls); with `devstack`, `DevStackOptions::mariadb`. |
@@ -216,6 +220,8 @@ pub(crate) use blocks::{fence, lease, queue};
 
 #[cfg(feature = "devstack")]
 pub mod devstack;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// Guides: longer documentation, kept in `framework/src/docs/*.md`.
 pub mod guide {
@@ -225,6 +231,11 @@ pub mod guide {
     pub mod protocol {}
     #[doc = include_str!("docs/production.md")]
     pub mod production {}
+    #[doc = include_str!("docs/testing.md")]
+    #[doc = "```rust,ignore"]
+    #[doc = include_str!("docs/testing_example.rs")]
+    #[doc = "```"]
+    pub mod testing {}
 }
 
 pub use client::{
@@ -238,6 +249,10 @@ pub use job::{DeadJob, Job, StepCtx, StepError};
 pub use lease::Health;
 pub use runtime::{JobLimits, Worker, WorkerBuilder, WorkerError, WorkerObserver};
 pub use schedule::{MissedTicks, Schedule, ScheduleError};
+/// `#[tenure::test]` (feature `testing`; the tests it makes need `devstack`
+/// too): see `tenure::testing` and the guide [`guide::testing`].
+#[cfg(feature = "testing")]
+pub use tenure_macros::test;
 pub use tenure_macros::{job, step};
 pub use types::{FencingToken, InvalidFence, JobId, LeaseId, ObservedFence, StepIndex};
 

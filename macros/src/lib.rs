@@ -12,6 +12,7 @@ mod chain;
 mod errors;
 mod expand;
 mod parse;
+mod test_attr;
 
 /// Turns an `impl` block of `#[step]` methods into a job type: implements
 /// [`tenure::Job`](https://docs.rs/tenure/latest/tenure/job/trait.Job.html) for it.
@@ -150,4 +151,33 @@ pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::step(attr.into(), item.into()).into()
+}
+
+/// An async test of your own jobs against real servers: see
+/// [`tenure::testing`](https://docs.rs/tenure/latest/tenure/testing/) and the
+/// guide "Testing your jobs". Needs tenure's `testing` and `devstack` features
+/// (in `[dev-dependencies]`: for tests only).
+///
+/// ```text
+/// #[tenure::test]                        // lease TTL 10 s, the binary's shared dev stack
+/// #[tenure::test(ttl_secs = 3)]          // a short TTL, for tests about lease loss
+/// #[tenure::test(worker = my_workers)]   // env.worker_process(..) runs my_workers(cfg)
+/// #[tenure::test(own_stack)]             // servers of its own (to restart PostgreSQL)
+/// async fn name(env: tenure::testing::TestEnv) { .. }   // or -> Result<(), E: Debug>
+/// ```
+///
+/// The test gets a [`TestEnv`](https://docs.rs/tenure/latest/tenure/testing/struct.TestEnv.html):
+/// a namespace and PostgreSQL schema of its own, migrated, a client, a config,
+/// a history checker, and workers on demand. `worker = path` names a
+/// `async fn(tenure::Config) -> tenure::WorkerBuilder` that registers the jobs a
+/// worker process runs (the test binary re-runs itself as that worker).
+///
+/// # Errors
+/// Misuse is a compile error at the offending tokens, all reported at once:
+/// a function that is not `async`, is generic, or does not take exactly one
+/// argument; unknown, duplicate or malformed arguments; another `#[test]`
+/// attribute on the function.
+#[proc_macro_attribute]
+pub fn test(attr: TokenStream, item: TokenStream) -> TokenStream {
+    test_attr::test(attr.into(), item.into()).into()
 }

@@ -36,6 +36,18 @@ pub async fn fresh_namespace(prefix: &str, ttl: Duration) -> (String, Config, te
     (ns, cfg, client)
 }
 
+/// The namespace, config and client of a `#[tenure::test]`'s environment,
+/// with the test tables prepared ([`prepare_schema`]): what
+/// [`fresh_namespace`] gives a `#[tokio::test]`.
+pub async fn on_kit(env: &tenure::testing::TestEnv) -> (String, Config, tenure::Client) {
+    prepare_schema(env.client()).await;
+    (
+        env.namespace().to_string(),
+        env.config().clone(),
+        env.client().clone(),
+    )
+}
+
 /// Prints the framework's warnings and errors (or what `RUST_LOG` asks for)
 /// into the output of the test that calls it, which cargo shows when the test
 /// fails: a timing test that fails on a loaded machine then says why (a lost

@@ -8,8 +8,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tenure::blocks::fence::JobStatus;
+use tenure::testing::TestEnv;
 use tenure::{ClientError, StepCtx, StepError};
-use tenure_tests::{ThreeStep, Work, fresh_namespace, three_step_worker};
+use tenure_tests::{ThreeStep, Work, on_kit, three_step_worker};
 
 /// The same job type name as [`ThreeStep`], with another output type: a
 /// client that asks for a result with the wrong type.
@@ -34,9 +35,9 @@ impl Other {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn wait_returns_the_typed_output_and_result_is_none_while_running() {
-    let (ns, cfg, client) = fresh_namespace("res_wait", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn wait_returns_the_typed_output_and_result_is_none_while_running(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = three_step_worker(&cfg, &ns, "w0").await;
     let slow = Work {
         n: 42,
@@ -101,9 +102,9 @@ async fn wait_returns_the_typed_output_and_result_is_none_while_running() {
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn wait_on_a_job_that_dies_or_is_cancelled_names_the_status() {
-    let (ns, cfg, client) = fresh_namespace("res_dead", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn wait_on_a_job_that_dies_or_is_cancelled_names_the_status(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = three_step_worker(&cfg, &ns, "w0").await;
     let doomed = Work {
         n: 1,
@@ -159,9 +160,9 @@ async fn wait_on_a_job_that_dies_or_is_cancelled_names_the_status() {
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn wait_times_out_with_a_typed_error() {
-    let (_ns, _cfg, client) = fresh_namespace("res_timeout", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn wait_times_out_with_a_typed_error(env: TestEnv) {
+    let (_ns, _cfg, client) = on_kit(&env).await;
     // No worker: the job stays pending.
     let e = client
         .enqueue::<ThreeStep>("nobody", &Work::default())
@@ -195,9 +196,9 @@ impl Patient {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_step_that_asks_for_two_seconds_is_not_retried_sooner() {
-    let (_ns, cfg, client) = fresh_namespace("res_after", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn a_step_that_asks_for_two_seconds_is_not_retried_sooner(env: TestEnv) {
+    let (_ns, cfg, client) = on_kit(&env).await;
     // The backoff would retry after 25..75 ms: the step's request must win.
     let w = tenure::Worker::builder(cfg.clone().with_worker_id("w0"))
         .register(Patient)
@@ -353,13 +354,8 @@ async fn compensation(client: &tenure::Client, ns: &str, id: tenure::JobId) -> S
         .unwrap()
 }
 
-async fn run_failed_transfer(flaky_hook: bool) {
-    let prefix = if flaky_hook {
-        "res_comp_flaky"
-    } else {
-        "res_comp"
-    };
-    let (ns, cfg, client) = fresh_namespace(prefix, Duration::from_secs(10)).await;
+async fn run_failed_transfer(env: &TestEnv, flaky_hook: bool) {
+    let (ns, cfg, client) = on_kit(env).await;
     bank(&client, &ns, "reason").await;
     let job = Transfer {
         schema: ns.clone(),
@@ -442,24 +438,24 @@ async fn run_failed_transfer(flaky_hook: bool) {
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_transfer_whose_credit_fails_for_good_is_refunded_once() {
-    run_failed_transfer(false).await;
+#[tenure::test]
+async fn a_transfer_whose_credit_fails_for_good_is_refunded_once(env: TestEnv) {
+    run_failed_transfer(&env, false).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_hook_that_fails_after_writing_rolls_back_and_compensates_once_on_retry() {
-    run_failed_transfer(true).await;
+#[tenure::test]
+async fn a_hook_that_fails_after_writing_rolls_back_and_compensates_once_on_retry(env: TestEnv) {
+    run_failed_transfer(&env, true).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_takeover_during_compensation_still_compensates_once() {
+#[tenure::test(ttl_secs = 2)]
+async fn a_takeover_during_compensation_still_compensates_once(env: TestEnv) {
     // About lease loss: a short TTL on purpose.
-    let (ns, cfg, client) = fresh_namespace("res_comp_take", Duration::from_secs(2)).await;
+    let (ns, cfg, client) = on_kit(&env).await;
     let pool = client.store().pool();
     bank(&client, &ns, "worker").await;
 
-    let stack = tenure::devstack::DevStack::shared().expect("dev stack");
+    let stack = env.stack();
     let program = env!("CARGO_BIN_EXE_tenure-test-worker");
     let a = tenure_tests::ChildWorker::spawn(program, stack, &ns, "A", 2, &[]);
     assert!(

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tenure::job::step_list;
+use tenure::testing::TestEnv;
 use tenure::{Client, Config, JobId, JobStatus, StepCtx, StepError, Worker};
-use tenure_tests::{double_commits, fresh_namespace, wait_until};
+use tenure_tests::{double_commits, on_kit, wait_until};
 
 /// The input (and every step's output) of each version.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -151,9 +152,11 @@ async fn all_status(client: &Client, jobs: &[JobId], status: JobStatus, within: 
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn reordered_or_renamed_committed_steps_are_never_resumed_and_dead_letter_after_the_grace() {
-    let (ns, mut cfg, client) = fresh_namespace("ver_changed", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn reordered_or_renamed_committed_steps_are_never_resumed_and_dead_letter_after_the_grace(
+    env: TestEnv,
+) {
+    let (ns, mut cfg, client) = on_kit(&env).await;
     cfg.definition_grace = Duration::from_secs(2);
     let jobs = two_steps_done_by_v1(&cfg, &ns, &client, 2).await;
 
@@ -203,9 +206,9 @@ async fn reordered_or_renamed_committed_steps_are_never_resumed_and_dead_letter_
     w2.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rolling_deploy_jobs_mid_flight_finish_on_a_fitting_worker_only() {
-    let (ns, mut cfg, client) = fresh_namespace("ver_rolling", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn rolling_deploy_jobs_mid_flight_finish_on_a_fitting_worker_only(env: TestEnv) {
+    let (ns, mut cfg, client) = on_kit(&env).await;
     // Hand-backs every 600 ms (grace / 100), none dead-lettered within the test.
     cfg.definition_grace = Duration::from_secs(60);
     let jobs = two_steps_done_by_v1(&cfg, &ns, &client, 4).await;
@@ -256,9 +259,9 @@ async fn rolling_deploy_jobs_mid_flight_finish_on_a_fitting_worker_only() {
     old.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_appended_step_fits_and_a_shorter_definition_never_ends_a_longer_job() {
-    let (ns, mut cfg, client) = fresh_namespace("ver_append", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn an_appended_step_fits_and_a_shorter_definition_never_ends_a_longer_job(env: TestEnv) {
+    let (ns, mut cfg, client) = on_kit(&env).await;
     cfg.definition_grace = Duration::from_secs(60);
     let resumed = two_steps_done_by_v1(&cfg, &ns, &client, 2).await;
     // Jobs enqueued by the new version: recorded with four steps.
@@ -308,9 +311,9 @@ async fn an_appended_step_fits_and_a_shorter_definition_never_ends_a_longer_job(
     new.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn typed_enqueues_record_the_list_and_one_by_name_records_the_first_claimers() {
-    let (ns, cfg, client) = fresh_namespace("ver_json", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn typed_enqueues_record_the_list_and_one_by_name_records_the_first_claimers(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let abc = Some(names(&["a", "b", "c"]));
     let batch = client
         .enqueue_many::<V1>(&[("batch-1", V { n: 1 }), ("batch-2", V { n: 2 })])

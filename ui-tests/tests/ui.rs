@@ -4,6 +4,8 @@
 //! * `#[tenure::job]` / `#[tenure::step]`: `ui/pass/*.rs` must compile and run;
 //!   `ui/fail/*.rs` must fail with exactly the diagnostics in the `.stderr`
 //!   snapshot next to them (these are the messages users see).
+//! * `#[tenure::test]`: `ui/fail/test_*.rs`, its misuse diagnostics (the
+//!   passing form needs the dev stack and runs in `tests/tests/kit.rs`).
 //! * Invariant 1: only a verified lock grant makes a
 //!   [`FencingToken`](tenure::FencingToken), the only type `claim` and
 //!   `begin_step` take. A number read off the wire or a row (`ObservedFence`) can

@@ -22,6 +22,8 @@
 
 mod cancel;
 mod compensate;
+#[cfg(feature = "testing")]
+pub(crate) mod faults;
 mod fetcher;
 pub(crate) mod handover;
 mod job_actor;

@@ -126,6 +126,8 @@ impl JobRun {
             mysql: None,
         };
         let span = tracing::info_span!(spans::STEP, step = %step.index, name = step.name, token = owned.token.get());
+        #[cfg(feature = "testing")]
+        super::faults::step_start(&sh.cfg, owned.job_id, step.index).await;
         let mut outcome = self
             .drive_stage(owned, delivery, ctx, step.index, input, &mut desk)
             .instrument(span)
@@ -184,6 +186,8 @@ impl JobRun {
                 }
             },
         };
+        #[cfg(feature = "testing")]
+        super::faults::before_commit(&sh.cfg, owned.job_id, step.index).await;
         let health = self.health_at_commit(owned).await;
         if health != Health::Healthy {
             let _ = tx.rollback().await;
@@ -219,6 +223,8 @@ impl JobRun {
                 if let Some(h) = &sh.observer {
                     h.step_committed(owned.job_id, step.index, owned.token);
                 }
+                #[cfg(feature = "testing")]
+                super::faults::after_commit(&sh.cfg, owned.job_id, step.index).await;
                 Ok((out, next))
             }
             Err(e) if is_cancelled(&e) => Err(Outcome::Cancelled),

@@ -8,6 +8,8 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::types::Uuid;
 use tenure::MySqlFence;
+use tenure::testing::{StepRecord, Violation, judge_commits};
+use tenure::{JobId, StepIndex};
 use tenure::{StepCtx, StepError};
 
 use super::{ACCOUNTS, INITIAL, STEPS};
@@ -178,18 +180,34 @@ pub(crate) fn judge(
     for h in &applied {
         *per_step.entry((h.job, h.step)).or_default() += 1;
     }
-    v.double_commits = per_step.values().map(|c| c - 1).sum();
     for (job, _) in per_step.keys() {
         *v.steps.entry(*job).or_default() += 1;
     }
-    let mut by_job: HashMap<Uuid, Vec<&HistoryRow>> = HashMap::new();
-    for h in history {
-        by_job.entry(h.job).or_default().push(h);
-    }
-    for rows in by_job.values_mut() {
-        rows.sort_by_key(|h| h.seq);
-        v.token_regressions += rows.windows(2).filter(|w| w[1].token < w[0].token).count() as i64;
-    }
+    // Double commits and token regressions: the testing kit's checker, on
+    // the history in commit order (`seq`).
+    let mut in_order: Vec<&HistoryRow> = history.iter().collect();
+    in_order.sort_by_key(|h| h.seq);
+    let record = |h: &&HistoryRow| StepRecord {
+        job: JobId::from_uuid(h.job),
+        step: StepIndex::new(u32::try_from(h.step).unwrap_or(u32::MAX)),
+        token: h.token,
+    };
+    let applied_in_order: Vec<StepRecord> =
+        in_order.iter().filter(|h| !h.replay).map(record).collect();
+    let all_in_order: Vec<StepRecord> = in_order.iter().map(record).collect();
+    v.double_commits = judge_commits("history", &applied_in_order)
+        .iter()
+        .map(|x| match x {
+            Violation::DoubleCommit { tokens, .. } => {
+                i64::try_from(tokens.len()).unwrap_or(i64::MAX) - 1
+            }
+            _ => 0,
+        })
+        .sum();
+    v.token_regressions = judge_commits("history", &all_in_order)
+        .iter()
+        .filter(|x| matches!(x, Violation::TokenRegression { .. }))
+        .count() as i64;
     v.ledger_violations = ledger_violations(&applied, balances, done);
     v
 }

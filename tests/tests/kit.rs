@@ -1,0 +1,324 @@
+//! The testing kit (`tenure::testing`) against real servers: each
+//! `FaultPlan` point fires where it says and the history checker stays clean;
+//! a job that writes outside `ctx.db()` to an unguarded table under a freeze
+//! makes the checker report it (the kit can fail).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tenure::testing::{Fault, FaultPlan, FaultPoint, TestEnv, Violation};
+use tenure::{Config, JobId, StepCtx, StepError, StepIndex, Worker, WorkerBuilder};
+
+/// A two-step job whose steps each write `(job, step, token)` to the guarded
+/// table `tally` through their fenced transaction.
+#[derive(Debug, Clone)]
+struct Tally {
+    schema: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Count {
+    n: u64,
+}
+
+impl Tally {
+    async fn write(&self, ctx: &mut StepCtx, step: i32) -> Result<(), StepError> {
+        let sql = format!(
+            "INSERT INTO {}.tally (job_id, step, token) VALUES ($1, $2, $3)",
+            self.schema
+        );
+        let (job, token) = (ctx.job_id().as_uuid(), ctx.token().get());
+        sqlx::query(&sql)
+            .bind(job)
+            .bind(step)
+            .bind(token)
+            .execute(ctx.db().await?)
+            .await?;
+        Ok(())
+    }
+}
+
+#[tenure::job(name = "kit.tally", retries = 5, max_takeovers = 5)]
+impl Tally {
+    #[step]
+    async fn first(&self, ctx: &mut StepCtx, c: Count) -> Result<Count, StepError> {
+        self.write(ctx, 0).await?;
+        Ok(c)
+    }
+
+    #[step]
+    async fn second(&self, ctx: &mut StepCtx, c: Count) -> Result<u64, StepError> {
+        self.write(ctx, 1).await?;
+        Ok(c.n)
+    }
+}
+
+/// A one-step job that does it wrong: it writes `(job, 0, token)` to the
+/// unguarded table `leak` through a pool of its own (autocommit, outside
+/// `ctx.db()`), then returns.
+#[derive(Debug, Clone)]
+struct Leaky {
+    schema: String,
+    pool: sqlx::PgPool,
+}
+
+#[tenure::job(name = "kit.leaky", retries = 5, max_takeovers = 5)]
+impl Leaky {
+    #[step]
+    async fn only(&self, ctx: &mut StepCtx, c: Count) -> Result<u64, StepError> {
+        let sql = format!(
+            "INSERT INTO {}.leak (job_id, step, token) VALUES ($1, 0, $2)",
+            self.schema
+        );
+        sqlx::query(&sql)
+            .bind(ctx.job_id().as_uuid())
+            .bind(ctx.token().get())
+            .execute(&self.pool)
+            .await?;
+        Ok(c.n)
+    }
+}
+
+/// What every worker of these tests runs, in process or as a worker process.
+async fn workers(cfg: Config) -> WorkerBuilder {
+    let schema = cfg.schema.clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_lazy(&cfg.database_url)
+        .expect("lazy pool");
+    Worker::builder(cfg)
+        .register(Tally {
+            schema: schema.clone(),
+        })
+        .register(Leaky { schema, pool })
+}
+
+/// Creates `tally` (guarded) and `leak` (unguarded) and has the checker
+/// watch both.
+async fn tables(env: &TestEnv) {
+    let s = env.schema();
+    for t in ["tally", "leak"] {
+        sqlx::query(&format!(
+            "CREATE TABLE {s}.{t} (job_id uuid NOT NULL, step int NOT NULL, token bigint NOT NULL)"
+        ))
+        .execute(env.pool())
+        .await
+        .unwrap();
+        env.history()
+            .watch_table(&format!("{s}.{t}"), "job_id", "step", Some("token"));
+    }
+    env.client()
+        .install_guard(&format!("{s}.tally"))
+        .await
+        .unwrap();
+}
+
+fn tally_job(key: &str) -> JobId {
+    JobId::from_key("kit.tally", key)
+}
+
+async fn tally_rows(env: &TestEnv, job: JobId) -> Vec<(i32, i64)> {
+    sqlx::query_as(&format!(
+        "SELECT step, token FROM {}.tally WHERE job_id = $1 ORDER BY step",
+        env.schema()
+    ))
+    .bind(job.as_uuid())
+    .fetch_all(env.pool())
+    .await
+    .unwrap()
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[tenure::test(ttl_secs = 3, worker = workers)]
+async fn crash_after_commit_before_ack(env: TestEnv) {
+    tables(&env).await;
+    let job = tally_job("crash");
+    let plan = FaultPlan::new().at(
+        Some(job),
+        StepIndex::new(0),
+        FaultPoint::AfterCommit,
+        Fault::Crash,
+    );
+    let w1 = env.worker_process("w1", plan).await.unwrap();
+    env.client()
+        .enqueue::<Tally>("crash", &Count { n: 7 })
+        .await
+        .unwrap();
+    assert!(
+        tenure::devstack::wait_until(WAIT, || async { w1.exited() }).await,
+        "w1 did not crash"
+    );
+    assert!(w1.has_line("crash"), "{:?}", w1.lines());
+    // Step 0 committed, the worker died before step 1 and before any ack.
+    let row = env.client().job(job).await.unwrap().unwrap();
+    assert_eq!(
+        (row.step.get(), row.status),
+        (1, tenure::JobStatus::Running)
+    );
+    let w2 = env.worker("w2", workers).await.unwrap();
+    let row = env.run_until_done(job, WAIT).await.unwrap();
+    assert_eq!(row.status, tenure::JobStatus::Done);
+    assert_eq!(env.result::<Tally>(job).await.unwrap(), Some(7));
+    let rows = tally_rows(&env, job).await;
+    assert_eq!(rows.len(), 2, "each step written once: {rows:?}");
+    assert!(
+        rows[1].1 > rows[0].1,
+        "step 1 ran under the next owner: {rows:?}"
+    );
+    env.check().await.unwrap().assert_clean();
+    w2.shutdown().await.unwrap();
+}
+
+#[tenure::test(ttl_secs = 3, worker = workers)]
+async fn freeze_in_step_lets_the_next_owner_take_over(env: TestEnv) {
+    tables(&env).await;
+    let job = tally_job("freeze");
+    let freeze = Fault::Freeze(Duration::from_secs(6));
+    let plan = FaultPlan::new().at(Some(job), StepIndex::new(1), FaultPoint::StepStart, freeze);
+    let w1 = env.worker_process("w1", plan).await.unwrap();
+    env.client()
+        .enqueue::<Tally>("freeze", &Count { n: 1 })
+        .await
+        .unwrap();
+    assert!(tenure::devstack::wait_until(WAIT, || async { w1.has_line("freeze") }).await);
+    let w2 = env.worker("w2", workers).await.unwrap();
+    let row = env.run_until_done(job, WAIT).await.unwrap();
+    assert_eq!(row.status, tenure::JobStatus::Done);
+    assert!(
+        row.takeovers >= 1,
+        "the frozen owner was taken over: {row:?}"
+    );
+    let rows = tally_rows(&env, job).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(
+        rows[1].1 > rows[0].1,
+        "step 1 committed by the new owner: {rows:?}"
+    );
+    // The frozen worker continues after its freeze; nothing of it commits.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    env.check().await.unwrap().assert_clean();
+    w2.shutdown().await.unwrap();
+}
+
+#[tenure::test(ttl_secs = 3)]
+async fn etcd_cut_during_a_step(env: TestEnv) {
+    tables(&env).await;
+    let job = tally_job("cut");
+    let cut = Fault::CutEtcd(Duration::from_secs(7));
+    let plan = FaultPlan::new().at(Some(job), StepIndex::new(0), FaultPoint::StepStart, cut);
+    let w1 = env.worker_with_faults("w1", plan, workers).await.unwrap();
+    env.client()
+        .enqueue::<Tally>("cut", &Count { n: 2 })
+        .await
+        .unwrap();
+    assert!(tenure::devstack::wait_until(WAIT, || async { !env.faults_fired().is_empty() }).await);
+    let w2 = env.worker("w2", workers).await.unwrap();
+    // Cut off, w1's lease runs out while its step waits.
+    assert!(
+        tenure::devstack::wait_until(WAIT, || async { w1.health() == tenure::Health::Lost }).await
+    );
+    let row = env.run_until_done(job, WAIT).await.unwrap();
+    assert_eq!(row.status, tenure::JobStatus::Done);
+    assert!(row.takeovers >= 1 || row.fence > 0, "{row:?}");
+    assert_eq!(tally_rows(&env, job).await.len(), 2);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    env.check().await.unwrap().assert_clean();
+    w2.shutdown().await.unwrap();
+    w1.shutdown().await.unwrap();
+}
+
+#[tenure::test(own_stack)]
+async fn postgres_restart_between_steps(env: TestEnv) {
+    tables(&env).await;
+    let job = tally_job("restart");
+    let plan = FaultPlan::new().at(
+        Some(job),
+        StepIndex::new(0),
+        FaultPoint::AfterCommit,
+        Fault::RestartPostgres,
+    );
+    let w1 = env.worker_with_faults("w1", plan, workers).await.unwrap();
+    env.client()
+        .enqueue::<Tally>("restart", &Count { n: 3 })
+        .await
+        .unwrap();
+    let row = env.run_until_done(job, WAIT).await.unwrap();
+    assert_eq!(row.status, tenure::JobStatus::Done);
+    let fired = env.faults_fired();
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!((fired[0].job, fired[0].rule.step), (job, StepIndex::new(0)));
+    assert_eq!(tally_rows(&env, job).await.len(), 2);
+    env.check().await.unwrap().assert_clean();
+    w1.shutdown().await.unwrap();
+}
+
+#[tenure::test(ttl_secs = 3, worker = workers)]
+async fn the_checker_reports_an_unguarded_write_under_a_freeze(env: TestEnv) {
+    tables(&env).await;
+    let job = JobId::from_key("kit.leaky", "leak");
+    let freeze = Fault::Freeze(Duration::from_secs(6));
+    let plan = FaultPlan::new().at(
+        Some(job),
+        StepIndex::new(0),
+        FaultPoint::BeforeCommit,
+        freeze,
+    );
+    let w1 = env.worker_process("w1", plan).await.unwrap();
+    env.client()
+        .enqueue::<Leaky>("leak", &Count { n: 4 })
+        .await
+        .unwrap();
+    assert!(tenure::devstack::wait_until(WAIT, || async { w1.has_line("freeze") }).await);
+    let w2 = env.worker("w2", workers).await.unwrap();
+    env.run_until_done(job, WAIT).await.unwrap();
+    let report = env.check().await.unwrap();
+    let leak = format!("{}.leak", env.schema());
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::DoubleWrite { table, job: j, .. } if *table == leak && *j == job)),
+        "the checker missed the double write:\n{report}"
+    );
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::StaleWrite { table, .. } if *table == leak)),
+        "{report}"
+    );
+    w2.shutdown().await.unwrap();
+}
+
+#[tenure::test]
+async fn run_step_commits_one_step_in_a_real_fenced_transaction(env: TestEnv) {
+    tables(&env).await;
+    let e = env
+        .client()
+        .enqueue::<Tally>("by-hand", &Count { n: 5 })
+        .await
+        .unwrap();
+    let tally = Tally {
+        schema: env.schema().to_string(),
+    };
+    let out = env
+        .run_step(&tally, e.job_id, StepIndex::new(0))
+        .await
+        .unwrap();
+    assert_eq!(out, serde_json::json!({ "n": 5 }));
+    let row = env.client().job(e.job_id).await.unwrap().unwrap();
+    assert_eq!(row.step.get(), 1, "step 0's checkpoint committed");
+    assert_eq!(tally_rows(&env, e.job_id).await.len(), 1, "with its write");
+    // The row is at step 1 now: step 0 again is refused, and writes nothing.
+    let again = env.run_step(&tally, e.job_id, StepIndex::new(0)).await;
+    assert!(again.is_err(), "{again:?}");
+    // A worker takes the job over from the test and finishes it.
+    let w = env.worker("w1", workers).await.unwrap();
+    env.run_until_done(e.job_id, WAIT).await.unwrap();
+    assert_eq!(env.result::<Tally>(e.job_id).await.unwrap(), Some(5));
+    assert_eq!(tally_rows(&env, e.job_id).await.len(), 2);
+    env.check().await.unwrap().assert_clean();
+    w.shutdown().await.unwrap();
+}

@@ -1,0 +1,6 @@
+#[tenure::test]
+fn not_async(env: TestEnv) {
+    let _ = env;
+}
+
+fn main() {}
