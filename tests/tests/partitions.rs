@@ -268,3 +268,40 @@ async fn a_namespace_keeps_the_way_of_owning_jobs_it_recorded() {
         "{started:?}"
     );
 }
+
+/// A burst of jobs on an idle worker's partitions runs without a delivery
+/// lost to `AckWait`. With pull requests that wait at the server, nats-server
+/// 2.9 left a request on a partition that got no message parked past its
+/// expiry, unanswered; the client gave it up, and the server later delivered
+/// that partition's messages to it: they came back only after `AckWait` (the
+/// pipeline benchmark's scale-out runs, release build, stalled for 5-10 s in
+/// about half the runs). In this debug build the old pulls passed this test
+/// too (three runs): it guards the outcome, the benchmark shows the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_on_idle_partitions_loses_no_delivery_to_ack_wait() {
+    init_logs();
+    let ttl = Duration::from_secs(30);
+    let (ns, cfg, client) = partitioned("part_burst", ttl, 16).await;
+    let worker = three_step_worker(&cfg, &ns, "w").await;
+    let observer = Session::establish(&cfg).await.expect("observer session");
+    until_owners(&observer, &[("w", 16)]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let items: Vec<(String, Work)> = (0..600)
+        .map(|i| (format!("burst-{i}"), Work::default()))
+        .collect();
+    let start = Instant::now();
+    let mut ids = Vec::new();
+    for r in client
+        .enqueue_many::<ThreeStep>(&items)
+        .await
+        .expect("enqueue")
+    {
+        ids.push(r.expect("item").job_id);
+    }
+    assert!(all_done(&client, &ids, Duration::from_secs(120)).await);
+    let took = start.elapsed();
+    eprintln!("600 jobs on 16 idle partitions done in {took:?} (AckWait {ttl:?})");
+    assert!(took < ttl, "{took:?}: a delivery waited for AckWait");
+    observer.close().await.expect("close observer");
+    worker.shutdown().await.expect("shutdown");
+}

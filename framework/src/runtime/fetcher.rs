@@ -101,6 +101,14 @@ impl Actor for Fetcher {
                 () = sh.draining.cancelled() => return Ok(()),
                 busy = st.round(round, holds) => st.busy = busy,
             }
+            if !st.busy && sh.ownership.is_some() {
+                // Partition pulls do not wait at the server (see
+                // `Queue::fetch_partition`): the pause between idle rounds does.
+                tokio::select! {
+                    () = sh.draining.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(sh.cfg.tuning.fetch_wait_several) => {}
+                }
+            }
         }
         myself.send_message(FetcherMsg::Tick)?;
         Ok(())

@@ -629,6 +629,7 @@ impl Queue {
             .pull(
                 &self.inner.advisories,
                 &self.inner.names.advisory_consumer,
+                super::Pull::FirstMessage,
                 16,
                 wait,
             )

@@ -443,6 +443,16 @@ pub struct QueueStats {
     pub advisories: u64,
 }
 
+/// How a pull request waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pull {
+    /// `no_wait` + `expires`: the server answers at the first message.
+    FirstMessage,
+    /// `no_wait` alone: the server answers at once with what it has (up to
+    /// `max`, or "no messages"); no request is left waiting at the server.
+    NoWait,
+}
+
 /// Settings the queue keeps from [`Config`].
 #[derive(Debug, Clone)]
 struct Settings {
@@ -664,11 +674,20 @@ impl Queue {
             got = tracing::field::Empty
         );
         let consumer = self.type_consumer(job_type).await?;
-        self.fetch_from(&consumer, max, wait, span).await
+        self.fetch_from(&consumer, Pull::FirstMessage, max, wait, span)
+            .await
     }
 
     /// As [`Queue::fetch`], from the consumer of partition `partition` of
-    /// `job_type` (partition mode), created on first use by a worker's queue.
+    /// `job_type` (partition mode), created on first use by a worker's queue,
+    /// except that it does not wait: the server answers at once with what it
+    /// has (`wait` only bounds the answer). A worker's many partitions would
+    /// each hold a waiting request, and nats-server 2.9 leaves such a request
+    /// on a consumer that gets no message unanswered past its expiry; the
+    /// client gives it up, and the server later delivers that partition's
+    /// messages to it, lost until `AckWait` (measured: 5-10 s stalls in about
+    /// half of the benchmark's scale-out runs, none in twelve with this). The
+    /// fetcher pauses between rounds that found nothing instead.
     ///
     /// # Errors
     /// As [`Queue::fetch`].
@@ -687,18 +706,20 @@ impl Queue {
             got = tracing::field::Empty
         );
         let consumer = self.partition_consumer(job_type, partition).await?;
-        self.fetch_from(&consumer, max, wait, span).await
+        self.fetch_from(&consumer, Pull::NoWait, max, wait, span)
+            .await
     }
 
     async fn fetch_from(
         &self,
         consumer: &consumer::PullConsumer,
+        kind: Pull,
         max: usize,
         wait: Duration,
         span: tracing::Span,
     ) -> Result<Vec<Delivery>, QueueError> {
         let messages = self
-            .pull(consumer, &consumer.cached_info().name, max, wait)
+            .pull(consumer, &consumer.cached_info().name, kind, max, wait)
             .instrument(span.clone())
             .await?;
         span.record("got", messages.len());
@@ -718,6 +739,7 @@ impl Queue {
         &self,
         consumer: &consumer::PullConsumer,
         name: &str,
+        kind: Pull,
         max: usize,
         wait: Duration,
     ) -> Result<Vec<jetstream::Message>, QueueError> {
@@ -731,13 +753,23 @@ impl Queue {
         };
         let slack = self.inner.settings.request_timeout;
         let deadline = Instant::now() + wait + slack;
-        let mut batch = tokio::time::timeout_at(
-            deadline,
-            consumer.fetch().max_messages(max).expires(wait).messages(),
-        )
-        .await
-        .map_err(|_| err(boxed(Cause::TimedOut(wait + slack))))?
-        .map_err(|e| err(boxed(e)))?;
+        let request = async {
+            match kind {
+                Pull::FirstMessage => {
+                    consumer
+                        .fetch()
+                        .max_messages(max)
+                        .expires(wait)
+                        .messages()
+                        .await
+                }
+                Pull::NoWait => consumer.fetch().max_messages(max).messages().await,
+            }
+        };
+        let mut batch = tokio::time::timeout_at(deadline, request)
+            .await
+            .map_err(|_| err(boxed(Cause::TimedOut(wait + slack))))?
+            .map_err(|e| err(boxed(e)))?;
         let mut out = Vec::with_capacity(max.min(256));
         loop {
             match tokio::time::timeout_at(deadline, batch.next()).await {
