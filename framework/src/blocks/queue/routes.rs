@@ -99,20 +99,10 @@ impl Queue {
         &self,
         job_type: &str,
     ) -> Result<consumer::PullConsumer, QueueError> {
-        let routes = &self.inner.routes;
-        if let Some(c) = routes.cached(job_type) {
-            return Ok(c);
-        }
-        validate_job_type(job_type)?;
-        let spec = type_consumer_config(&self.inner.names, &self.inner.settings, job_type);
-        // A producer's queue (`CreateMissing`) never fetches; binding suffices.
-        let mode = match routes.mode {
-            Provisioning::Apply => Provisioning::Apply,
-            _ => Provisioning::Bind,
-        };
-        let c = ensure_consumer(&self.inner.work_stream, spec, mode).await?;
-        routes.keep(job_type, c.clone());
-        Ok(c)
+        self.open_consumer(job_type, job_type, |names, settings| {
+            type_consumer_config(names, settings, job_type)
+        })
+        .await
     }
 
     /// The consumer of partition `partition` of `job_type`, opened on first
@@ -123,20 +113,34 @@ impl Queue {
         job_type: &str,
         partition: u32,
     ) -> Result<consumer::PullConsumer, QueueError> {
+        let name = self.inner.names.partition_consumer(job_type, partition);
+        self.open_consumer(&name, job_type, |names, settings| {
+            partition_consumer_config(names, settings, job_type, partition)
+        })
+        .await
+    }
+
+    /// The consumer cached under `key`, or the one `spec` describes for
+    /// `job_type`, created or updated by a queue from [`Queue::provision`],
+    /// bound otherwise (a producer's queue never fetches), then cached.
+    async fn open_consumer(
+        &self,
+        key: &str,
+        job_type: &str,
+        spec: impl FnOnce(&QueueNames, &Settings) -> consumer::pull::Config,
+    ) -> Result<consumer::PullConsumer, QueueError> {
         let routes = &self.inner.routes;
-        let names = &self.inner.names;
-        let name = names.partition_consumer(job_type, partition);
-        if let Some(c) = routes.cached(&name) {
+        if let Some(c) = routes.cached(key) {
             return Ok(c);
         }
         validate_job_type(job_type)?;
-        let spec = partition_consumer_config(names, &self.inner.settings, job_type, partition);
+        let spec = spec(&self.inner.names, &self.inner.settings);
         let mode = match routes.mode {
             Provisioning::Apply => Provisioning::Apply,
             _ => Provisioning::Bind,
         };
         let c = ensure_consumer(&self.inner.work_stream, spec, mode).await?;
-        routes.keep(&name, c.clone());
+        routes.keep(key, c.clone());
         Ok(c)
     }
 
