@@ -98,16 +98,22 @@ fn every_kind_injected(all: &str) {
 fn fenced_run_has_no_violation() {
     let (ok, s, all) = run(&[]);
     assert!(ok, "the fenced run failed\n{all}");
-    assert_eq!(s.get("jobs"), 300, "{all}");
+    no_violation(&s, &all, 300, 36);
+}
+
+/// A fenced run's verdict: all `jobs` ended, none lost, no double commit, no
+/// token regression, `faults` injected, every kind among them.
+fn no_violation(s: &Summary, all: &str, jobs: i64, faults: i64) {
+    assert_eq!(s.get("jobs"), jobs, "{all}");
     assert_eq!(s.get("lost"), 0, "{all}");
     assert_eq!(s.get("double_commits"), 0, "{all}");
     assert_eq!(s.get("token_regressions"), 0, "{all}");
-    assert_eq!(s.get("done") + s.get("dead"), 300, "{all}");
+    assert_eq!(s.get("done") + s.get("dead"), jobs, "{all}");
     // Regression alarms only where an etcd restore without a bump handed
     // revisions out again (none from stalled workers, none after a bumped one).
-    assert_eq!(history_field(&all, "unexplained_alarms"), 0, "{all}");
-    assert_eq!(s.get("faults"), 36, "{all}");
-    every_kind_injected(&all);
+    assert_eq!(history_field(all, "unexplained_alarms"), 0, "{all}");
+    assert_eq!(s.get("faults"), faults, "{all}");
+    every_kind_injected(all);
 }
 
 #[test]
@@ -141,14 +147,7 @@ fn partition_mode_fenced_run_has_no_violation() {
         all.contains("torture: mode=fenced target=postgres partitions=8"),
         "{all}"
     );
-    assert_eq!(s.get("jobs"), 300, "{all}");
-    assert_eq!(s.get("lost"), 0, "{all}");
-    assert_eq!(s.get("double_commits"), 0, "{all}");
-    assert_eq!(s.get("token_regressions"), 0, "{all}");
-    assert_eq!(s.get("done") + s.get("dead"), 300, "{all}");
-    assert_eq!(history_field(&all, "unexplained_alarms"), 0, "{all}");
-    assert_eq!(s.get("faults"), 28, "{all}");
-    every_kind_injected(&all);
+    no_violation(&s, &all, 300, 28);
     assert!(
         all.contains("worker_join=2") && all.contains("worker_leave_graceful=2"),
         "{all}"
