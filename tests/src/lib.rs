@@ -305,6 +305,27 @@ pub async fn double_commits(pool: &sqlx::PgPool, schema: &str) -> i64 {
 
 pub use tenure::devstack::wait_until;
 
+/// Waits until job `id`'s row is terminal and returns it; panics after
+/// `timeout` with the row as it is.
+pub async fn wait_terminal(
+    client: &tenure::Client,
+    id: tenure::JobId,
+    timeout: Duration,
+) -> tenure::JobRow {
+    let until = std::time::Instant::now() + timeout;
+    loop {
+        let row = client.job(id).await.expect("read row").expect("job row");
+        if row.status.is_terminal() {
+            return row;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "job {id} not finished after {timeout:?}: {row:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A `tenure-test-worker` child process, its stdout lines collected; killed
 /// (by its pid) and reaped when dropped.
 #[derive(Debug)]

@@ -155,6 +155,10 @@ impl JobRun {
         header_type: Option<String>,
         admitted: Option<Option<JobRow>>,
     ) -> Result<(), Outcome> {
+        // A renewed message carries the rest of its predecessor's delay.
+        if let Some(delay) = a.delivery().not_before_wait() {
+            return Err(Outcome::Retry { delay });
+        }
         if a.delivery().delivery_count() > 1 {
             tracing::info!(
                 deliveries = a.delivery().delivery_count(),

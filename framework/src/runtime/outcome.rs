@@ -20,7 +20,7 @@ use super::registry::DynJob;
 use super::slots::RunSlot;
 use crate::fence::{FenceError, JobRow, JobStatus};
 use crate::lease::{JobLock, ReleaseMode, Session};
-use crate::queue::{DeadLetterInfo, Delivery};
+use crate::queue::{DeadLetterInfo, Delivery, HandedBack};
 use crate::telemetry::StaleAt;
 use crate::{FencingToken, JobId, ObservedFence, StepIndex, retry};
 
@@ -631,9 +631,13 @@ pub(super) async fn notify_finished(sh: &super::Shared, job_id: JobId, status: J
     }
 }
 
+/// Hands the delivery back for `delay`: a nak, or past half of `MaxDeliver`
+/// a renewed message, so waiting never counts towards the broker's backstop.
 async fn retry_later(delivery: Delivery, delay: Duration) {
-    if let Err(e) = delivery.retry_after(delay).await {
-        tracing::warn!(error = %e, "nak failed; the broker redelivers after AckWait");
+    match delivery.hand_back(delay).await {
+        Ok(HandedBack::Nak) => {}
+        Ok(HandedBack::Renewed) => tracing::debug!(?delay, "handed back as a renewed message"),
+        Err(e) => tracing::warn!(error = %e, "nak failed; the broker redelivers after AckWait"),
     }
 }
 

@@ -128,6 +128,30 @@ impl Session {
         Ok(deleted)
     }
 
+    /// The lease holding job `job_id`'s lock, if anyone does (a linearizable
+    /// read; a key lives only as long as its lease, so a holder is alive).
+    ///
+    /// # Errors
+    /// [`LeaseError::Etcd`] or [`LeaseError::Timeout`].
+    pub async fn lock_holder(&self, job_id: JobId) -> Result<Option<LeaseId>, LeaseError> {
+        self.holder_of("lock_holder", self.lock_key(job_id)).await
+    }
+
+    /// The lease a key lives under, if the key exists (one linearizable read).
+    pub(super) async fn holder_of(
+        &self,
+        op: &'static str,
+        key: String,
+    ) -> Result<Option<LeaseId>, LeaseError> {
+        let txn = Txn::new().and_then([TxnOp::get(key.as_str(), None)]);
+        let resp = self.txn(op, txn).await?;
+        let holder = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| LeaseId::new(kv.lease())),
+            _ => None,
+        });
+        Ok(holder)
+    }
+
     /// Creates the lock of `job_id` under this session's lease if nobody holds it
     /// (a Txn on `create_revision == 0`), then re-reads it linearizably and checks
     /// it carries our lease and the created revision.

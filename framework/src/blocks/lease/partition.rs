@@ -80,6 +80,20 @@ impl Session {
         format!("{}{job_type}/{partition}", self.partitions_prefix())
     }
 
+    /// The lease owning partition `partition` of `job_type`, if anyone does
+    /// (a linearizable read).
+    ///
+    /// # Errors
+    /// [`LeaseError::Etcd`] or [`LeaseError::Timeout`].
+    pub async fn partition_holder(
+        &self,
+        job_type: &str,
+        partition: u32,
+    ) -> Result<Option<LeaseId>, LeaseError> {
+        self.holder_of("partition_holder", self.partition_key(job_type, partition))
+            .await
+    }
+
     /// Puts this session's member key (its worker id and `job_types`) under
     /// its lease: it lives exactly as long as the session.
     ///

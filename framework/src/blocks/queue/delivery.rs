@@ -59,6 +59,22 @@ impl BadMessage {
     }
 }
 
+/// What [`Delivery::hand_back`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandedBack {
+    /// A nak with the delay: the broker redelivers this message.
+    Nak,
+    /// A fresh copy carries the job on; this message was acked.
+    Renewed,
+}
+
+/// Milliseconds since the Unix epoch (0 before it).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A message delivered by [`Queue::fetch`], in flight until it is acked, retried
 /// or dead-lettered. `Send + 'static`: a job actor can hold it across awaits.
 ///
@@ -210,6 +226,92 @@ impl Delivery {
     /// [`QueueError::Ack`]: without the nak, the message comes back after `AckWait`.
     pub async fn retry_after(self, delay: Duration) -> Result<(), QueueError> {
         self.settle_ref(AckKind::Nak(Some(delay)), "nak").await
+    }
+
+    /// Hands the message back to be delivered again after `delay`, without the
+    /// hand-backs adding up to `MaxDeliver`: a nak while the delivery count is
+    /// below half of `MaxDeliver`, and from there a renewal
+    /// ([`Delivery::renew`]): a fresh copy whose count starts at 1. So the
+    /// broker's backstop counts only deliveries nobody settled (an owner that
+    /// crashed or went silent past `AckWait`), never a job that waits its turn
+    /// behind a live owner (a duplicate message, a retry, a hand-over).
+    ///
+    /// # Errors
+    /// [`QueueError::Ack`] when the nak was not confirmed (the message comes
+    /// back after `AckWait`); a failed renewal falls back to the nak.
+    pub async fn hand_back(self, delay: Duration) -> Result<HandedBack, QueueError> {
+        if !self.renewal_due() {
+            self.retry_after(delay).await?;
+            return Ok(HandedBack::Nak);
+        }
+        match self.renew(delay).await {
+            Ok(()) => Ok(HandedBack::Renewed),
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the message failed; nak'ing it instead");
+                self.retry_after(delay).await?;
+                Ok(HandedBack::Nak)
+            }
+        }
+    }
+
+    /// Whether a hand-back renews the message: its delivery count has reached
+    /// half of `MaxDeliver`.
+    pub fn renewal_due(&self) -> bool {
+        let max = self.queue.inner.settings.max_deliver;
+        max > 0 && self.delivered.saturating_mul(2) >= max.unsigned_abs()
+    }
+
+    /// Publishes a fresh copy of this message (same subject, payload and
+    /// headers; `Nats-Msg-Id` `<job>/renew/<stream sequence>`, so a retried
+    /// renewal stores one copy; [`headers::NOT_BEFORE`] = now + `delay`), waits
+    /// for its confirmation, then acks this one. At least one of the two is in
+    /// the stream at every moment.
+    ///
+    /// # Errors
+    /// [`QueueError::Publish`] (nothing changed), [`QueueError::Ack`] (the copy
+    /// is stored and this message may come back once more: a duplicate, which
+    /// the job row absorbs).
+    pub async fn renew(&self, delay: Duration) -> Result<(), QueueError> {
+        let mut h = HeaderMap::new();
+        if let Some(orig) = self.message.headers.as_ref() {
+            for (name, values) in orig.iter() {
+                let text = name.to_string();
+                if text == async_nats::header::NATS_MESSAGE_ID.as_ref()
+                    || text == headers::NOT_BEFORE
+                {
+                    continue;
+                }
+                for v in values {
+                    h.append(name.clone(), v.clone());
+                }
+            }
+        }
+        let job = self.header(headers::JOB_ID).unwrap_or("message");
+        let msg_id = format!("{job}/renew/{}", self.stream_sequence);
+        h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(&msg_id));
+        let not_before =
+            unix_ms().saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        h.insert(headers::NOT_BEFORE, headers::value(&not_before.to_string()));
+        let subject = self.message.subject.to_string();
+        let published = self
+            .queue
+            .publish_confirmed(subject, h, self.message.payload.clone())
+            .await?;
+        tracing::debug!(
+            stream_sequence = self.stream_sequence,
+            renewed_as = published.sequence,
+            deliveries = self.delivered,
+            "renewed the message"
+        );
+        self.settle_ref(AckKind::Ack, "ack").await
+    }
+
+    /// How long a renewed message still has to wait before it may run
+    /// ([`headers::NOT_BEFORE`]); `None` when it may run now.
+    pub fn not_before_wait(&self) -> Option<Duration> {
+        let at: u64 = self.header(headers::NOT_BEFORE).ok()?.parse().ok()?;
+        let wait = at.checked_sub(unix_ms())?;
+        (wait > 0).then(|| Duration::from_millis(wait))
     }
 
     /// Publishes the message to the DLQ (subject `<ns>.dlq.<job_id>`) with every

@@ -161,21 +161,44 @@ pub struct GaveUp {
 }
 
 /// A [`GaveUp`] handed to the listener's owner, who settles the job's row
-/// (marks it dead) and then answers with [`GaveUpNotice::settled`]. The
-/// listener dead-letters and deletes the message only after a `true`; on
-/// `false`, a dropped notice or no answer, the advisory is retried later, so a
-/// message never leaves the stream while its row is still `pending`/`running`.
+/// (marks it dead) and then answers with [`GaveUpNotice::settled`], or finds
+/// a live owner holding the job and answers [`GaveUpNotice::owner_alive`].
+/// The listener dead-letters and deletes the message only after a `true`; after
+/// `owner_alive` it stores a renewed copy of the message (its delivery count
+/// starts over) and deletes the old one, with no dead letter; on `false`, a
+/// dropped notice or no answer, the advisory is retried later, so a message
+/// never leaves the stream while its row is still `pending`/`running`.
 #[derive(Debug)]
 pub struct GaveUpNotice {
     /// What the broker gave up on.
     pub gave_up: GaveUp,
-    reply: tokio::sync::oneshot::Sender<bool>,
+    reply: tokio::sync::oneshot::Sender<RowVerdict>,
+}
+
+/// The owner's answer to a [`GaveUpNotice`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowVerdict {
+    Terminal,
+    OwnerAlive,
+    Unsettled,
 }
 
 impl GaveUpNotice {
     /// Answers the listener: `true` once the job's row is terminal.
     pub fn settled(self, row_is_terminal: bool) {
-        let _ = self.reply.send(row_is_terminal);
+        let verdict = if row_is_terminal {
+            RowVerdict::Terminal
+        } else {
+            RowVerdict::Unsettled
+        };
+        let _ = self.reply.send(verdict);
+    }
+
+    /// Answers the listener: a live owner holds the job (its lock or its
+    /// partition), so the broker's count says nothing about the job; the
+    /// message is renewed instead of dead-lettered.
+    pub fn owner_alive(self) {
+        let _ = self.reply.send(RowVerdict::OwnerAlive);
     }
 }
 
@@ -685,7 +708,9 @@ impl Queue {
             if let Some(id) = stored.headers.get(headers::JOB_ID) {
                 tracing::Span::current().record("job_id", id.as_str());
             }
-            self.settle_row(&stored.headers, adv.deliveries).await?;
+            if self.settle_row(&stored.headers, adv.deliveries).await? == RowVerdict::OwnerAlive {
+                return self.renew_stored(&stored, adv.stream_seq).await;
+            }
             let original = Original {
                 subject: stored.subject.as_str(),
                 headers: Some(&stored.headers),
@@ -708,18 +733,51 @@ impl Queue {
         .await
     }
 
+    /// A given-up message of a job a live owner holds: a renewed copy is
+    /// stored (the listener's `Nats-Msg-Id` `<seq>/renew-given-up`, so a
+    /// retried advisory stores one), then the old one is deleted.
+    async fn renew_stored(&self, stored: &StreamMessage, seq: u64) -> Result<(), QueueError> {
+        let mut h = HeaderMap::new();
+        for (name, values) in stored.headers.iter() {
+            if name.to_string() == async_nats::header::NATS_MESSAGE_ID.as_ref() {
+                continue;
+            }
+            for v in values {
+                h.append(name.clone(), v.clone());
+            }
+        }
+        let msg_id = format!("{seq}/renew-given-up");
+        h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(&msg_id));
+        let subject = stored.subject.to_string();
+        let renewed = self
+            .publish_confirmed(subject, h, stored.payload.clone())
+            .await?;
+        let names = &self.inner.names;
+        self.delete_stored(&self.inner.work_stream, &names.stream, seq)
+            .await?;
+        tracing::info!(
+            renewed_as = renewed.sequence,
+            "the broker gave up on a message of a job a live owner holds: renewed, not dead-lettered"
+        );
+        Ok(())
+    }
+
     /// Before a given-up message leaves the stream: has the owner (the worker)
     /// mark its job's row terminal, and waits for that. Without an owner, or
     /// for a message that names no job, there is no row to settle.
-    async fn settle_row(&self, stored: &HeaderMap, deliveries: u64) -> Result<(), QueueError> {
+    async fn settle_row(
+        &self,
+        stored: &HeaderMap,
+        deliveries: u64,
+    ) -> Result<RowVerdict, QueueError> {
         let Some(tx) = &self.gave_up else {
-            return Ok(());
+            return Ok(RowVerdict::Terminal);
         };
         let Some(job_id) = stored
             .get(headers::JOB_ID)
             .and_then(|v| v.as_str().parse::<JobId>().ok())
         else {
-            return Ok(());
+            return Ok(RowVerdict::Terminal);
         };
         let job_type = stored
             .get(headers::JOB_TYPE)
@@ -733,11 +791,13 @@ impl Queue {
             },
             reply,
         };
-        let settled = tx.send(notice).await.is_ok() && answer.await.unwrap_or(false);
-        if settled {
-            Ok(())
-        } else {
-            Err(QueueError::RowNotSettled { job_id })
+        let verdict = match tx.send(notice).await {
+            Ok(()) => answer.await.unwrap_or(RowVerdict::Unsettled),
+            Err(_) => RowVerdict::Unsettled,
+        };
+        match verdict {
+            RowVerdict::Unsettled => Err(QueueError::RowNotSettled { job_id }),
+            v => Ok(v),
         }
     }
 }

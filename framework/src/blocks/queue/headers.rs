@@ -44,6 +44,10 @@ pub const ORIGINAL_SEQ: &str = "Tenure-Original-Seq";
 pub const ORIGINAL_SUBJECT: &str = "Tenure-Original-Subject";
 /// DLQ: prefix under which the original's `Nats-*` headers are kept.
 pub const ORIGINAL_PREFIX: &str = "Tenure-Original-";
+/// A renewed work message ([`Delivery::hand_back`](super::Delivery::hand_back)):
+/// not to run before this instant (milliseconds since the Unix epoch), the
+/// rest of the delay its predecessor was handed back with.
+pub const NOT_BEFORE: &str = "Tenure-Not-Before";
 /// Fence passed downstream: the job id.
 pub const FENCE_JOB_ID: &str = "Tenure-Fence-Job-Id";
 /// Fence passed downstream: the fencing token (decimal).

@@ -87,7 +87,7 @@ use crate::config::{BackoffConfig, ConfigError};
 
 pub use batch::JobMessage;
 pub use cancel::CancelNotices;
-pub use delivery::{BadMessage, Delivery};
+pub use delivery::{BadMessage, Delivery, HandedBack};
 pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, GaveUpNotice, reasons};
 pub use finished::FinishedNotices;
 
