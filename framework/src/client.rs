@@ -62,6 +62,17 @@ pub enum ClientError {
         /// Its terminal status.
         status: JobStatus,
     },
+    /// Cancel of a dead job whose `on_dead` compensation has not ended (it
+    /// runs, or waits for a worker of its type); nothing changed. Cancel again
+    /// once it has: cancelling now would leave the compensation half-done.
+    #[error(
+        "job {job_id} is dead and its on_dead compensation has not ended: \
+         not cancelled (cancel again once `tenure job {job_id}` shows it ended)"
+    )]
+    CompensationPending {
+        /// The job.
+        job_id: JobId,
+    },
     /// [`Client::result`] or [`Client::wait`] asked job `job_id` for the
     /// output of another job type than its own; nothing was decoded.
     #[error(
@@ -305,7 +316,17 @@ impl Client {
         delayed: bool,
         input: serde_json::Value,
     ) -> Result<Enqueued, ClientError> {
-        let duplicate = matches!(inserted, Inserted::Existing);
+        let duplicate = match inserted {
+            Inserted::New => false,
+            Inserted::Existing => true,
+            // Finished, and its row pruned: nothing to run, nothing to read.
+            Inserted::Pruned(_) => {
+                return Ok(Enqueued {
+                    job_id,
+                    duplicate: true,
+                });
+            }
+        };
         if duplicate || delayed {
             if let Some(row) = self.store.job(job_id).await? {
                 if row.status.is_terminal() || row.awaiting_publish {
@@ -490,7 +511,8 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError::UnknownJob`], [`ClientError::JobFinished`] (`done`),
-    /// [`ClientError::InvalidReason`], each before anything changed; server
+    /// [`ClientError::CompensationPending`] (a dead job whose `on_dead` hook
+    /// has not ended), [`ClientError::InvalidReason`], each before anything changed; server
     /// errors (a failed notice publish changes nothing either).
     pub async fn cancel(&self, job_id: JobId, reason: &str) -> Result<Cancelled, ClientError> {
         check_reason(reason)?;
@@ -531,6 +553,9 @@ impl Client {
             Err(FenceError::NotFound(_)) => Err(ClientError::UnknownJob(job_id)),
             Err(FenceError::Terminal { status, .. }) => {
                 Err(ClientError::JobFinished { job_id, status })
+            }
+            Err(FenceError::CompensationPending(_)) => {
+                Err(ClientError::CompensationPending { job_id })
             }
             Err(e) => Err(e.into()),
         }

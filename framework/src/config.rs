@@ -429,6 +429,18 @@ impl Config {
                     .into(),
             });
         }
+        if self
+            .retention
+            .keys_after
+            .is_some_and(|age| age < self.duplicate_window)
+        {
+            return Err(ConfigError::Invalid {
+                name: "retention.keys_after",
+                reason: "must be at least duplicate_window (a key reopened inside the window \
+                         would have its new message dropped by the broker as a duplicate)"
+                    .into(),
+            });
+        }
         if !(1..=5).contains(&self.stream_replicas) {
             return Err(ConfigError::Invalid {
                 name: "stream_replicas",

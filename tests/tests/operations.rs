@@ -101,3 +101,320 @@ async fn a_redrive_of_a_running_job_never_kills_it_in_partition_mode() {
     client.migrate().await.unwrap();
     redrive_while_running(&client, &cfg).await;
 }
+
+/// How many times each job's one step ran.
+static RAN: Mutex<Option<HashMap<JobId, u32>>> = Mutex::new(None);
+
+fn runs(id: JobId) -> u32 {
+    let map = RAN.lock().unwrap();
+    map.as_ref().and_then(|m| m.get(&id).copied()).unwrap_or(0)
+}
+
+/// A payment: one step that counts its runs.
+struct Pay;
+
+#[tenure::job(name = "ops.pay")]
+impl Pay {
+    #[step]
+    async fn pay(&self, ctx: &mut StepCtx, amount: u64) -> Result<u64, StepError> {
+        let mut map = RAN.lock().unwrap();
+        *map.get_or_insert_with(HashMap::new)
+            .entry(ctx.job_id())
+            .or_insert(0) += 1;
+        Ok(amount)
+    }
+}
+
+/// The user's sequence: `pay-42` done and pruned by retention, then enqueued
+/// again inside the broker's duplicate window and once more after it: each
+/// enqueue is a duplicate, the step ran once, no row waits `pending`.
+#[tenure::test(ttl_secs = 3)]
+async fn retention_never_reopens_an_idempotency_key(env: TestEnv) {
+    let mut cfg = env.config().clone();
+    cfg.retention.done_after = Some(Duration::from_secs(1));
+    cfg.retention.every = Duration::from_secs(1);
+    cfg.duplicate_window = Duration::from_secs(3);
+    let client = Client::connect(&cfg).await.unwrap();
+    let w = Worker::builder(cfg.clone().with_worker_id("w0"))
+        .register(Pay)
+        .start()
+        .await
+        .unwrap();
+    let first = client.enqueue::<Pay>("pay-42", &42).await.unwrap();
+    let row = tenure_tests::wait_terminal(&client, first.job_id, Duration::from_secs(30)).await;
+    assert_eq!(row.status, JobStatus::Done);
+    let pruned = wait_until(Duration::from_secs(30), || async {
+        client.job(first.job_id).await.unwrap().is_none()
+    })
+    .await;
+    assert!(pruned, "retention never pruned the done row");
+    for when in ["inside the duplicate window", "after the duplicate window"] {
+        let again = client.enqueue::<Pay>("pay-42", &42).await.unwrap();
+        assert!(again.duplicate, "enqueue {when} reopened the key");
+        assert_eq!(again.job_id, first.job_id);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let row = client.job(first.job_id).await.unwrap();
+        assert!(
+            row.as_ref().is_none_or(|r| r.status != JobStatus::Pending),
+            "a row waits pending {when}: {row:?}"
+        );
+    }
+    assert_eq!(runs(first.job_id), 1, "the step ran more than once");
+    // Another input under the retired key is the conflict it always was.
+    let err = client.enqueue::<Pay>("pay-42", &43).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            tenure::ClientError::Fence(tenure::blocks::fence::FenceError::PayloadConflict { .. })
+        ),
+        "{err:?}"
+    );
+    w.shutdown().await.unwrap();
+}
+
+/// Every enqueue path (batch, transactional) finds a pruned key used; past
+/// the key horizon (`Retention::keys_after`) the tombstone goes and the key
+/// runs again, once.
+#[tenure::test(ttl_secs = 3)]
+async fn every_enqueue_path_respects_a_tombstone_until_the_key_horizon(env: TestEnv) {
+    let mut cfg = env.config().clone();
+    cfg.retention.done_after = Some(Duration::from_secs(1));
+    cfg.retention.every = Duration::from_secs(1);
+    cfg.duplicate_window = Duration::from_secs(2);
+    let client = Client::connect(&cfg).await.unwrap();
+    let w = Worker::builder(cfg.clone().with_worker_id("w0"))
+        .register(Pay)
+        .start()
+        .await
+        .unwrap();
+    let first = client.enqueue::<Pay>("pay-7", &7).await.unwrap();
+    tenure_tests::wait_terminal(&client, first.job_id, Duration::from_secs(30)).await;
+    let pruned = wait_until(Duration::from_secs(30), || async {
+        client.job(first.job_id).await.unwrap().is_none()
+    })
+    .await;
+    assert!(pruned, "retention never pruned the done row");
+    let batch = client.enqueue_many::<Pay>(&[("pay-7", 7)]).await.unwrap();
+    assert!(batch[0].as_ref().unwrap().duplicate, "{batch:?}");
+    let mut tx = env.pool().begin().await.unwrap();
+    let again = client
+        .enqueue_in::<Pay>(&mut tx, "pay-7", &7)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(again.duplicate);
+    let batch = client.enqueue_many::<Pay>(&[("pay-7", 8)]).await.unwrap();
+    assert!(
+        batch[0].is_err(),
+        "another input under a pruned key: {batch:?}"
+    );
+    assert!(client.job(first.job_id).await.unwrap().is_none());
+    w.shutdown().await.unwrap();
+
+    // The key horizon: the tombstone goes, and the key is new again.
+    cfg.retention.keys_after = Some(Duration::from_secs(2));
+    let w = Worker::builder(cfg.clone().with_worker_id("w1"))
+        .register(Pay)
+        .start()
+        .await
+        .unwrap();
+    let reopened = wait_until(Duration::from_secs(30), || async {
+        !client.enqueue::<Pay>("pay-7", &7).await.unwrap().duplicate
+    })
+    .await;
+    assert!(reopened, "the tombstone outlived keys_after");
+    tenure_tests::wait_terminal(&client, first.job_id, Duration::from_secs(30)).await;
+    assert_eq!(runs(first.job_id), 2, "once before the horizon, once after");
+    w.shutdown().await.unwrap();
+}
+
+/// The race the tombstone trigger closes: an enqueue that waits on the row a
+/// prune is deleting goes ahead when the prune commits, under a snapshot that
+/// saw no tombstone; the trigger refuses it and the insert finds the
+/// tombstone.
+#[tenure::test]
+async fn an_enqueue_racing_the_prune_of_its_key_finds_the_tombstone(env: TestEnv) {
+    use tenure::blocks::fence::Inserted;
+    let store = env.client().store().clone();
+    let id = JobId::from_key("ops.pay", "racing");
+    let input = serde_json::json!(5);
+    assert_eq!(
+        store.insert_job(id, "ops.pay", &input).await.unwrap(),
+        Inserted::New
+    );
+    let jobs = format!("{}.jobs", env.schema());
+    sqlx::query(&format!(
+        "UPDATE {jobs} SET status = 'done', updated_at = now() - interval '1 hour', \
+                created_at = now() - interval '1 hour' WHERE id = $1"
+    ))
+    .bind(id.as_uuid())
+    .execute(env.pool())
+    .await
+    .unwrap();
+    let mut prune = env.pool().begin().await.unwrap();
+    let n: i64 = sqlx::query_scalar(&format!(
+        "SELECT {}.tenure_prune_jobs('done', 60, 10)",
+        env.schema()
+    ))
+    .fetch_one(&mut *prune)
+    .await
+    .unwrap();
+    assert_eq!(n, 1);
+    let racing = tokio::spawn(async move { store.insert_job(id, "ops.pay", &input).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !racing.is_finished(),
+        "the insert did not wait on the pruned row"
+    );
+    prune.commit().await.unwrap();
+    let inserted = racing.await.unwrap().unwrap();
+    assert_eq!(inserted, Inserted::Pruned(JobStatus::Done));
+    assert!(env.client().job(id).await.unwrap().is_none());
+}
+
+/// What a tombstone costs: its bytes with both indexes, per million pruned
+/// jobs (the figure `Retention::keys_after` documents).
+#[tenure::test]
+async fn a_tombstone_costs_under_200_bytes(env: TestEnv) {
+    let t = format!("{}.job_tombstones", env.schema());
+    sqlx::query(&format!(
+        "INSERT INTO {t} (id, job_type, input_md5, status, finished_at) \
+         SELECT gen_random_uuid(), 'ledger.transfer', md5(g::text), 'done', now() \
+           FROM generate_series(1, 200000) g"
+    ))
+    .execute(env.pool())
+    .await
+    .unwrap();
+    sqlx::query(&format!("VACUUM ANALYZE {t}"))
+        .execute(env.pool())
+        .await
+        .unwrap();
+    let bytes: i64 = sqlx::query_scalar(&format!("SELECT pg_total_relation_size('{t}')"))
+        .fetch_one(env.pool())
+        .await
+        .unwrap();
+    let per = bytes / 200_000;
+    eprintln!("tombstones: {per} bytes each, {} MB per million", per);
+    assert!(per < 200, "{per} bytes per tombstone");
+}
+
+/// When each job's `on_dead` hook made its external call and when it
+/// committed (tests share the process).
+static HOOK: Mutex<Vec<(JobId, &'static str)>> = Mutex::new(Vec::new());
+
+fn hook_events(id: JobId) -> Vec<&'static str> {
+    let events = HOOK.lock().unwrap();
+    events
+        .iter()
+        .filter(|(j, _)| *j == id)
+        .map(|(_, e)| *e)
+        .collect()
+}
+
+/// A job that fails for good at once, whose `on_dead` hook makes an
+/// "external call", takes 3 s, then writes through its fenced transaction.
+struct Doomed;
+
+#[tenure::job(name = "ops.doomed", on_dead = refund)]
+impl Doomed {
+    #[step]
+    async fn fail(&self, _ctx: &mut StepCtx, _n: u64) -> Result<u64, StepError> {
+        Err(StepError::permanent("fails for good"))
+    }
+
+    async fn refund(&self, ctx: &mut StepCtx, _dead: DeadJob) -> Result<(), StepError> {
+        HOOK.lock().unwrap().push((ctx.job_id(), "external call"));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        sqlx::query("SELECT 1").execute(ctx.db().await?).await?;
+        HOOK.lock().unwrap().push((ctx.job_id(), "committing"));
+        Ok(())
+    }
+}
+
+/// An operator cancels a dead job while its refund runs: the cancel is
+/// refused (typed) and the refund commits; once it has, the cancel goes
+/// through.
+#[tenure::test]
+async fn a_cancel_never_abandons_a_running_compensation(env: TestEnv) {
+    let w = env
+        .worker(
+            "w0",
+            |cfg| async move { Worker::builder(cfg).register(Doomed) },
+        )
+        .await
+        .unwrap();
+    let client = env.client();
+    let e = client.enqueue::<Doomed>("d1", &1).await.unwrap();
+    let called = wait_until(Duration::from_secs(30), || async {
+        !hook_events(e.job_id).is_empty()
+    })
+    .await;
+    assert!(called, "the hook never ran");
+    let cancel = client.cancel(e.job_id, "operator gives up").await;
+    assert!(
+        matches!(cancel, Err(tenure::ClientError::CompensationPending { job_id }) if job_id == e.job_id),
+        "a cancel while the compensation runs: {cancel:?}"
+    );
+    let finished = wait_until(Duration::from_secs(30), || async {
+        !client
+            .job(e.job_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .compensation_pending
+    })
+    .await;
+    assert!(finished, "the compensation never ended");
+    assert_eq!(hook_events(e.job_id), ["external call", "committing"]);
+    let row = client.job(e.job_id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Dead);
+    let cancel = client.cancel(e.job_id, "operator gives up").await.unwrap();
+    assert_eq!(cancel, tenure::Cancelled::Now);
+    w.shutdown().await.unwrap();
+}
+
+/// Retention never prunes a row whose compensation has not ended: a dead
+/// (or cancelled) job with `compensation = 'pending'` stays, however old.
+#[tenure::test]
+async fn retention_never_prunes_a_pending_compensation(env: TestEnv) {
+    let store = env.client().store();
+    let jobs = format!("{}.jobs", env.schema());
+    for (key, status, compensation) in [
+        ("a", "dead", "pending"),
+        ("b", "cancelled", "pending"),
+        ("c", "dead", "done"),
+    ] {
+        let id = JobId::from_key("ops.doomed", key);
+        store
+            .insert_job(id, "ops.doomed", &serde_json::json!(1))
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "UPDATE {jobs} SET status = $2, compensation = $3, \
+                    updated_at = now() - interval '1 hour', \
+                    created_at = now() - interval '1 hour' WHERE id = $1"
+        ))
+        .bind(id.as_uuid())
+        .bind(status)
+        .bind(compensation)
+        .execute(env.pool())
+        .await
+        .unwrap();
+    }
+    let age = Duration::from_secs(60);
+    assert_eq!(store.prune_jobs(JobStatus::Dead, age, 10).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .prune_jobs(JobStatus::Cancelled, age, 10)
+            .await
+            .unwrap(),
+        0
+    );
+    for key in ["a", "b"] {
+        let id = JobId::from_key("ops.doomed", key);
+        assert!(
+            env.client().job(id).await.unwrap().is_some(),
+            "{key} pruned"
+        );
+    }
+}

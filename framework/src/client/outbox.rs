@@ -89,9 +89,27 @@ impl Client {
             .store()
             .insert_job_in(conn, job_id, job_type, &input, steps)
             .await?;
-        Ok(Enqueued {
-            job_id,
-            duplicate: matches!(inserted, crate::fence::Inserted::Existing),
-        })
+        match inserted {
+            crate::fence::Inserted::New => Ok(Enqueued {
+                job_id,
+                duplicate: false,
+            }),
+            // An unfinished duplicate may have lost its message: republished
+            // as `enqueue` does (the row is committed: the insert waited for it).
+            crate::fence::Inserted::Existing => {
+                self.publish_unless_waiting(
+                    job_id,
+                    job_type,
+                    crate::fence::Inserted::Existing,
+                    false,
+                    input,
+                )
+                .await
+            }
+            crate::fence::Inserted::Pruned(_) => Ok(Enqueued {
+                job_id,
+                duplicate: true,
+            }),
+        }
     }
 }

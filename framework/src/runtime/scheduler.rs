@@ -203,6 +203,13 @@ impl Scheduler {
                 tracing::info!(%status, pruned, "finished jobs past retention deleted");
             }
         }
+        if let Some(age) = r.keys_after {
+            let store = &self.shared.store;
+            let n = store
+                .prune_tombstones_as_leader(ROLE, lead.token(), age, r.batch)
+                .await?;
+            more |= n >= r.batch as u64;
+        }
         Ok(more)
     }
 

@@ -24,6 +24,16 @@ pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
     classify(err) == PgFailure::GuardRefused
 }
 
+/// The SQLSTATE of an insert refused because the job's row was pruned while
+/// the insert waited (its tombstone keeps the key used; migration 0014).
+pub(super) const TOMBSTONED_SQLSTATE: &str = "TF003";
+
+/// Whether `err` is an insert refused by the job's tombstone
+/// ([`TOMBSTONED_SQLSTATE`]): the insert path looks again and finds it.
+pub(super) fn is_tombstoned(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(e) if e.code().as_deref() == Some(TOMBSTONED_SQLSTATE))
+}
+
 /// What a database error means to the fence, as far as it acts on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum PgFailure {
@@ -202,6 +212,10 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
     },
+    /// A cancel of a dead job whose `on_dead` compensation has not ended
+    /// (migration 0011's `compensation = 'pending'`); nothing changed.
+    #[error("job {0} is dead and its compensation has not ended")]
+    CompensationPending(JobId),
     /// [`reset_for_redrive`](super::FenceStore::reset_for_redrive) on a job that is not dead.
     #[error("job {job_id} is {status}, not dead")]
     NotDead {

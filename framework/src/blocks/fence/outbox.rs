@@ -115,8 +115,11 @@ impl FenceStore {
         let insert = format!(
             "INSERT INTO {} (id, job_type, input, run_at, awaiting_publish, step_names, \
                              steps_fingerprint) \
-             VALUES ($1, $2, $3, now(), true, $4, $5) ON CONFLICT (id) DO NOTHING",
-            self.table("jobs")
+             SELECT $1, $2, $3, now(), true, $4, $5 \
+              WHERE NOT EXISTS (SELECT 1 FROM {} WHERE id = $1) \
+             ON CONFLICT (id) DO NOTHING",
+            self.table("jobs"),
+            self.table("job_tombstones")
         );
         let names = steps.map(step_list::names);
         let fingerprint = names.as_deref().map(step_list::fingerprint);
@@ -190,17 +193,21 @@ impl FenceStore {
         steps: Option<&[StepInfo]>,
     ) -> Result<Vec<Option<BatchInserted>>, FenceError> {
         let t = self.table("jobs");
+        let k = self.table("job_tombstones");
         let sql = format!(
             "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::jsonb[]) \
                         WITH ORDINALITY AS b(id, job_type, input, ord)), \
              ins AS (INSERT INTO {t} (id, job_type, input, step_names, steps_fingerprint) \
                      SELECT DISTINCT ON (id) id, job_type, input, $4::text[], $5::text \
-                       FROM b ORDER BY id, ord \
+                       FROM b WHERE NOT EXISTS (SELECT 1 FROM {k} k WHERE k.id = b.id) \
+                      ORDER BY id, ord \
                      ON CONFLICT (id) DO NOTHING RETURNING id) \
              SELECT b.ord, (ins.id IS NOT NULL) AS new, \
-                    (j.job_type = b.job_type AND j.input = b.input) AS same, \
+                    coalesce(j.job_type = b.job_type AND j.input = b.input, \
+                             k.job_type = b.job_type AND k.input_md5 = md5(b.input::text)) AS same, \
                     (j.status IN ('pending', 'running') AND NOT j.awaiting_publish) AS live \
                FROM b LEFT JOIN ins ON ins.id = b.id LEFT JOIN {t} j ON j.id = b.id \
+                    LEFT JOIN {k} k ON k.id = b.id \
               ORDER BY b.ord"
         );
         let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.id.as_uuid()).collect();

@@ -93,7 +93,12 @@ impl FenceStore {
                     .bind(&names)
                     .bind(&fingerprint)
                     .execute(&self.pool)
-                    .await?;
+                    .await;
+                // A prune committed while the insert waited: look again.
+                let done = match done {
+                    Err(e) if super::error::is_tombstoned(&e) => continue,
+                    done => done?,
+                };
                 if done.rows_affected() == 1 {
                     return Ok(Inserted::New);
                 }
@@ -110,7 +115,8 @@ impl FenceStore {
     }
 
     /// What an insert that conflicted on `id` found: the same job
-    /// ([`Inserted::Existing`]), another one under the id
+    /// ([`Inserted::Existing`], or [`Inserted::Pruned`] from its tombstone),
+    /// another one under the id
     /// ([`FenceError::PayloadConflict`]), or `None` when the row is gone
     /// (deleted meanwhile: insert again).
     ///
@@ -126,19 +132,28 @@ impl FenceStore {
     where
         E: Executor<'e, Database = Postgres>,
     {
-        let same: Option<bool> = sqlx::query_scalar(&self.sql.same_payload)
+        let found: Option<(bool, String, bool)> = sqlx::query_as(&self.sql.same_payload)
             .bind(id.as_uuid())
             .bind(job_type)
             .bind(input)
             .fetch_optional(exec)
             .await?;
-        Ok(same.map(|same| {
-            if same {
-                Ok(Inserted::Existing)
-            } else {
-                Err(FenceError::PayloadConflict { job_id: id })
-            }
-        }))
+        let Some((same, status, tombstone)) = found else {
+            return Ok(None);
+        };
+        if !same {
+            return Ok(Some(Err(FenceError::PayloadConflict { job_id: id })));
+        }
+        if !tombstone {
+            return Ok(Some(Ok(Inserted::Existing)));
+        }
+        let status = status
+            .parse::<JobStatus>()
+            .map_err(|e| FenceError::Corrupt {
+                job_id: id,
+                reason: format!("tombstone status: {e:?}"),
+            })?;
+        Ok(Some(Ok(Inserted::Pruned(status))))
     }
 
     /// Reads one job row.

@@ -66,6 +66,30 @@ impl FenceStore {
         Ok(n)
     }
 
+    /// Deletes up to `batch` tombstones of rows pruned longer than `age` ago
+    /// (the key-retention horizon, `Retention::keys_after`), fenced by `role`'s
+    /// `token`; their keys may then run again. Returns how many.
+    ///
+    /// # Errors
+    /// [`FenceError::LeaderFencedOut`] (nothing deleted); [`FenceError::Db`].
+    pub async fn prune_tombstones_as_leader(
+        &self,
+        role: &str,
+        token: FencingToken,
+        age: Duration,
+        batch: usize,
+    ) -> Result<u64, FenceError> {
+        let mut tx = self.begin_leader(role, token).await?;
+        let sql = format!("SELECT \"{}\".tenure_prune_tombstones($1, $2)", self.schema);
+        let n: i64 = sqlx::query_scalar(&sql)
+            .bind(age.as_secs_f64())
+            .bind(i32::try_from(batch).unwrap_or(i32::MAX))
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     async fn prune_on(
         &self,
         conn: &mut sqlx::PgConnection,

@@ -154,6 +154,9 @@ pub enum Inserted {
     New,
     /// The same job (same id, job type and input) already existed; nothing changed.
     Existing,
+    /// The same job existed, finished with this status, and retention pruned
+    /// its row: its tombstone keeps the key used; nothing changed.
+    Pruned(JobStatus),
 }
 
 /// A successful claim: where to resume.

@@ -130,6 +130,7 @@ impl Sql {
     /// `schema` must already be validated (see `super::guard::check_schema`).
     pub(crate) fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".jobs");
+        let k = format!("\"{schema}\".job_tombstones");
         let claim = claim_sql(&t, "AND fence < $2");
         let set_gucs = SET_GUCS;
         Sql {
@@ -137,11 +138,18 @@ impl Sql {
             insert: format!(
                 "INSERT INTO {t} (id, job_type, input, run_at, awaiting_publish, step_names, \
                                   steps_fingerprint) \
-                 VALUES ($1, $2, $3, $4, coalesce($4 > clock_timestamp(), false), $5, $6) \
+                 SELECT $1, $2, $3, $4, coalesce($4 > clock_timestamp(), false), $5, $6 \
+                  WHERE NOT EXISTS (SELECT 1 FROM {k} WHERE id = $1) \
                  ON CONFLICT (id) DO NOTHING"
             ),
             same_payload: format!(
-                "SELECT (job_type = $2 AND input = $3) AS same FROM {t} WHERE id = $1"
+                "SELECT same, status, tombstone FROM ( \
+                   SELECT (job_type = $2 AND input = $3) AS same, status, false AS tombstone \
+                     FROM {t} WHERE id = $1 \
+                   UNION ALL \
+                   SELECT (job_type = $2 AND input_md5 = md5($3::jsonb::text)), status, true \
+                     FROM {k} WHERE id = $1) found \
+                 ORDER BY tombstone LIMIT 1"
             ),
             job: format!("SELECT {ROW_COLUMNS} FROM {t} WHERE id = $1"),
             jobs: format!("SELECT {ROW_COLUMNS} FROM {t} WHERE id = ANY($1)"),
@@ -210,6 +218,7 @@ impl Sql {
                 "UPDATE {t} SET status = 'cancelled', cancel_reason = $2, cancelled_at = now(), \
                                 awaiting_publish = false, updated_at = now() \
                  WHERE id = $1 AND status IN ('pending', 'running', 'dead') \
+                   AND compensation <> 'pending' \
                  RETURNING fence"
             ),
             guard_function: format!("\"{schema}\".tenure_guard()"),
