@@ -5,10 +5,13 @@
 //! * [`MySqlFence::migrate`] creates `tenure_fence` (one row per job: the
 //!   largest token this database accepted), `tenure_fence_tx` (the marker of an
 //!   open fenced transaction) and the guard's procedure.
-//! * [`MySqlFence::begin`] opens a [`MySqlFencedTx`]: `SELECT token .. FOR
-//!   UPDATE` on the job's row (a larger token: [`MySqlFenceError::FencedOut`],
-//!   before any write), `UPDATE .. SET token = ? WHERE token <= ?`, then the
-//!   step's own writes, then the commit, all one InnoDB transaction.
+//! * [`MySqlFence::begin`] opens a [`MySqlFencedTx`]: `INSERT .. ON
+//!   DUPLICATE KEY UPDATE` takes the job's row exclusively (creating it at 0),
+//!   `SELECT token .. FOR UPDATE` reads it (a larger token:
+//!   [`MySqlFenceError::FencedOut`], before any write of ours), `UPDATE .. SET
+//!   token = ? WHERE token <= ?`, then the step's own writes, then the commit,
+//!   all one InnoDB transaction. A second admission of the job waits for it;
+//!   none deadlocks, as the first lock taken is the exclusive one.
 //! * [`MySqlFence::install_guard`] puts triggers on a table that refuse every
 //!   write made outside such a transaction (SQLSTATE `TF001`).
 //! * In a step, [`StepCtx::mysql`](crate::StepCtx::mysql) opens the
