@@ -341,3 +341,29 @@ async fn two_concurrent_admissions_of_one_job_wait_and_never_deadlock() {
     let last = fence.fence_of(existing).await.unwrap().unwrap();
     assert_eq!(i64::from(last), 10 * RACE_ROUNDS + 2);
 }
+
+/// What `MySqlFence::connect` reads as a server without the idle bound
+/// (MySQL 8 answers `SET SESSION idle_transaction_timeout` so): an unknown
+/// system variable is error 1193 on MariaDB too, and MariaDB 10.11 itself
+/// has the setting, so connecting to it is not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_session_variable_is_error_1193_and_mariadb_has_the_idle_bound() {
+    let fence = bank("vars").await;
+    let err = sqlx::query("SET SESSION tenure_no_such_variable = 1")
+        .execute(fence.pool())
+        .await
+        .unwrap_err();
+    let number = err
+        .as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .map(|d| d.number());
+    assert_eq!(number, Some(1193), "{err}");
+    let idle: u64 = sqlx::query_scalar("SELECT @@SESSION.idle_transaction_timeout")
+        .fetch_one(fence.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        idle, 5,
+        "the pool's sessions end an idle transaction after a TTL"
+    );
+}

@@ -49,15 +49,22 @@
 //! ```
 
 mod error;
+mod session;
 mod sql;
 mod tx;
 
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{ConnectOptions, Connection};
 
 pub use error::{MYSQL_GUARD_SQLSTATE, MySqlFenceError, is_mysql_guard_refusal};
 pub use tx::MySqlFencedTx;
 
 use crate::types::{FencingToken, JobId, ObservedFence};
+use session::{Bounds, SetupError};
 
 /// A MySQL/MariaDB database whose writes are fenced per job. Cheap to clone
 /// (a pool and a name).
@@ -65,6 +72,9 @@ use crate::types::{FencingToken, JobId, ObservedFence};
 pub struct MySqlFence {
     name: String,
     pool: MySqlPool,
+    /// The version of a server the pool found without
+    /// `idle_transaction_timeout` (its connections are refused).
+    unsupported: Arc<OnceLock<String>>,
 }
 
 impl MySqlFence {
@@ -77,38 +87,51 @@ impl MySqlFence {
     /// paused owner's open transaction must not hold the job's fence row for
     /// as long as the pause lasts.
     ///
+    /// Supported servers: MariaDB 10.11 (the tests run on it; other MariaDB
+    /// releases from 10.3 on have the setting but are not tested). MySQL 8.0
+    /// and 8.4 are refused: they have no idle-transaction bound (their
+    /// `wait_timeout` closes any idle connection, pooled ones included, which
+    /// Tenure does not rely on), and `migrate` uses MariaDB's `CREATE OR
+    /// REPLACE` for the guard.
+    ///
     /// # Errors
-    /// [`MySqlFenceError::Db`] if the URL is malformed. The pool connects
-    /// lazily: an unreachable server shows at first use.
+    /// [`MySqlFenceError::UnsupportedServer`] if the server answers and has
+    /// no `idle_transaction_timeout` (this connect opens one connection, for
+    /// at most `lease_ttl`, to ask); [`MySqlFenceError::Db`] if the URL is
+    /// malformed. A server that does not answer is not an error here: the
+    /// pool connects lazily and reports it at first use (as
+    /// [`begin`](Self::begin) reports a server found unsupported then).
     pub async fn connect(
         name: &str,
         url: &str,
-        lease_ttl: std::time::Duration,
+        lease_ttl: Duration,
     ) -> Result<Self, MySqlFenceError> {
-        let idle = lease_ttl.as_secs().max(1);
-        let lock_wait = (2 * lease_ttl.as_secs()).max(1);
+        let options = MySqlConnectOptions::from_str(url)?;
+        let bounds = Bounds::for_ttl(lease_ttl);
+        probe(&options, bounds, lease_ttl).await?;
+        let unsupported = Arc::new(OnceLock::new());
+        let seen = unsupported.clone();
         let pool = MySqlPoolOptions::new()
             .max_connections(20)
             .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    sqlx::query(&format!(
-                        "SET SESSION idle_transaction_timeout = {idle}, \
-                         innodb_lock_wait_timeout = {lock_wait}"
-                    ))
-                    .execute(conn)
-                    .await
-                    .map(|_| ())
-                })
+                Box::pin(session::bound_pooled(conn, bounds, seen.clone()))
             })
-            .connect_lazy(url)?;
-        Ok(Self::from_pool(name, pool))
+            .connect_lazy_with(options);
+        Ok(MySqlFence {
+            name: name.to_string(),
+            pool,
+            unsupported,
+        })
     }
 
-    /// Uses a pool the application made.
+    /// Uses a pool the application made. Nothing is checked or set: its
+    /// connections must bound an idle transaction themselves (as
+    /// [`connect`](Self::connect)'s do), on a supported server.
     pub fn from_pool(name: &str, pool: MySqlPool) -> Self {
         MySqlFence {
             name: name.to_string(),
             pool,
+            unsupported: Arc::default(),
         }
     }
 
@@ -169,14 +192,29 @@ impl MySqlFence {
     ///
     /// # Errors
     /// [`MySqlFenceError::FencedOut`] if this database has seen a larger
-    /// token for the job (nothing written); [`MySqlFenceError::Db`].
+    /// token for the job (nothing written);
+    /// [`MySqlFenceError::UnsupportedServer`] if the pool found the server
+    /// without `idle_transaction_timeout`; [`MySqlFenceError::Db`].
     pub async fn begin(
         &self,
         job: JobId,
         token: FencingToken,
     ) -> Result<MySqlFencedTx, MySqlFenceError> {
-        let tx = self.pool.begin().await?;
+        if let Some(refused) = self.refusal() {
+            return Err(refused);
+        }
+        let tx = match self.pool.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return Err(self.refusal().unwrap_or(e.into())),
+        };
         MySqlFencedTx::admit(tx, job, token, self.name.clone()).await
+    }
+
+    /// [`MySqlFenceError::UnsupportedServer`] once the pool found the server
+    /// without `idle_transaction_timeout`.
+    fn refusal(&self) -> Option<MySqlFenceError> {
+        let version = self.unsupported.get()?.clone();
+        Some(MySqlFenceError::UnsupportedServer { version })
     }
 
     /// The largest token this database accepted for `job`, if any.
@@ -189,6 +227,27 @@ impl MySqlFence {
             .fetch_optional(&self.pool)
             .await?;
         Ok(token.and_then(|t| ObservedFence::try_from(t).ok()))
+    }
+}
+
+/// Opens one connection (for at most `wait`) and bounds its session, to
+/// refuse a server that answers without the setting. A server that does not
+/// answer passes: the pool reports it at first use.
+async fn probe(
+    options: &MySqlConnectOptions,
+    bounds: Bounds,
+    wait: Duration,
+) -> Result<(), MySqlFenceError> {
+    let Ok(Ok(mut conn)) = tokio::time::timeout(wait, options.connect()).await else {
+        return Ok(());
+    };
+    let checked = session::bound(&mut conn, bounds).await;
+    let _ = conn.close().await;
+    match checked {
+        Err(SetupError::Unsupported { version }) => {
+            Err(MySqlFenceError::UnsupportedServer { version })
+        }
+        Ok(()) | Err(SetupError::Db(_)) => Ok(()),
     }
 }
 
