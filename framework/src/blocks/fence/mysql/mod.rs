@@ -1,6 +1,9 @@
-//! MySQL/MariaDB as a fenced resource (feature `mysql`): the same guarantee as
-//! a step's PostgreSQL transaction, for a step's writes to a MySQL-protocol
-//! database (InnoDB).
+//! MySQL/MariaDB as a fenced resource (feature `mysql`): a step's writes to a
+//! MariaDB database (InnoDB) commit only under the job's newest token there.
+//! That is less than a step's PostgreSQL transaction gives: MySQL has no step
+//! CAS (its fence knows the job's token, not which step the owner is at) and
+//! its commit is a second commit beside the PostgreSQL checkpoint. What holds
+//! and what does not is below.
 //!
 //! * [`MySqlFence::migrate`] creates `tenure_fence` (one row per job: the
 //!   largest token this database accepted), `tenure_fence_tx` (the marker of an
@@ -18,25 +21,48 @@
 //!   transaction on first use and the runtime commits it just before the
 //!   step's PostgreSQL checkpoint.
 //!
-//! # What is atomic with what
-//! A step that writes to MySQL and checkpoints in PostgreSQL makes **two
-//! commits**: MySQL's first, then PostgreSQL's (with the step CAS). Each is
-//! atomic with its own fence check; the pair is not atomic. The crash between
-//! them (MySQL committed, checkpoint not) leaves the step to be run again, by
-//! this owner or a newer one, against a MySQL that already has its writes. Two
-//! things make that safe:
+//! # Supported servers
+//! MariaDB 10.11, the server the tests run against. Other MariaDB releases
+//! from 10.3 on have what the fence needs (`idle_transaction_timeout`, `CREATE
+//! OR REPLACE PROCEDURE`/`TRIGGER`) but are not tested. MySQL 8.0 and 8.4 are
+//! not supported: they have neither, and [`MySqlFence::connect`] refuses them
+//! with [`MySqlFenceError::UnsupportedServer`] (MySQL's `wait_timeout` would
+//! close an idle fenced transaction's connection too, but it closes every
+//! connection idle that long, pooled ones included, and is untested here).
 //!
-//! 1. **The fence orders owners**: once a newer owner's transaction raised
-//!    `tenure_fence`, no older token commits there again; an older owner whose
-//!    write did land did so before every write of the newer one (it held the
-//!    PostgreSQL job row lock while it committed, which the newer claim waits
-//!    for).
-//! 2. **The idempotency key makes the re-run a no-op**: the step writes
-//!    [`StepCtx::idempotency_key`](crate::StepCtx::idempotency_key) (the same
-//!    for every owner and attempt of the step) into a unique key in the same
-//!    MySQL transaction, and applies its change only if that insert added a
-//!    row. `tests/tests/mysql_fence.rs` crashes between the two commits and
-//!    checks that the balance moved once.
+//! # What holds
+//! 1. **Token order per job.** Fenced transactions of one job serialize on
+//!    its fence row (held from admission to commit), and each raises the row
+//!    to its token or is refused: in commit order, their tokens never
+//!    decrease. Once a transaction under token `t` committed, none under a
+//!    smaller token commits a write here; an older owner's write that did land
+//!    committed before the first write of every newer one.
+//! 2. **The check and the writes are atomic**: one InnoDB transaction; a
+//!    refused admission wrote nothing.
+//! 3. **Guarded tables** take writes only from an open fenced transaction
+//!    whose token is the job's fence.
+//! 4. **A paused owner's transaction ends** after `lease_ttl` idle
+//!    (`idle_transaction_timeout`), so it holds the row, and stalls a newer
+//!    owner's admission (which waits at most 2 x `lease_ttl`, then fails as
+//!    [`MySqlFenceError::Db`] and is retried), no longer than that.
+//!
+//! # What does not hold
+//! * **No step CAS.** An equal token (the same owner) is admitted again, for
+//!   any step: the fence does not know steps, so it does not stop a step's
+//!   MySQL writes from running twice.
+//! * **The two commits are not atomic.** A step that writes to MySQL and
+//!   checkpoints in PostgreSQL commits MySQL first, then PostgreSQL (with the
+//!   step CAS). If the owner dies or PostgreSQL fails between the two, the
+//!   step runs again (by this owner after a retry, or by a newer one) against
+//!   a MySQL that already has its writes. Making that re-run a no-op is **the
+//!   step's job**: it writes
+//!   [`StepCtx::idempotency_key`](crate::StepCtx::idempotency_key) (the same
+//!   for every owner and attempt of the step) into a unique key in the same
+//!   MySQL transaction and applies its change only if that insert added a
+//!   row. A step without it moves money twice. `tests/tests/mysql_fence.rs`
+//!   crashes between the two commits and checks that the balance moved once.
+//! * Writes to tables without the guard, and transactions not opened by
+//!   [`MySqlFence::begin`], are not fenced at all.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure::MySqlFenceError> {
