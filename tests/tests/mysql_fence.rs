@@ -4,6 +4,9 @@
 //! PostgreSQL checkpoint moves the money once (fence + idempotency key).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use serde_json::json;
 use sqlx::mysql::MySqlPool;
 use tenure::blocks::fence::{FenceStore, Inserted};
@@ -11,6 +14,7 @@ use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::job::StepCtx;
 use tenure::{FencingToken, JobId, StepIndex};
 use tenure::{MySqlFence, MySqlFenceError};
+use tokio::sync::Barrier;
 
 /// PostgreSQL and MariaDB only, one stack per test binary; each test takes its
 /// own MariaDB database (and PostgreSQL schema).
@@ -33,7 +37,7 @@ fn tok(n: i64) -> FencingToken {
 async fn bank(prefix: &str) -> MySqlFence {
     let db = DevStack::unique_namespace(prefix);
     let url = stack().create_mysql_database(&db).await.expect("database");
-    let fence = MySqlFence::connect(&db, &url, std::time::Duration::from_secs(5))
+    let fence = MySqlFence::connect(&db, &url, Duration::from_secs(5))
         .await
         .expect("connect");
     fence.migrate().await.expect("migrate");
@@ -224,4 +228,142 @@ async fn a_crash_between_the_mysql_commit_and_the_checkpoint_moves_the_money_onc
     );
     let row = store.job(job).await.unwrap().unwrap();
     assert_eq!((row.step.get(), row.fence), (1, 12));
+}
+
+/// Rounds of [`two_concurrent_admissions_of_one_job_wait_and_never_deadlock`].
+const RACE_ROUNDS: i64 = 50;
+/// How long an admitted owner holds the fence row before it commits.
+const RACE_HOLD: Duration = Duration::from_millis(15);
+
+/// One owner of a race: when it was admitted and started its commit, or why
+/// not (and when it was told).
+struct Raced {
+    token: FencingToken,
+    outcome: Result<(Instant, Instant), (Instant, MySqlFenceError)>,
+}
+
+/// Admits `token` for `job` once `start` opens, holds the row for
+/// [`RACE_HOLD`], commits.
+async fn admit_hold_commit(
+    fence: MySqlFence,
+    job: JobId,
+    token: FencingToken,
+    start: Arc<Barrier>,
+) -> Raced {
+    start.wait().await;
+    let outcome = match fence.begin(job, token).await {
+        Ok(tx) => {
+            let admitted = Instant::now();
+            tokio::time::sleep(RACE_HOLD).await;
+            let committing = Instant::now();
+            match tx.commit().await {
+                Ok(()) => Ok((admitted, committing)),
+                Err(e) => Err((Instant::now(), e)),
+            }
+        }
+        Err(e) => Err((Instant::now(), e)),
+    };
+    Raced { token, outcome }
+}
+
+/// Two owners (tokens `low` < `high`) admit `job` at once. What went wrong,
+/// if anything: the larger token is always admitted; the smaller one is
+/// admitted only after the larger one's commit started (or before: then the
+/// larger waits), or refused as fenced out by `high` after that commit.
+async fn race(fence: &MySqlFence, job: JobId, low: i64, high: i64) -> Option<String> {
+    let start = Arc::new(Barrier::new(2));
+    let spawn = |t| tokio::spawn(admit_hold_commit(fence.clone(), job, tok(t), start.clone()));
+    let (a, b) = (spawn(low), spawn(high));
+    let both = tokio::time::timeout(Duration::from_secs(30), async {
+        (a.await.unwrap(), b.await.unwrap())
+    });
+    let Ok((low, high)) = both.await else {
+        return Some("an admission never ended".into());
+    };
+    let (h_admitted, h_committing) = match high.outcome {
+        Ok(held) => held,
+        Err((_, e)) => return Some(format!("token {}: {e}", high.token.get())),
+    };
+    match low.outcome {
+        Ok((l_admitted, l_committing)) => {
+            let waited = l_admitted >= h_committing || h_admitted >= l_committing;
+            (!waited).then(|| "both held the fence row at once".into())
+        }
+        Err((told, MySqlFenceError::FencedOut { current, .. })) => {
+            if i64::from(current) != high.token.get() {
+                Some(format!(
+                    "fenced out by {}, not {}",
+                    i64::from(current),
+                    high.token.get()
+                ))
+            } else {
+                (told < h_committing).then(|| "refused before the owner ahead committed".into())
+            }
+        }
+        Err((_, e)) => Some(format!("token {}: {e}", low.token.get())),
+    }
+}
+
+/// Two owners admit the same job at the same moment (issue 30.11), on a job
+/// whose fence row does not exist yet and on one whose row does: one waits
+/// for the other's commit, neither deadlocks (MariaDB 1213), and the second
+/// is either admitted after the first committed or refused as fenced out by
+/// the first's larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_admissions_of_one_job_wait_and_never_deadlock() {
+    let fence = bank("race").await;
+    let existing = JobId::from_key("test.mysql", "race-existing");
+    fence
+        .begin(existing, tok(1))
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
+    let mut failures = Vec::new();
+    for round in 0..RACE_ROUNDS {
+        let fresh = JobId::from_key("test.mysql", &format!("race-{round}"));
+        if let Some(f) = race(&fence, fresh, 1, 2).await {
+            failures.push(format!("round {round}, new row: {f}"));
+        }
+        let base = 10 * (round + 1);
+        if let Some(f) = race(&fence, existing, base + 1, base + 2).await {
+            failures.push(format!("round {round}, existing row: {f}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} races failed:\n{}",
+        failures.len(),
+        2 * RACE_ROUNDS,
+        failures.join("\n")
+    );
+    let last = fence.fence_of(existing).await.unwrap().unwrap();
+    assert_eq!(i64::from(last), 10 * RACE_ROUNDS + 2);
+}
+
+/// What `MySqlFence::connect` reads as a server without the idle bound
+/// (MySQL 8 answers `SET SESSION idle_transaction_timeout` so): an unknown
+/// system variable is error 1193 on MariaDB too, and MariaDB 10.11 itself
+/// has the setting, so connecting to it is not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_session_variable_is_error_1193_and_mariadb_has_the_idle_bound() {
+    let fence = bank("vars").await;
+    let err = sqlx::query("SET SESSION tenure_no_such_variable = 1")
+        .execute(fence.pool())
+        .await
+        .unwrap_err();
+    let number = err
+        .as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .map(|d| d.number());
+    assert_eq!(number, Some(1193), "{err}");
+    let idle: u64 = sqlx::query_scalar("SELECT @@SESSION.idle_transaction_timeout")
+        .fetch_one(fence.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        idle, 5,
+        "the pool's sessions end an idle transaction after a TTL"
+    );
 }

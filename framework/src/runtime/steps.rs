@@ -195,7 +195,7 @@ impl JobRun {
             return Err(Outcome::LeaveToNextOwner);
         }
         // The step's MySQL writes commit first, then the checkpoint: two
-        // commits (see `fence::mysql`, "What is atomic with what").
+        // commits (see `fence::mysql`, "What does not hold").
         #[cfg(feature = "mysql")]
         if let Err(e) = ctx.commit_mysql().await {
             let _ = tx.rollback().await;

@@ -39,6 +39,19 @@ pub enum MySqlFenceError {
         /// The one asked for.
         asked: String,
     },
+    /// The server has no `idle_transaction_timeout` (error 1193 to `SET
+    /// SESSION`: MySQL 8.0 and 8.4, MariaDB before 10.3), so a paused owner's
+    /// open transaction would hold the job's fence row, and stall every newer
+    /// owner's admission, for as long as the pause lasts. The MySQL fence
+    /// supports MariaDB (tested: 10.11), not MySQL.
+    #[error(
+        "{version} has no idle_transaction_timeout: the MySQL fence supports MariaDB \
+         (tested: 10.11), not MySQL"
+    )]
+    UnsupportedServer {
+        /// What the server reports as `VERSION()`.
+        version: String,
+    },
     /// A step context without a fencing owner (detached for tests).
     #[error("no fencing owner in this context")]
     Detached,

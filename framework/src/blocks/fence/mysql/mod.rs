@@ -1,39 +1,68 @@
-//! MySQL/MariaDB as a fenced resource (feature `mysql`): the same guarantee as
-//! a step's PostgreSQL transaction, for a step's writes to a MySQL-protocol
-//! database (InnoDB).
+//! MySQL/MariaDB as a fenced resource (feature `mysql`): a step's writes to a
+//! MariaDB database (InnoDB) commit only under the job's newest token there.
+//! That is less than a step's PostgreSQL transaction gives: MySQL has no step
+//! CAS (its fence knows the job's token, not which step the owner is at) and
+//! its commit is a second commit beside the PostgreSQL checkpoint. What holds
+//! and what does not is below.
 //!
 //! * [`MySqlFence::migrate`] creates `tenure_fence` (one row per job: the
 //!   largest token this database accepted), `tenure_fence_tx` (the marker of an
 //!   open fenced transaction) and the guard's procedure.
-//! * [`MySqlFence::begin`] opens a [`MySqlFencedTx`]: `SELECT token .. FOR
-//!   UPDATE` on the job's row (a larger token: [`MySqlFenceError::FencedOut`],
-//!   before any write), `UPDATE .. SET token = ? WHERE token <= ?`, then the
-//!   step's own writes, then the commit, all one InnoDB transaction.
+//! * [`MySqlFence::begin`] opens a [`MySqlFencedTx`]: `INSERT .. ON
+//!   DUPLICATE KEY UPDATE` takes the job's row exclusively (creating it at 0),
+//!   `SELECT token .. FOR UPDATE` reads it (a larger token:
+//!   [`MySqlFenceError::FencedOut`], before any write of ours), `UPDATE .. SET
+//!   token = ? WHERE token <= ?`, then the step's own writes, then the commit,
+//!   all one InnoDB transaction. A second admission of the job waits for it;
+//!   none deadlocks, as the first lock taken is the exclusive one.
 //! * [`MySqlFence::install_guard`] puts triggers on a table that refuse every
 //!   write made outside such a transaction (SQLSTATE `TF001`).
 //! * In a step, [`StepCtx::mysql`](crate::StepCtx::mysql) opens the
 //!   transaction on first use and the runtime commits it just before the
 //!   step's PostgreSQL checkpoint.
 //!
-//! # What is atomic with what
-//! A step that writes to MySQL and checkpoints in PostgreSQL makes **two
-//! commits**: MySQL's first, then PostgreSQL's (with the step CAS). Each is
-//! atomic with its own fence check; the pair is not atomic. The crash between
-//! them (MySQL committed, checkpoint not) leaves the step to be run again, by
-//! this owner or a newer one, against a MySQL that already has its writes. Two
-//! things make that safe:
+//! # Supported servers
+//! MariaDB 10.11, the server the tests run against. Other MariaDB releases
+//! from 10.3 on have what the fence needs (`idle_transaction_timeout`, `CREATE
+//! OR REPLACE PROCEDURE`/`TRIGGER`) but are not tested. MySQL 8.0 and 8.4 are
+//! not supported: they have neither, and [`MySqlFence::connect`] refuses them
+//! with [`MySqlFenceError::UnsupportedServer`] (MySQL's `wait_timeout` would
+//! close an idle fenced transaction's connection too, but it closes every
+//! connection idle that long, pooled ones included, and is untested here).
 //!
-//! 1. **The fence orders owners**: once a newer owner's transaction raised
-//!    `tenure_fence`, no older token commits there again; an older owner whose
-//!    write did land did so before every write of the newer one (it held the
-//!    PostgreSQL job row lock while it committed, which the newer claim waits
-//!    for).
-//! 2. **The idempotency key makes the re-run a no-op**: the step writes
-//!    [`StepCtx::idempotency_key`](crate::StepCtx::idempotency_key) (the same
-//!    for every owner and attempt of the step) into a unique key in the same
-//!    MySQL transaction, and applies its change only if that insert added a
-//!    row. `tests/tests/mysql_fence.rs` crashes between the two commits and
-//!    checks that the balance moved once.
+//! # What holds
+//! 1. **Token order per job.** Fenced transactions of one job serialize on
+//!    its fence row (held from admission to commit), and each raises the row
+//!    to its token or is refused: in commit order, their tokens never
+//!    decrease. Once a transaction under token `t` committed, none under a
+//!    smaller token commits a write here; an older owner's write that did land
+//!    committed before the first write of every newer one.
+//! 2. **The check and the writes are atomic**: one InnoDB transaction; a
+//!    refused admission wrote nothing.
+//! 3. **Guarded tables** take writes only from an open fenced transaction
+//!    whose token is the job's fence.
+//! 4. **A paused owner's transaction ends** after `lease_ttl` idle
+//!    (`idle_transaction_timeout`), so it holds the row, and stalls a newer
+//!    owner's admission (which waits at most 2 x `lease_ttl`, then fails as
+//!    [`MySqlFenceError::Db`] and is retried), no longer than that.
+//!
+//! # What does not hold
+//! * **No step CAS.** An equal token (the same owner) is admitted again, for
+//!   any step: the fence does not know steps, so it does not stop a step's
+//!   MySQL writes from running twice.
+//! * **The two commits are not atomic.** A step that writes to MySQL and
+//!   checkpoints in PostgreSQL commits MySQL first, then PostgreSQL (with the
+//!   step CAS). If the owner dies or PostgreSQL fails between the two, the
+//!   step runs again (by this owner after a retry, or by a newer one) against
+//!   a MySQL that already has its writes. Making that re-run a no-op is **the
+//!   step's job**: it writes
+//!   [`StepCtx::idempotency_key`](crate::StepCtx::idempotency_key) (the same
+//!   for every owner and attempt of the step) into a unique key in the same
+//!   MySQL transaction and applies its change only if that insert added a
+//!   row. A step without it moves money twice. `tests/tests/mysql_fence.rs`
+//!   crashes between the two commits and checks that the balance moved once.
+//! * Writes to tables without the guard, and transactions not opened by
+//!   [`MySqlFence::begin`], are not fenced at all.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure::MySqlFenceError> {
@@ -46,15 +75,22 @@
 //! ```
 
 mod error;
+mod session;
 mod sql;
 mod tx;
 
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{ConnectOptions, Connection};
 
 pub use error::{MYSQL_GUARD_SQLSTATE, MySqlFenceError, is_mysql_guard_refusal};
 pub use tx::MySqlFencedTx;
 
 use crate::types::{FencingToken, JobId, ObservedFence};
+use session::{Bounds, SetupError};
 
 /// A MySQL/MariaDB database whose writes are fenced per job. Cheap to clone
 /// (a pool and a name).
@@ -62,6 +98,9 @@ use crate::types::{FencingToken, JobId, ObservedFence};
 pub struct MySqlFence {
     name: String,
     pool: MySqlPool,
+    /// The version of a server the pool found without
+    /// `idle_transaction_timeout` (its connections are refused).
+    unsupported: Arc<OnceLock<String>>,
 }
 
 impl MySqlFence {
@@ -74,38 +113,51 @@ impl MySqlFence {
     /// paused owner's open transaction must not hold the job's fence row for
     /// as long as the pause lasts.
     ///
+    /// Supported servers: MariaDB 10.11 (the tests run on it; other MariaDB
+    /// releases from 10.3 on have the setting but are not tested). MySQL 8.0
+    /// and 8.4 are refused: they have no idle-transaction bound (their
+    /// `wait_timeout` closes any idle connection, pooled ones included, which
+    /// Tenure does not rely on), and `migrate` uses MariaDB's `CREATE OR
+    /// REPLACE` for the guard.
+    ///
     /// # Errors
-    /// [`MySqlFenceError::Db`] if the URL is malformed. The pool connects
-    /// lazily: an unreachable server shows at first use.
+    /// [`MySqlFenceError::UnsupportedServer`] if the server answers and has
+    /// no `idle_transaction_timeout` (this connect opens one connection, for
+    /// at most `lease_ttl`, to ask); [`MySqlFenceError::Db`] if the URL is
+    /// malformed. A server that does not answer is not an error here: the
+    /// pool connects lazily and reports it at first use (as
+    /// [`begin`](Self::begin) reports a server found unsupported then).
     pub async fn connect(
         name: &str,
         url: &str,
-        lease_ttl: std::time::Duration,
+        lease_ttl: Duration,
     ) -> Result<Self, MySqlFenceError> {
-        let idle = lease_ttl.as_secs().max(1);
-        let lock_wait = (2 * lease_ttl.as_secs()).max(1);
+        let options = MySqlConnectOptions::from_str(url)?;
+        let bounds = Bounds::for_ttl(lease_ttl);
+        probe(&options, bounds, lease_ttl).await?;
+        let unsupported = Arc::new(OnceLock::new());
+        let seen = unsupported.clone();
         let pool = MySqlPoolOptions::new()
             .max_connections(20)
             .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    sqlx::query(&format!(
-                        "SET SESSION idle_transaction_timeout = {idle}, \
-                         innodb_lock_wait_timeout = {lock_wait}"
-                    ))
-                    .execute(conn)
-                    .await
-                    .map(|_| ())
-                })
+                Box::pin(session::bound_pooled(conn, bounds, seen.clone()))
             })
-            .connect_lazy(url)?;
-        Ok(Self::from_pool(name, pool))
+            .connect_lazy_with(options);
+        Ok(MySqlFence {
+            name: name.to_string(),
+            pool,
+            unsupported,
+        })
     }
 
-    /// Uses a pool the application made.
+    /// Uses a pool the application made. Nothing is checked or set: its
+    /// connections must bound an idle transaction themselves (as
+    /// [`connect`](Self::connect)'s do), on a supported server.
     pub fn from_pool(name: &str, pool: MySqlPool) -> Self {
         MySqlFence {
             name: name.to_string(),
             pool,
+            unsupported: Arc::default(),
         }
     }
 
@@ -166,14 +218,29 @@ impl MySqlFence {
     ///
     /// # Errors
     /// [`MySqlFenceError::FencedOut`] if this database has seen a larger
-    /// token for the job (nothing written); [`MySqlFenceError::Db`].
+    /// token for the job (nothing written);
+    /// [`MySqlFenceError::UnsupportedServer`] if the pool found the server
+    /// without `idle_transaction_timeout`; [`MySqlFenceError::Db`].
     pub async fn begin(
         &self,
         job: JobId,
         token: FencingToken,
     ) -> Result<MySqlFencedTx, MySqlFenceError> {
-        let tx = self.pool.begin().await?;
+        if let Some(refused) = self.refusal() {
+            return Err(refused);
+        }
+        let tx = match self.pool.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return Err(self.refusal().unwrap_or(e.into())),
+        };
         MySqlFencedTx::admit(tx, job, token, self.name.clone()).await
+    }
+
+    /// [`MySqlFenceError::UnsupportedServer`] once the pool found the server
+    /// without `idle_transaction_timeout`.
+    fn refusal(&self) -> Option<MySqlFenceError> {
+        let version = self.unsupported.get()?.clone();
+        Some(MySqlFenceError::UnsupportedServer { version })
     }
 
     /// The largest token this database accepted for `job`, if any.
@@ -186,6 +253,27 @@ impl MySqlFence {
             .fetch_optional(&self.pool)
             .await?;
         Ok(token.and_then(|t| ObservedFence::try_from(t).ok()))
+    }
+}
+
+/// Opens one connection (for at most `wait`) and bounds its session, to
+/// refuse a server that answers without the setting. A server that does not
+/// answer passes: the pool reports it at first use.
+async fn probe(
+    options: &MySqlConnectOptions,
+    bounds: Bounds,
+    wait: Duration,
+) -> Result<(), MySqlFenceError> {
+    let Ok(Ok(mut conn)) = tokio::time::timeout(wait, options.connect()).await else {
+        return Ok(());
+    };
+    let checked = session::bound(&mut conn, bounds).await;
+    let _ = conn.close().await;
+    match checked {
+        Err(SetupError::Unsupported { version }) => {
+            Err(MySqlFenceError::UnsupportedServer { version })
+        }
+        Ok(()) | Err(SetupError::Db(_)) => Ok(()),
     }
 }
 

@@ -32,10 +32,15 @@ BEGIN
 END
 ";
 
-/// Creates the job's fence row at 0 if it has none (no lock wait for others).
-pub(super) const ENSURE_ROW: &str = "INSERT IGNORE INTO tenure_fence (job_id, token) VALUES (?, 0)";
-/// Locks the job's fence row for the rest of the transaction.
-pub(super) const LOCK_ROW: &str = "SELECT token FROM tenure_fence WHERE job_id = ? FOR UPDATE";
+/// Creates the job's fence row at 0 if it has none, and takes its exclusive
+/// lock either way: on a duplicate key, `ON DUPLICATE KEY UPDATE` locks the
+/// existing row X (an `INSERT IGNORE` would lock it S, and two owners holding
+/// S who both ask for X next deadlock). The update changes nothing.
+pub(super) const LOCK_ROW: &str = "INSERT INTO tenure_fence (job_id, token) VALUES (?, 0) \
+                                   ON DUPLICATE KEY UPDATE token = token";
+/// Reads the job's fence under the lock [`LOCK_ROW`] took (a locking read:
+/// the newest committed token, whatever the isolation level).
+pub(super) const READ_LOCKED: &str = "SELECT token FROM tenure_fence WHERE job_id = ? FOR UPDATE";
 /// Raises the fence to our token (a no-op at an equal one), under the lock.
 pub(super) const RAISE: &str = "UPDATE tenure_fence SET token = ? WHERE job_id = ? AND token <= ?";
 /// Marks this transaction as the job's fenced one for the guard.

@@ -6,11 +6,15 @@ use super::error::MySqlFenceError;
 use super::sql;
 use crate::types::{FencingToken, JobId, ObservedFence};
 
-/// An InnoDB transaction admitted under a fencing token: the job's fence row
-/// is locked (`SELECT .. FOR UPDATE`) and raised to the token (`UPDATE ..
-/// WHERE token <= ?`) by its first statements, so every write made through
-/// [`conn`](Self::conn) commits only if no newer owner reached this database
-/// first, and a newer owner's admission waits until this transaction ends.
+/// An InnoDB transaction admitted under a fencing token: its first statements
+/// lock the job's fence row exclusively (`INSERT .. ON DUPLICATE KEY UPDATE`,
+/// which creates it at 0 if need be), read it (a larger token:
+/// [`FencedOut`](MySqlFenceError::FencedOut), rolled back before any write of
+/// ours) and raise it to the token (`UPDATE .. WHERE token <= ?`). So every
+/// write made through [`conn`](Self::conn) commits only if no newer owner
+/// reached this database first, and another owner's admission of the job
+/// waits until this transaction ends (it never deadlocks with it: the first
+/// lock either takes is the exclusive one).
 ///
 /// # Fencing
 /// The check and the writes are one InnoDB transaction: the row lock is held
@@ -34,11 +38,11 @@ impl MySqlFencedTx {
         database: String,
     ) -> Result<Self, MySqlFenceError> {
         let id = job.as_uuid().to_string();
-        sqlx::query(sql::ENSURE_ROW)
+        sqlx::query(sql::LOCK_ROW)
             .bind(&id)
             .execute(&mut *tx)
             .await?;
-        let current: i64 = sqlx::query_scalar(sql::LOCK_ROW)
+        let current: i64 = sqlx::query_scalar(sql::READ_LOCKED)
             .bind(&id)
             .fetch_one(&mut *tx)
             .await?;
