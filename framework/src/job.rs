@@ -137,45 +137,161 @@ pub trait Job: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<serde_json::Value, StepError>>;
 }
 
-/// What an `on_dead` hook learns about its dead job (a plain struct, so a
-/// unit test can call a hook with one of its own).
+/// What an `on_dead` hook learns about its dead job.
+///
+/// The hook that runs is that of the worker that found the job dead, and its
+/// definition need not be the one whose steps committed: a job whose
+/// committed steps no worker's definition fits within
+/// `Config::definition_grace` dies as `definition_changed` (see
+/// [`step_list`]) and a worker of another version runs its own hook on it. So
+/// a `DeadJob` carries the step names the job recorded and whether they
+/// [`fits`](Self::fits) this definition, and
+/// [`checkpoint_as`](Self::checkpoint_as) never decodes a checkpoint written by
+/// another step than this definition's at that index.
+///
+/// The runtime builds it; a unit test of a hook builds one with
+/// [`DeadJob::new`] and [`DeadJob::with_step_names`]:
 ///
 /// ```
-/// use tenure::job::DeadJob;
-/// use tenure::StepIndex;
+/// use tenure::{DeadJob, StepCtx, StepError, StepIndex};
+/// # use serde::{Deserialize, Serialize};
 ///
-/// let dead = DeadJob {
-///     reason: "permanent_error: step 2 (credit): account closed".into(),
-///     step: StepIndex::new(2),
-///     checkpoint: Some(serde_json::json!({"from_balance": 70})),
-/// };
-/// #[derive(serde::Deserialize)]
+/// #[derive(Serialize, Deserialize)]
 /// struct Debited { from_balance: i64 }
+///
+/// struct Transfer;
+///
+/// #[tenure::job(name = "bank.transfer")]
+/// impl Transfer {
+///     #[step]
+///     async fn debit(&self, _ctx: &mut StepCtx, n: i64) -> Result<Debited, StepError> {
+///         Ok(Debited { from_balance: n })
+///     }
+///     #[step]
+///     async fn credit(&self, _ctx: &mut StepCtx, _d: Debited) -> Result<(), StepError> {
+///         Err(StepError::permanent("account closed"))
+///     }
+/// }
+///
+/// let checkpoint = Some(serde_json::json!({"from_balance": 70}));
+/// let dead = DeadJob::new::<Transfer>(
+///     "permanent_error: step 1 (credit): account closed",
+///     StepIndex::new(1),
+///     checkpoint.clone(),
+/// )
+/// .with_step_names(vec!["debit".into(), "credit".into()]);
+/// assert!(dead.fits);
 /// let debited: Debited = dead.checkpoint_as().unwrap().unwrap();
 /// assert_eq!(debited.from_balance, 70);
+///
+/// // Another version's job: its step 0 was `reserve`, not `debit`.
+/// let other = DeadJob::new::<Transfer>("definition_changed: ..", StepIndex::new(1), checkpoint)
+///     .with_step_names(vec!["reserve".into(), "credit".into()]);
+/// assert!(!other.fits);
+/// assert_eq!(other.checkpoint_step_name(), Some("reserve"));
+/// assert!(other.checkpoint_as::<Debited>().is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct DeadJob {
     /// Why the job died (the row's last error: the code and the step's error).
     pub reason: String,
     /// The step it died at: the number of steps that committed.
     pub step: StepIndex,
     /// The last committed step's output (`None`: no step committed; the
-    /// job's input is [`StepCtx::input`]).
+    /// job's input is [`StepCtx::input`]). Raw, so also readable when
+    /// [`checkpoint_as`](Self::checkpoint_as) refuses it.
     pub checkpoint: Option<serde_json::Value>,
+    /// The step names the job's row recorded
+    /// ([`JobRow::step_names`](crate::JobRow::step_names)): the first
+    /// [`step`](Self::step) of them are the steps that committed, the last of
+    /// those wrote [`checkpoint`](Self::checkpoint). `None`: the row recorded
+    /// none (enqueued by name and never claimed, or from before step names
+    /// were recorded), so nothing says which step wrote the checkpoint.
+    pub step_names: Option<Vec<String>>,
+    /// Whether this definition fits [`step_names`](Self::step_names), as the
+    /// step-list check decides ([`step_list`]): `false` when this definition
+    /// would not have resumed the job (its committed steps are not this
+    /// definition's first steps, or this definition is shorter), which is how
+    /// a `definition_changed` job reaches a hook. `true` when `step_names` is
+    /// `None`.
+    pub fits: bool,
+    /// This definition's steps (`Job::STEPS` of the hook's job type).
+    definition: &'static [StepInfo],
 }
 
 impl DeadJob {
+    /// A dead job of type `J` that died at `step` with `checkpoint`, from a
+    /// row that recorded no step names (add them with
+    /// [`with_step_names`](Self::with_step_names)).
+    pub fn new<J: Job>(
+        reason: impl Into<String>,
+        step: StepIndex,
+        checkpoint: Option<serde_json::Value>,
+    ) -> Self {
+        Self::of_definition(J::STEPS, reason.into(), step, checkpoint, None)
+    }
+
+    /// This dead job with the step names its row recorded;
+    /// [`fits`](Self::fits) is decided again for them.
+    #[must_use]
+    pub fn with_step_names(self, step_names: Vec<String>) -> Self {
+        let Self {
+            reason,
+            step,
+            checkpoint,
+            definition,
+            ..
+        } = self;
+        Self::of_definition(definition, reason, step, checkpoint, Some(step_names))
+    }
+
+    /// A dead job of the definition `definition` (what the runtime builds).
+    pub(crate) fn of_definition(
+        definition: &'static [StepInfo],
+        reason: String,
+        step: StepIndex,
+        checkpoint: Option<serde_json::Value>,
+        step_names: Option<Vec<String>>,
+    ) -> Self {
+        let committed = usize::try_from(step.get()).unwrap_or(usize::MAX);
+        let fit = step_list::fit(step_names.as_deref(), committed, definition);
+        Self {
+            reason,
+            step,
+            checkpoint,
+            step_names,
+            fits: !matches!(fit, step_list::Fit::Incompatible(_)),
+            definition,
+        }
+    }
+
+    /// The recorded name of the step whose output
+    /// [`checkpoint`](Self::checkpoint) is (step [`step`](Self::step) − 1 of
+    /// [`step_names`](Self::step_names)); `None` when no step committed or no
+    /// names were recorded. A hook that must undo another version's step can
+    /// match on it and decode [`checkpoint`](Self::checkpoint) itself.
+    pub fn checkpoint_step_name(&self) -> Option<&str> {
+        let index = usize::try_from(self.step.get().checked_sub(1)?).ok()?;
+        self.step_names.as_ref()?.get(index).map(String::as_str)
+    }
+
     /// The last checkpoint decoded as `T` (the output type of step
-    /// [`step`](Self::step) − 1); `Ok(None)` when no step committed.
+    /// [`step`](Self::step) − 1 of this definition); `Ok(None)` when no step
+    /// committed. When [`step_names`](Self::step_names) is `None` nothing
+    /// says which step wrote the checkpoint, and it is decoded unchecked.
     ///
     /// # Errors
-    /// A permanent [`StepError`] naming `T` when the checkpoint does not
-    /// decode.
+    /// A permanent [`StepError`] naming both steps when the recorded step
+    /// names say another step than this definition's step
+    /// [`step`](Self::step) − 1 wrote the checkpoint (another version's
+    /// output, which may decode as `T` and mean something else), or naming
+    /// `T` when the checkpoint does not decode.
     pub fn checkpoint_as<T: DeserializeOwned>(&self) -> Result<Option<T>, StepError> {
         let Some(value) = &self.checkpoint else {
             return Ok(None);
         };
+        self.checkpoint_is_ours::<T>()?;
         T::deserialize(value).map(Some).map_err(|e| {
             StepError::permanent(format!(
                 "the checkpoint of step {} does not decode as {}: {e}",
@@ -183,6 +299,30 @@ impl DeadJob {
                 std::any::type_name::<T>()
             ))
         })
+    }
+
+    /// `Err` when the recorded step names say the checkpoint was written by
+    /// another step than this definition's at that index.
+    fn checkpoint_is_ours<T>(&self) -> Result<(), StepError> {
+        let (Some(names), Some(index)) = (&self.step_names, self.step.get().checked_sub(1)) else {
+            return Ok(());
+        };
+        let index = usize::try_from(index).unwrap_or(usize::MAX);
+        let written_by = names.get(index).map(String::as_str);
+        let ours = self.definition.get(index).map(|s| s.name);
+        if written_by.is_some() && written_by == ours {
+            return Ok(());
+        }
+        let quoted = |name: Option<&str>| name.map_or("(none)".to_string(), |n| format!("`{n}`"));
+        Err(StepError::permanent(format!(
+            "the checkpoint of step {} was written by {} (step {index} of the job's steps \
+             {names:?}), but this definition's step {index} is {}: not decoding it as {}; \
+             read `DeadJob::checkpoint` to decode another version's output",
+            self.step,
+            quoted(written_by),
+            quoted(ours),
+            std::any::type_name::<T>()
+        )))
     }
 }
 
@@ -728,5 +868,63 @@ impl StepCtx {
             () = self.cancel.cancelled() => Err(StepError::cancelled()),
             r = fut => r,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOLD_PAY: &[StepInfo] = &[StepInfo { name: "hold" }, StepInfo { name: "pay" }];
+
+    fn dead(step: u32, names: Option<&[&str]>) -> DeadJob {
+        let names = names.map(|n| n.iter().map(|s| s.to_string()).collect());
+        let checkpoint = (step > 0).then(|| serde_json::json!(5));
+        DeadJob::of_definition(
+            HOLD_PAY,
+            "dead".into(),
+            StepIndex::new(step),
+            checkpoint,
+            names,
+        )
+    }
+
+    #[test]
+    fn a_checkpoint_of_this_definitions_step_decodes() {
+        let d = dead(1, Some(&["hold", "pay"]));
+        assert!(d.fits);
+        assert_eq!(d.checkpoint_as::<i64>().ok(), Some(Some(5)));
+    }
+
+    #[test]
+    fn another_steps_checkpoint_is_refused_naming_both_steps() {
+        let d = dead(1, Some(&["reserve", "charge"]));
+        assert!(!d.fits);
+        assert_eq!(d.checkpoint_step_name(), Some("reserve"));
+        let e = d
+            .checkpoint_as::<i64>()
+            .err()
+            .map(|e| e.message().to_string());
+        let e = e.unwrap_or_default();
+        assert!(e.contains("`reserve`") && e.contains("`hold`"), "{e}");
+    }
+
+    #[test]
+    fn a_longer_recorded_list_does_not_fit_but_its_committed_step_is_ours() {
+        let d = dead(1, Some(&["hold", "pay", "ship"]));
+        assert!(!d.fits, "this definition ends before `ship`");
+        assert_eq!(d.checkpoint_as::<i64>().ok(), Some(Some(5)));
+    }
+
+    #[test]
+    fn without_recorded_names_it_fits_and_decodes_unchecked() {
+        let d = dead(1, None);
+        assert!(d.fits);
+        assert_eq!(d.checkpoint_step_name(), None);
+        assert_eq!(d.checkpoint_as::<i64>().ok(), Some(Some(5)));
+        assert_eq!(
+            dead(0, Some(&["x"])).checkpoint_as::<i64>().ok(),
+            Some(None)
+        );
     }
 }

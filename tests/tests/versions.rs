@@ -3,15 +3,19 @@
 //! whose definition does not fit the committed steps (reordered, renamed, or
 //! shorter) never resumes the job, hands it back for a fitting worker, and
 //! dead-letters it as `definition_changed` once the grace has passed; an
-//! appended step fits. Every version below is the job type `test.versioned`.
+//! appended step fits. Every version below is the job type `test.versioned`,
+//! except the two `test.booking` versions (issue 30, item 8): the `on_dead`
+//! hook of a definition that does not fit is told so, and never decodes the
+//! other version's checkpoint as its own step's output.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tenure::job::step_list;
 use tenure::testing::TestEnv;
-use tenure::{Client, Config, JobId, JobStatus, StepCtx, StepError, Worker};
+use tenure::{Client, Config, DeadJob, JobId, JobStatus, StepCtx, StepError, Worker};
 use tenure_tests::{double_commits, on_kit, wait_until};
 
 /// The input (and every step's output) of each version.
@@ -350,4 +354,167 @@ async fn typed_enqueues_record_the_list_and_one_by_name_records_the_first_claime
     let row = client.job(e.job_id).await.unwrap().unwrap();
     assert_eq!(row.step_names, Some(names(&["a", "b", "c"])));
     w.shutdown().await.unwrap();
+}
+
+/// A booking's input.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct Booking {
+    seat: String,
+    cents: i64,
+}
+
+/// Version A's first output: a reservation fee. Version B's [`Held`] has the
+/// same JSON shape on purpose, so A's checkpoint decodes as B's type and only
+/// the step names tell them apart.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct Reserved {
+    seat: String,
+    cents: i64,
+}
+
+/// Version B's first output: an amount held on a card.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct Held {
+    seat: String,
+    cents: i64,
+}
+
+/// Version A of `test.booking`: `reserve`, then `charge`, which fails (the
+/// payment service is down) until the test stops A's worker, so the job waits
+/// with one committed step.
+struct BookingA;
+
+#[tenure::job(name = "test.booking", retries = 1000, on_dead = release_seat)]
+impl BookingA {
+    #[step]
+    async fn reserve(&self, _ctx: &mut StepCtx, b: Booking) -> Result<Reserved, StepError> {
+        Ok(Reserved {
+            seat: b.seat,
+            cents: b.cents,
+        })
+    }
+
+    #[step]
+    async fn charge(&self, _ctx: &mut StepCtx, r: Reserved) -> Result<Reserved, StepError> {
+        let _ = r;
+        Err(StepError::retry_after(Duration::from_millis(300)))
+    }
+
+    async fn release_seat(&self, _ctx: &mut StepCtx, _dead: DeadJob) -> Result<(), StepError> {
+        Ok(())
+    }
+}
+
+/// What version B's hook was told.
+#[derive(Debug, Clone)]
+struct Told {
+    reason: String,
+    step: u32,
+    step_names: Option<Vec<String>>,
+    fits: bool,
+    written_by: Option<String>,
+    raw: Option<serde_json::Value>,
+    decoded: Result<Option<Held>, String>,
+}
+
+/// Version B of `test.booking`: `hold`, then `pay`; its hook records what it
+/// was told and what `checkpoint_as::<Held>` returned.
+struct BookingB {
+    told: Arc<Mutex<Option<Told>>>,
+}
+
+#[tenure::job(name = "test.booking", on_dead = release_hold)]
+impl BookingB {
+    #[step]
+    async fn hold(&self, _ctx: &mut StepCtx, b: Booking) -> Result<Held, StepError> {
+        Ok(Held {
+            seat: b.seat,
+            cents: b.cents,
+        })
+    }
+
+    #[step]
+    async fn pay(&self, _ctx: &mut StepCtx, h: Held) -> Result<Held, StepError> {
+        Ok(h)
+    }
+
+    async fn release_hold(&self, _ctx: &mut StepCtx, dead: DeadJob) -> Result<(), StepError> {
+        let told = Told {
+            reason: dead.reason.clone(),
+            step: dead.step.get(),
+            step_names: dead.step_names.clone(),
+            fits: dead.fits,
+            written_by: dead.checkpoint_step_name().map(str::to_string),
+            raw: dead.checkpoint.clone(),
+            decoded: dead
+                .checkpoint_as::<Held>()
+                .map_err(|e| e.message().to_string()),
+        };
+        *self.told.lock().unwrap() = Some(told);
+        Ok(())
+    }
+}
+
+#[tenure::test]
+async fn on_dead_of_a_definition_that_does_not_fit_is_told_and_never_decodes_the_other_versions_checkpoint(
+    env: TestEnv,
+) {
+    let (_ns, mut cfg, client) = on_kit(&env).await;
+    cfg.definition_grace = Duration::from_secs(1);
+    let booking = Booking {
+        seat: "12A".into(),
+        cents: 500,
+    };
+    let id = client
+        .enqueue::<BookingA>("book-12A", &booking)
+        .await
+        .unwrap()
+        .job_id;
+
+    // Version A commits `reserve`; its `charge` keeps failing.
+    let a = start(&cfg, "a", BookingA).await;
+    let reserved = wait_until(Duration::from_secs(30), || async {
+        let row = client.job(id).await.unwrap().unwrap();
+        row.step.get() == 1 && row.attempts >= 1
+    })
+    .await;
+    assert!(reserved, "A committed reserve and charge failed");
+    a.shutdown().await.unwrap();
+    let row = client.job(id).await.unwrap().unwrap();
+    assert_eq!(row.step.get(), 1);
+    assert_eq!(row.step_names, Some(names(&["reserve", "charge"])));
+
+    // Version B alone: no fitting worker within the grace, so it dead-letters
+    // the job as definition_changed and runs its own hook.
+    let told = Arc::new(Mutex::new(None));
+    let b = start(&cfg, "b", BookingB { told: told.clone() }).await;
+    assert!(all_status(&client, &[id], JobStatus::Dead, Duration::from_secs(30)).await);
+    let hook_ran = wait_until(Duration::from_secs(30), || async {
+        told.lock().unwrap().is_some()
+    })
+    .await;
+    assert!(hook_ran, "B's on_dead hook ran");
+    let told = told.lock().unwrap().clone().unwrap();
+    assert!(
+        told.reason.starts_with("definition_changed"),
+        "{}",
+        told.reason
+    );
+    assert_eq!(told.step, 1);
+    assert_eq!(told.step_names, Some(names(&["reserve", "charge"])));
+    assert!(!told.fits, "A's committed steps do not fit B");
+    assert_eq!(told.written_by.as_deref(), Some("reserve"));
+    assert_eq!(
+        told.raw,
+        Some(serde_json::json!({"seat": "12A", "cents": 500})),
+        "the raw checkpoint stays readable"
+    );
+    let refused = told
+        .decoded
+        .expect_err("A's reserve output is not decoded as B's hold output");
+    assert!(
+        refused.contains("reserve") && refused.contains("hold"),
+        "{refused}"
+    );
+    b.shutdown().await.unwrap();
 }

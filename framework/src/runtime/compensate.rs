@@ -58,12 +58,14 @@ impl JobRun {
             }
         };
         let mut ctx = compensation_ctx(self, &c, &dead);
-        let info = DeadJob {
-            reason: dead.reason,
-            step: dead.step,
-            checkpoint: dead.checkpoint,
-        };
-        tracing::info!(step = %info.step, "running the on_dead hook");
+        let info = DeadJob::of_definition(
+            c.job.steps(),
+            dead.reason,
+            dead.step,
+            dead.checkpoint,
+            dead.step_names,
+        );
+        tracing::info!(step = %info.step, fits = info.fits, "running the on_dead hook");
         let ran = AssertUnwindSafe(c.job.on_dead(&mut ctx, info))
             .catch_unwind()
             .await;

@@ -35,6 +35,11 @@ pub struct DeadRow {
     pub checkpoint: Option<serde_json::Value>,
     /// Why it died.
     pub reason: String,
+    /// The row's recorded step names
+    /// ([`JobRow::step_names`](super::JobRow::step_names)): the first `step`
+    /// of them are the steps that committed, the last of those wrote
+    /// `checkpoint` (`None`: the row recorded none).
+    pub step_names: Option<Vec<String>>,
 }
 
 impl FenceStore {
@@ -71,6 +76,7 @@ impl FenceStore {
                     reason: row
                         .try_get::<Option<String>, _>("last_error")?
                         .unwrap_or_else(|| "dead".into()),
+                    step_names: row.try_get("step_names")?,
                 }));
             }
             let now: Option<(i64, String)> = sqlx::query_as(&self.sql.compensation_state)

@@ -225,7 +225,7 @@ impl Sql {
             claim_compensation: format!(
                 "UPDATE {t} SET fence = $2, updated_at = now() \
                  WHERE id = $1 AND status = 'dead' AND compensation = 'pending' AND fence <= $2 \
-                 RETURNING input, step, checkpoint, last_error"
+                 RETURNING input, step, checkpoint, last_error, step_names"
             ),
             compensation_state: format!("SELECT fence, compensation FROM {t} WHERE id = $1"),
             admit_compensation: format!(
