@@ -224,7 +224,9 @@ impl FenceStore {
     ///
     /// # Errors
     /// [`FenceError::NotFound`]; [`FenceError::Terminal`] with `done` (a
-    /// finished job is not cancelled); [`FenceError::Db`] (a lock wait past
+    /// finished job is not cancelled); [`FenceError::CompensationPending`] (a
+    /// dead job whose `on_dead` hook has not ended: cancelling it would
+    /// abandon the compensation half-done); [`FenceError::Db`] (a lock wait past
     /// `lock_timeout` included).
     pub async fn cancel_job(&self, id: JobId, reason: &str) -> Result<Cancelled, FenceError> {
         let span = tracing::info_span!("tenure.fence.cancel_job", job_id = %id);
@@ -242,6 +244,10 @@ impl FenceStore {
                 match self.diag(&self.pool, id).await? {
                     None => return Err(FenceError::NotFound(id)),
                     Some(d) if d.status == JobStatus::Cancelled => return Ok(Cancelled::Already),
+                    // Dead, and its `on_dead` compensation not ended.
+                    Some(d) if d.status == JobStatus::Dead => {
+                        return Err(FenceError::CompensationPending(id));
+                    }
                     Some(d) if d.status.is_terminal() => {
                         let status = d.status;
                         return Err(FenceError::Terminal { job_id: id, status });
