@@ -418,3 +418,76 @@ async fn retention_never_prunes_a_pending_compensation(env: TestEnv) {
         );
     }
 }
+
+/// A batch whose publishes fail hands its pending rows to the scheduler
+/// leader; a row it cannot hand (a running job's republish) is reported as
+/// the publish error it is, never as enqueued.
+#[tenure::test(own_stack, ttl_secs = 3)]
+async fn a_batch_never_reports_a_publish_nobody_will_make(env: TestEnv) {
+    let w = env
+        .worker(
+            "w0",
+            |cfg| async move { Worker::builder(cfg).register(Nap) },
+        )
+        .await
+        .unwrap();
+    let mut cfg = env.config().clone();
+    cfg.nats_request_timeout = Duration::from_secs(1);
+    let client = Client::connect(&cfg).await.unwrap();
+    let long = Sleep { ms: 6_000 };
+    let e = client.enqueue::<Nap>("long", &long).await.unwrap();
+    let running = wait_until(Duration::from_secs(20), || async {
+        client.job(e.job_id).await.unwrap().unwrap().status == JobStatus::Running
+    })
+    .await;
+    assert!(running, "the job never started");
+    env.stack().nats().pause().unwrap();
+    let items = [("long", long.clone()), ("fresh", Sleep { ms: 1 })];
+    let results = client.enqueue_many::<Nap>(&items).await;
+    env.stack().nats().resume().unwrap();
+    let results = results.unwrap();
+    assert!(
+        matches!(results[0], Err(tenure::EnqueueItemError::Publish { .. })),
+        "the running job's republish failed and was not handed on: {:?}",
+        results[0]
+    );
+    let fresh = results[1]
+        .as_ref()
+        .expect("the pending row is handed to the leader");
+    let row = tenure_tests::wait_terminal(&client, fresh.job_id, Duration::from_secs(60)).await;
+    assert_eq!(row.status, JobStatus::Done);
+    w.shutdown().await.unwrap();
+}
+
+/// `enqueue_in` of an unfinished duplicate whose message was lost
+/// republishes it, as `enqueue` does: the documented way to recover.
+#[tenure::test]
+async fn enqueue_in_of_an_unfinished_duplicate_republishes(env: TestEnv) {
+    let w = env
+        .worker(
+            "w0",
+            |cfg| async move { Worker::builder(cfg).register(Pay) },
+        )
+        .await
+        .unwrap();
+    let client = env.client();
+    let id = JobId::from_key("ops.pay", "lost-message");
+    // A row whose message never reached the broker.
+    let steps = <Pay as tenure::Job>::STEPS;
+    let store = client.store();
+    store
+        .insert_defined_job(id, "ops.pay", &serde_json::json!(9), None, steps)
+        .await
+        .unwrap();
+    let mut tx = env.pool().begin().await.unwrap();
+    let again = client
+        .enqueue_in::<Pay>(&mut tx, "lost-message", &9)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(again.duplicate);
+    let row = tenure_tests::wait_terminal(client, id, Duration::from_secs(30)).await;
+    assert_eq!(row.status, JobStatus::Done);
+    assert_eq!(runs(id), 1);
+    w.shutdown().await.unwrap();
+}

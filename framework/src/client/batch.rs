@@ -246,13 +246,19 @@ impl Client {
         }
         let ids: Vec<JobId> = failed.iter().map(|(_, id, _)| *id).collect();
         match self.store().hand_to_publisher(&ids).await {
-            Ok(n) => {
+            Ok(handed) => {
                 tracing::warn!(
                     failed = ids.len(),
-                    handed = n,
-                    "batch publishes failed; handed to the scheduler leader"
+                    handed = handed.len(),
+                    "batch publishes failed; pending rows handed to the scheduler leader"
                 );
-                Vec::new()
+                // A row the leader will not publish (running, claimed): its
+                // failed publish is the item's result.
+                failed
+                    .into_iter()
+                    .filter(|(_, job_id, _)| !handed.contains(job_id))
+                    .map(|(i, job_id, source)| (i, EnqueueItemError::Publish { job_id, source }))
+                    .collect()
             }
             Err(e) => {
                 tracing::warn!(error = %e, "handing unpublished jobs to the scheduler leader failed");

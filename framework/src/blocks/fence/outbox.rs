@@ -242,26 +242,31 @@ impl FenceStore {
 
     /// Hands jobs whose message could not be published to the scheduler
     /// leader: rows still `pending` and never claimed become
-    /// `awaiting_publish`, due now. Returns how many. Safe if the message
+    /// `awaiting_publish`, due now. Returns the ids handed (a running or
+    /// claimed row is not: its publish stays the caller's to report). Safe if the message
     /// was in fact stored: the leader's publish has the same `Nats-Msg-Id`,
     /// and a job is admitted once however often it is delivered.
     ///
     /// # Errors
     /// [`FenceError::Db`].
-    pub async fn hand_to_publisher(&self, ids: &[JobId]) -> Result<u64, FenceError> {
+    pub async fn hand_to_publisher(&self, ids: &[JobId]) -> Result<Vec<JobId>, FenceError> {
         let sql = format!(
             "UPDATE {} SET awaiting_publish = true, run_at = coalesce(run_at, now()), \
                            updated_at = now() \
-             WHERE id = ANY($1) AND status = 'pending' AND fence = 0 AND NOT awaiting_publish",
+             WHERE id = ANY($1) AND status = 'pending' AND fence = 0 AND NOT awaiting_publish \
+             RETURNING id",
             self.table("jobs")
         );
         let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
         let mut conn = self.pool.acquire().await?;
-        let done = sqlx::query(&sql).bind(ids).execute(&mut *conn).await?;
-        if done.rows_affected() > 0 {
+        let handed: Vec<uuid::Uuid> = sqlx::query_scalar(&sql)
+            .bind(ids)
+            .fetch_all(&mut *conn)
+            .await?;
+        if !handed.is_empty() {
             self.notify_outbox(&mut conn).await?;
         }
-        Ok(done.rows_affected())
+        Ok(handed.into_iter().map(JobId::from_uuid).collect())
     }
 
     /// `pg_notify` on the outbox channel, in the transaction open on `conn`
