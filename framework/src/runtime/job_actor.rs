@@ -463,7 +463,8 @@ impl JobRun {
         };
         if e.is_fenced_out() {
             let (now, deadline) = (Instant::now(), session.lost_deadline());
-            return match claim_refusal(now, deadline, session.health()) {
+            let partitioned = matches!(lock, Grant::Partition(_));
+            return match claim_refusal(now, deadline, session.health(), partitioned) {
                 ClaimRefusal::NewerOwner => Outcome::Stale {
                     at: StaleAt::Claim,
                     step: None,
@@ -604,8 +605,19 @@ enum ClaimRefusal {
 /// Classifies a claim refused with a larger fence, from the session's state now.
 /// The health watch of a process that was frozen has not caught up yet; the
 /// monotonic lost deadline has.
-fn claim_refusal(now: Instant, lost_deadline: Instant, health: Health) -> ClaimRefusal {
-    if health_at(now, lost_deadline, health) == Health::Lost {
+///
+/// Under a partition's grant a live session proves nothing: the partition
+/// may have moved to another owner and back since the grant (each move a new
+/// token, the row fenced by the one in between). There, a regression is
+/// caught where partition tokens are compared, by
+/// [`claim_partition`](crate::fence::FenceStore::claim_partition).
+fn claim_refusal(
+    now: Instant,
+    lost_deadline: Instant,
+    health: Health,
+    partitioned: bool,
+) -> ClaimRefusal {
+    if partitioned || health_at(now, lost_deadline, health) == Health::Lost {
         ClaimRefusal::NewerOwner
     } else {
         ClaimRefusal::Regression
@@ -637,22 +649,37 @@ mod tests {
         let now = Instant::now();
         let later = now + Duration::from_secs(1);
         assert_eq!(
-            claim_refusal(now, later, Health::Healthy),
+            claim_refusal(now, later, Health::Healthy, false),
             ClaimRefusal::Regression
         );
         assert_eq!(
-            claim_refusal(now, later, Health::Degraded),
+            claim_refusal(now, later, Health::Degraded, false),
             ClaimRefusal::Regression
         );
         // Stalled past the deadline (the watch still says Healthy after a SIGSTOP):
         // a newer owner is normal, not an alarm.
         assert_eq!(
-            claim_refusal(later, now, Health::Healthy),
+            claim_refusal(later, now, Health::Healthy, false),
             ClaimRefusal::NewerOwner
         );
         assert_eq!(
-            claim_refusal(now, later, Health::Lost),
+            claim_refusal(now, later, Health::Lost, false),
             ClaimRefusal::NewerOwner
         );
+    }
+
+    #[test]
+    fn a_partition_grant_fenced_out_by_a_later_owner_is_no_alarm() {
+        // The partition moved to another owner (who claimed the job) and
+        // back while this delivery held its grant: a live session, a larger
+        // fence, and nothing went backwards.
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        for health in [Health::Healthy, Health::Degraded] {
+            assert_eq!(
+                claim_refusal(now, later, health, true),
+                ClaimRefusal::NewerOwner
+            );
+        }
     }
 }
