@@ -4,7 +4,7 @@
 //! scheduler leader's writes are refused by the fence; three worker processes
 //! whose leader is killed enqueue every tick exactly once; missed ticks follow
 //! their policy; a `Skip` schedule loses no tick to a NATS paused for 20 s
-//! and runs none twice.
+//! nor to a killed leader with the default settings, and runs none twice.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tenure::blocks::fence::{FenceError, JobStatus, TickBatch, tick_key};
 use tenure::devstack::DevStack;
-use tenure::testing::{TestEnv, Violation};
+use tenure::testing::{FaultPlan, TestEnv, Violation};
 use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
 use tenure::{Config, Worker, WorkerBuilder, WorkerError};
 use tenure_tests::{
@@ -363,9 +363,10 @@ async fn leader(client: &Client) -> Option<(String, i64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
-    // A TTL of 5 s: the killed leader's key outlives it by about 5 s, longer
-    // than the 2 s schedule grace, so the ticks of the gap are missed ticks
-    // that only the test worker's catch-up policy (max 1000) enqueues.
+    // A TTL of 5 s: the killed leader's key outlives it by about 5 s, within
+    // `Config::missed_tick_after` (TTL + leader_retry + schedule_grace), so
+    // the ticks of the gap are on time whatever the policy (the test
+    // worker's is catch-up, max 1000).
     let (ns, _cfg, client) = fresh_namespace("sch_kill", Duration::from_secs(5)).await;
     let mut workers: Vec<(String, ChildWorker)> = (0..3)
         .map(|i| (format!("w{i}"), child_worker(&ns, &format!("w{i}"), 5)))
@@ -445,8 +446,10 @@ async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     w.shutdown().await.unwrap();
     let stopped = Utc::now();
-    // No leader for 7 s: with a grace of 2 s, about 5 ticks are missed.
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // No leader for 5 s longer than a tick may be late (a failover, TTL 3 s
+    // + 0.5 s, plus the 2 s grace): about 5 ticks are missed.
+    let on_time = cfg.missed_tick_after();
+    tokio::time::sleep(on_time + Duration::from_secs(5)).await;
     let restarted = Utc::now();
     let w = start().await.expect("worker again");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -466,8 +469,8 @@ async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
         }
     };
     let (skip, catch) = (after(1).await, after(2).await);
-    let grace = chrono::Duration::seconds(2);
-    let hole_end = restarted - grace - chrono::Duration::milliseconds(500);
+    let on_time = chrono::Duration::from_std(on_time).unwrap();
+    let hole_end = restarted - on_time - chrono::Duration::milliseconds(500);
     assert!(
         skip.iter().all(|t| *t > hole_end),
         "skip enqueued a missed tick: {skip:?} (restarted {restarted})"
@@ -711,5 +714,40 @@ async fn a_nats_paused_20_s_skips_no_tick_and_duplicates_none(env: TestEnv) {
     eprintln!(
         "NATS paused {paused} .. {resumed}: {n} ticks once each; the pause's ticks all done {} ms after the resume",
         (caught_up - resumed).num_milliseconds()
+    );
+}
+
+/// With the default settings (lease TTL 5 s, default tuning), two worker
+/// processes, the scheduler leader `SIGKILL`ed: every tick of the failover's
+/// gap is enqueued and runs once (a failover is not a missed tick).
+#[tenure::test(ttl_secs = 5, worker = skip_cron_worker)]
+async fn a_killed_leaders_gap_runs_once_each_with_default_settings(env: TestEnv) {
+    init_logs();
+    cron_started(&env).await;
+    let workers = [
+        env.worker_process("w0", FaultPlan::new()).await.unwrap(),
+        env.worker_process("w1", FaultPlan::new()).await.unwrap(),
+    ];
+    first_ticks_done(&env).await;
+    let (first, token) = leader(env.client()).await.expect("a leader");
+    let at = ["w0", "w1"].iter().position(|w| *w == first).unwrap();
+    workers[at].kill(); // SIGKILL, by its pid
+    let killed = Utc::now();
+    let took_over = wait_until(Duration::from_secs(30), || async {
+        matches!(leader(env.client()).await, Some((_, t)) if t > token)
+    })
+    .await;
+    assert!(took_over, "the other worker leads");
+    let elected = Utc::now();
+    let until = elected + chrono::Duration::seconds(3);
+    let ran = ticks_run_until(&env, until, WAIT).await;
+    for w in &workers {
+        w.shutdown();
+    }
+    let n = assert_every_tick_ran_once(&env, killed, until).await;
+    assert!(ran, "every tick up to 3 s after the new leader ran");
+    eprintln!(
+        "leader {first} killed {killed}, successor claimed {} ms later: {n} ticks once each",
+        (elected - killed).num_milliseconds()
     );
 }

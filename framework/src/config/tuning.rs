@@ -112,10 +112,17 @@ pub struct Tuning {
     /// again (default 500 ms); a leader that stopped gracefully is replaced
     /// within this, one that died within its session TTL plus this.
     pub leader_retry: Duration,
-    /// A cron tick older than this when the leader sees it counts as missed
-    /// (default 2 s): missed ticks follow the schedule's
-    /// [`MissedTicks`](crate::MissedTicks) policy, on-time ones are always
-    /// enqueued.
+    /// How late, beyond a leader failover, a cron tick may be when the leader
+    /// first sees it and still be on time (default 2 s). A tick is missed
+    /// only when it is older than
+    /// [`Config::missed_tick_after`](super::Config::missed_tick_after):
+    /// `lease_ttl + leader_retry + schedule_grace` (7.5 s with the defaults),
+    /// because a killed leader's key outlives it by up to the TTL and its
+    /// successor campaigns within `leader_retry`; the 2 s cover the
+    /// successor's election, fence claim and first look. Missed ticks follow
+    /// the schedule's [`MissedTicks`](crate::MissedTicks) policy (a cluster
+    /// down for an hour skips that hour under `Skip`); on-time ones are
+    /// always enqueued.
     pub schedule_grace: Duration,
 }
 

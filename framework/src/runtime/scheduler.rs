@@ -8,7 +8,9 @@
 //!   per schedule: tick rows awaiting publication + the schedule's last
 //!   tick), looking again at the next tick or after `Tuning::due_poll`. It
 //!   needs PostgreSQL only, so a slow or paused NATS, or a backlog of due
-//!   jobs, never makes a tick late;
+//!   jobs, never makes a tick late. A tick is missed only when it is older
+//!   than [`Config::missed_tick_after`] (a leader failover plus
+//!   `Tuning::schedule_grace`) when the leader first sees it;
 //! - the publisher, in rounds: publishes the due jobs (delayed jobs and
 //!   enqueued ticks) in batches (through `queue`, `Nats-Msg-Id` = job id)
 //!   and marks them published (fenced), starting batches for at most
@@ -24,6 +26,8 @@
 //! A deposed leader's writes are refused by the fence; a publish it makes
 //! after its successor's is dropped by the broker's duplicate window or
 //! admitted once by the job lock and the job row, so a job never runs twice.
+//!
+//! [`Config::missed_tick_after`]: crate::Config::missed_tick_after
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -373,7 +377,7 @@ impl Scheduler {
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Ticked, RoundError> {
         let after = row.last_tick.unwrap_or(row.created_at);
-        let plan = p.plan(after, now, self.shared.cfg.tuning.schedule_grace);
+        let plan = p.plan(after, now, self.shared.cfg.missed_tick_after());
         if plan.last.is_none() && row.next_tick.is_some() {
             return Ok(Ticked {
                 inserted: 0,
