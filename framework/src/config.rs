@@ -618,6 +618,21 @@ impl Config {
     pub fn lock_timeout(&self) -> Duration {
         self.lease_ttl * 2
     }
+    /// How late a cron tick may be when the scheduler leader first sees it
+    /// and still be on time (enqueued whatever the schedule's
+    /// [`MissedTicks`](crate::MissedTicks) policy): a leader failover
+    /// (`lease_ttl`, how long a killed leader's key outlives it, plus
+    /// `tuning.leader_retry`, how soon its successor campaigns) plus
+    /// `tuning.schedule_grace`. 7.5 s with the defaults.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cfg = tenure::Config::new("ns");
+    /// assert_eq!(cfg.missed_tick_after(), Duration::from_millis(7500));
+    /// ```
+    pub fn missed_tick_after(&self) -> Duration {
+        self.lease_ttl + self.tuning.leader_retry + self.tuning.schedule_grace
+    }
     /// Etcd key prefix of this namespace: `<ns>/`.
     pub fn etcd_prefix(&self) -> String {
         format!("{}/", self.namespace)

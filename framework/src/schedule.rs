@@ -13,8 +13,9 @@ use croner::parser::{CronParser, Seconds};
 use croner::{Cron, Direction};
 
 /// What to do with ticks that passed while no leader ran (a tick older than
-/// `Tuning::schedule_grace` when the leader first sees it). Ticks that are on
-/// time are always enqueued.
+/// [`Config::missed_tick_after`](crate::Config::missed_tick_after), a leader
+/// failover plus `Tuning::schedule_grace`, when the leader first sees it).
+/// Ticks that are on time are always enqueued, also across a failover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MissedTicks {
     /// Enqueue none of them (the default).
@@ -216,13 +217,19 @@ pub(crate) struct Plan {
 const SCAN_LIMIT: usize = 10_000;
 
 impl Parsed {
-    /// The ticks in `(after, now]`: those within `grace` of `now` are on time
-    /// and enqueued; older ones are missed and follow the policy.
-    pub(crate) fn plan(&self, after: DateTime<Utc>, now: DateTime<Utc>, grace: Duration) -> Plan {
+    /// The ticks in `(after, now]`: those within `missed_after` of `now`
+    /// ([`Config::missed_tick_after`](crate::Config::missed_tick_after)) are
+    /// on time and enqueued; older ones are missed and follow the policy.
+    pub(crate) fn plan(
+        &self,
+        after: DateTime<Utc>,
+        now: DateTime<Utc>,
+        missed_after: Duration,
+    ) -> Plan {
         let local_now = now.with_timezone(&self.zone);
-        let grace = chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX);
+        let late = chrono::Duration::from_std(missed_after).unwrap_or(chrono::Duration::MAX);
         let on_time_from = now
-            .checked_sub_signed(grace)
+            .checked_sub_signed(late)
             .unwrap_or(DateTime::<Utc>::MIN_UTC);
         let due: Vec<DateTime<Utc>> = self
             .cron

@@ -3,7 +3,8 @@
 //! of it; bad input is a typed error that changes nothing; a deposed
 //! scheduler leader's writes are refused by the fence; three worker processes
 //! whose leader is killed enqueue every tick exactly once; missed ticks follow
-//! their policy.
+//! their policy; a `Skip` schedule loses no tick to a NATS paused for 20 s
+//! nor to a killed leader with the default settings, and runs none twice.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -11,10 +12,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tenure::blocks::fence::{FenceError, JobStatus, TickBatch, tick_key};
 use tenure::devstack::DevStack;
+use tenure::testing::{FaultPlan, TestEnv, Violation};
 use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
-use tenure::{Worker, WorkerError};
+use tenure::{Config, Worker, WorkerBuilder, WorkerError};
 use tenure_tests::{
-    ChildWorker, ThreeStep, Work, claimed_at, double_commits, fresh_namespace, init_logs,
+    ChildWorker, ThreeStep, Work, claimed_at, double_commits, fresh_namespace, init_logs, on_kit,
     three_step_worker, wait_until,
 };
 
@@ -361,9 +363,10 @@ async fn leader(client: &Client) -> Option<(String, i64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
-    // A TTL of 5 s: the killed leader's key outlives it by about 5 s, longer
-    // than the 2 s schedule grace, so the ticks of the gap are missed ticks
-    // that only the test worker's catch-up policy (max 1000) enqueues.
+    // A TTL of 5 s: the killed leader's key outlives it by about 5 s, within
+    // `Config::missed_tick_after` (TTL + leader_retry + schedule_grace), so
+    // the ticks of the gap are on time whatever the policy (the test
+    // worker's is catch-up, max 1000).
     let (ns, _cfg, client) = fresh_namespace("sch_kill", Duration::from_secs(5)).await;
     let mut workers: Vec<(String, ChildWorker)> = (0..3)
         .map(|i| (format!("w{i}"), child_worker(&ns, &format!("w{i}"), 5)))
@@ -443,8 +446,10 @@ async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     w.shutdown().await.unwrap();
     let stopped = Utc::now();
-    // No leader for 7 s: with a grace of 2 s, about 5 ticks are missed.
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // No leader for 5 s longer than a tick may be late (a failover, TTL 3 s
+    // + 0.5 s, plus the 2 s grace): about 5 ticks are missed.
+    let on_time = cfg.missed_tick_after();
+    tokio::time::sleep(on_time + Duration::from_secs(5)).await;
     let restarted = Utc::now();
     let w = start().await.expect("worker again");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -464,8 +469,8 @@ async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
         }
     };
     let (skip, catch) = (after(1).await, after(2).await);
-    let grace = chrono::Duration::seconds(2);
-    let hole_end = restarted - grace - chrono::Duration::milliseconds(500);
+    let on_time = chrono::Duration::from_std(on_time).unwrap();
+    let hole_end = restarted - on_time - chrono::Duration::milliseconds(500);
     assert!(
         skip.iter().all(|t| *t > hole_end),
         "skip enqueued a missed tick: {skip:?} (restarted {restarted})"
@@ -531,4 +536,218 @@ async fn a_waiting_job_cancelled_before_its_run_at_is_never_published() {
     );
     assert!(published >= 1, "the cancel is in the history");
     w.shutdown().await.unwrap();
+}
+
+/// The schedule of the cron-fault tests: every second, missed ticks skipped.
+const EVERY_SECOND: &str = "every-second";
+
+/// What the cron-fault tests' workers run, in process or as a worker
+/// process: [`ThreeStep`] and the `Skip` schedule [`EVERY_SECOND`], with the
+/// default tuning.
+async fn skip_cron_worker(cfg: Config) -> WorkerBuilder {
+    let job = ThreeStep {
+        worker: cfg.worker_id.clone(),
+        schema: cfg.schema.clone(),
+    };
+    Worker::builder(cfg)
+        .register(job)
+        .schedule_with::<ThreeStep>(
+            Schedule::new(EVERY_SECOND, "* * * * * *").missed(MissedTicks::Skip),
+            &work(0),
+        )
+}
+
+/// One tick job of [`EVERY_SECOND`]: its tick, status, and how many
+/// `step_log` rows its steps wrote (3 when it ran once).
+#[derive(Debug, sqlx::FromRow)]
+struct TickRun {
+    run_at: DateTime<Utc>,
+    status: String,
+    steps: i64,
+}
+
+async fn tick_runs(env: &TestEnv, until: DateTime<Utc>) -> Vec<TickRun> {
+    let s = env.schema();
+    sqlx::query_as(&format!(
+        "SELECT j.run_at, j.status, \
+                (SELECT count(*) FROM {s}.step_log l WHERE l.job_id = j.id) AS steps \
+           FROM {s}.jobs j WHERE j.job_type = 'test.three_step' AND j.run_at <= $1 \
+          ORDER BY j.run_at"
+    ))
+    .bind(until)
+    .fetch_all(env.pool())
+    .await
+    .unwrap()
+}
+
+/// Waits until the ticks up to `until` have all run (a tick after it exists,
+/// every one up to it is `done`), at most `timeout`.
+async fn ticks_run_until(env: &TestEnv, until: DateTime<Utc>, timeout: Duration) -> bool {
+    wait_until(timeout, || async {
+        let later: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}.jobs WHERE run_at > $1",
+            env.schema()
+        ))
+        .bind(until)
+        .fetch_one(env.pool())
+        .await
+        .unwrap();
+        later > 0
+            && tick_runs(env, until)
+                .await
+                .iter()
+                .all(|t| t.status == "done")
+    })
+    .await
+}
+
+/// Asserts that [`EVERY_SECOND`] skipped no tick, that its ticks up to
+/// `until` are every second from before `fault` to `until`, and that each
+/// ran exactly once; returns how many there were.
+async fn assert_every_tick_ran_once(
+    env: &TestEnv,
+    fault: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> usize {
+    let rows = env.client().store().schedules().await.unwrap();
+    let row = rows.iter().find(|r| r.name == EVERY_SECOND).unwrap();
+    let runs = tick_runs(env, until).await;
+    let secs: Vec<i64> = runs.iter().map(|t| t.run_at.timestamp()).collect();
+    let gaps: Vec<_> = secs.windows(2).filter(|w| w[1] - w[0] != 1).collect();
+    let not_once: Vec<_> = runs
+        .iter()
+        .filter(|t| t.status != "done" || t.steps != 3)
+        .collect();
+    eprintln!(
+        "{} ticks {:?}..{:?}, skipped {}, gaps {gaps:?}, not run once {not_once:?}",
+        runs.len(),
+        runs.first().map(|t| t.run_at),
+        runs.last().map(|t| t.run_at),
+        row.skipped
+    );
+    assert_eq!(row.skipped, 0, "ticks skipped: {row:?}");
+    assert!(gaps.is_empty(), "ticks missing: gaps {gaps:?} in {secs:?}");
+    assert!(
+        not_once.is_empty(),
+        "ticks not run exactly once: {not_once:?}"
+    );
+    assert!(
+        runs.first().unwrap().run_at < fault,
+        "ticks from before the fault"
+    );
+    assert!(
+        runs.last().unwrap().run_at > until - chrono::Duration::seconds(2),
+        "ticks up to the end"
+    );
+    assert_eq!(double_commits(env.pool(), env.schema()).await, 0);
+    assert_history_clean(env, until).await;
+    runs.len()
+}
+
+/// Asserts the kit's checker found nothing wrong but the ticks after `until`
+/// (enqueued as the workers stopped) being unfinished.
+async fn assert_history_clean(env: &TestEnv, until: DateTime<Utc>) {
+    let later: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT id::text FROM {}.jobs WHERE run_at > $1",
+        env.schema()
+    ))
+    .bind(until)
+    .fetch_all(env.pool())
+    .await
+    .unwrap();
+    let report = env.check().await.unwrap();
+    let wrong: Vec<_> = report
+        .violations
+        .iter()
+        .filter(
+            |v| !matches!(v, Violation::Unfinished { job, .. } if later.contains(&job.to_string())),
+        )
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "the history checker found violations:\n{report}"
+    );
+}
+
+/// Watches `step_log` for the kit's checker and waits for a tick to run.
+async fn cron_started(env: &TestEnv) {
+    on_kit(env).await;
+    let log = format!("{}.step_log", env.schema());
+    env.history()
+        .watch_table(&log, "job_id", "step", Some("token"));
+}
+
+async fn first_ticks_done(env: &TestEnv) {
+    let started = Utc::now();
+    assert!(
+        ticks_run_until(env, started + chrono::Duration::seconds(2), WAIT).await,
+        "the schedule ticks and its jobs run"
+    );
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A NATS that answers nothing for 20 s (paused, `SIGSTOP` by its pid, on a
+/// stack of the test's own) loses no tick of an every-second `Skip`
+/// schedule and runs none twice: enqueuing a tick needs only PostgreSQL.
+#[tenure::test(own_stack, ttl_secs = 5)]
+async fn a_nats_paused_20_s_skips_no_tick_and_duplicates_none(env: TestEnv) {
+    init_logs();
+    cron_started(&env).await;
+    let w = env.worker("w0", skip_cron_worker).await.unwrap();
+    first_ticks_done(&env).await;
+    let paused = Utc::now();
+    env.stack().nats().pause().unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    env.stack().nats().resume().unwrap();
+    let resumed = Utc::now();
+    let backlog_ran = ticks_run_until(&env, resumed, WAIT).await;
+    let caught_up = Utc::now();
+    let until = resumed + chrono::Duration::seconds(5);
+    let ran = ticks_run_until(&env, until, WAIT).await;
+    w.shutdown().await.unwrap();
+    let n = assert_every_tick_ran_once(&env, paused, until).await;
+    assert!(
+        backlog_ran && ran,
+        "every tick up to 5 s after the resume ran"
+    );
+    eprintln!(
+        "NATS paused {paused} .. {resumed}: {n} ticks once each; the pause's ticks all done {} ms after the resume",
+        (caught_up - resumed).num_milliseconds()
+    );
+}
+
+/// With the default settings (lease TTL 5 s, default tuning), two worker
+/// processes, the scheduler leader `SIGKILL`ed: every tick of the failover's
+/// gap is enqueued and runs once (a failover is not a missed tick).
+#[tenure::test(ttl_secs = 5, worker = skip_cron_worker)]
+async fn a_killed_leaders_gap_runs_once_each_with_default_settings(env: TestEnv) {
+    init_logs();
+    cron_started(&env).await;
+    let workers = [
+        env.worker_process("w0", FaultPlan::new()).await.unwrap(),
+        env.worker_process("w1", FaultPlan::new()).await.unwrap(),
+    ];
+    first_ticks_done(&env).await;
+    let (first, token) = leader(env.client()).await.expect("a leader");
+    let at = ["w0", "w1"].iter().position(|w| *w == first).unwrap();
+    workers[at].kill(); // SIGKILL, by its pid
+    let killed = Utc::now();
+    let took_over = wait_until(Duration::from_secs(30), || async {
+        matches!(leader(env.client()).await, Some((_, t)) if t > token)
+    })
+    .await;
+    assert!(took_over, "the other worker leads");
+    let elected = Utc::now();
+    let until = elected + chrono::Duration::seconds(3);
+    let ran = ticks_run_until(&env, until, WAIT).await;
+    for w in &workers {
+        w.shutdown();
+    }
+    let n = assert_every_tick_ran_once(&env, killed, until).await;
+    assert!(ran, "every tick up to 3 s after the new leader ran");
+    eprintln!(
+        "leader {first} killed {killed}, successor claimed {} ms later: {n} ticks once each",
+        (elected - killed).num_milliseconds()
+    );
 }

@@ -101,14 +101,28 @@ pub struct Tuning {
     /// Due jobs published per batch (default 500): one read, concurrent
     /// publishes, one fenced update marking them published.
     pub due_batch: usize,
+    /// How long one round of the due-job publisher goes on starting batches
+    /// (default 1 s; a batch started within it is finished, each publish
+    /// waiting at most the broker's ack timeout). A backlog of a million due
+    /// jobs is worked off over rounds, between which retention gets its turn.
+    /// Cron ticks do not wait for it: the leader enqueues them beside the
+    /// publisher, through PostgreSQL only.
+    pub due_round_budget: Duration,
     /// How often a worker that is not the scheduler leader tries the election
     /// again (default 500 ms); a leader that stopped gracefully is replaced
     /// within this, one that died within its session TTL plus this.
     pub leader_retry: Duration,
-    /// A cron tick older than this when the leader sees it counts as missed
-    /// (default 2 s): missed ticks follow the schedule's
-    /// [`MissedTicks`](crate::MissedTicks) policy, on-time ones are always
-    /// enqueued.
+    /// How late, beyond a leader failover, a cron tick may be when the leader
+    /// first sees it and still be on time (default 2 s). A tick is missed
+    /// only when it is older than
+    /// [`Config::missed_tick_after`](super::Config::missed_tick_after):
+    /// `lease_ttl + leader_retry + schedule_grace` (7.5 s with the defaults),
+    /// because a killed leader's key outlives it by up to the TTL and its
+    /// successor campaigns within `leader_retry`; the 2 s cover the
+    /// successor's election, fence claim and first look. Missed ticks follow
+    /// the schedule's [`MissedTicks`](crate::MissedTicks) policy (a cluster
+    /// down for an hour skips that hour under `Skip`); on-time ones are
+    /// always enqueued.
     pub schedule_grace: Duration,
 }
 
@@ -145,6 +159,7 @@ impl Tuning {
         progress_min_period: Duration::from_millis(100),
         due_poll: Duration::from_millis(250),
         due_batch: 500,
+        due_round_budget: Duration::from_secs(1),
         leader_retry: Duration::from_millis(500),
         schedule_grace: Duration::from_secs(2),
     };
@@ -197,6 +212,9 @@ impl Tuning {
                 "tuning.due_poll",
                 "due_poll and leader_retry must be positive",
             );
+        }
+        if self.due_round_budget.is_zero() {
+            return invalid("tuning.due_round_budget", "must be positive");
         }
         if self.due_batch == 0 {
             return invalid("tuning.due_batch", "must be at least 1");

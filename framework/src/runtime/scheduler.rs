@@ -1,20 +1,33 @@
 //! The scheduler: every worker runs for the namespace's one scheduler leader
 //! (through `lease`: the key `<ns>/leaders/scheduler` under its session
 //! lease). The leader claims the role's fence in PostgreSQL with the key's
-//! token, then, in rounds: enqueues the cron ticks that came (one fenced
-//! transaction per schedule: tick rows + the schedule's last tick), publishes
-//! the due delayed jobs in batches (through `queue`, `Nats-Msg-Id` = job id)
-//! and marks them published (fenced), and sleeps until the earliest `run_at`,
-//! the next tick, or `Tuning::due_poll`, whichever comes first; a committed
-//! transactional enqueue (`Client::enqueue_in`, the outbox) wakes it at once
-//! through a PostgreSQL `NOTIFY` it listens to while it leads. With a
-//! `Config::retention`, it also deletes finished rows past their age, in
-//! batches, fenced, a round at most every `Retention::every`. A worker that
-//! is not leader tries again every `Tuning::leader_retry`.
+//! token, then runs two loops side by side until its session is not
+//! `Healthy`, the fence refuses it, or the worker drains:
+//!
+//! - the ticker enqueues the cron ticks as they come (one fenced transaction
+//!   per schedule: tick rows awaiting publication + the schedule's last
+//!   tick), looking again at the next tick or after `Tuning::due_poll`. It
+//!   needs PostgreSQL only, so a slow or paused NATS, or a backlog of due
+//!   jobs, never makes a tick late. A tick is missed only when it is older
+//!   than [`Config::missed_tick_after`] (a leader failover plus
+//!   `Tuning::schedule_grace`) when the leader first sees it;
+//! - the publisher, in rounds: publishes the due jobs (delayed jobs and
+//!   enqueued ticks) in batches (through `queue`, `Nats-Msg-Id` = job id)
+//!   and marks them published (fenced), starting batches for at most
+//!   `Tuning::due_round_budget`; with a `Config::retention`, deletes
+//!   finished rows past their age, in batches, fenced, a round at most every
+//!   `Retention::every`; then sleeps until the earliest `run_at`, a wake or
+//!   `Tuning::due_poll`. A tick the ticker enqueued and a committed
+//!   transactional enqueue (`Client::enqueue_in`, the outbox, through a
+//!   PostgreSQL `NOTIFY` it listens to while it leads) wake it at once.
+//!
+//! A worker that is not leader tries again every `Tuning::leader_retry`.
 //!
 //! A deposed leader's writes are refused by the fence; a publish it makes
 //! after its successor's is dropped by the broker's duplicate window or
 //! admitted once by the job lock and the job row, so a job never runs twice.
+//!
+//! [`Config::missed_tick_after`]: crate::Config::missed_tick_after
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +59,38 @@ enum RoundError {
     Fence(#[from] FenceError),
 }
 
+/// What one look at the schedules did.
+#[derive(Debug, Default)]
+struct Ticked {
+    /// Tick rows inserted.
+    inserted: u64,
+    /// The earliest next tick of any schedule.
+    next: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// One batch of due jobs: how many were due, how many the broker confirmed.
+#[derive(Debug, Default)]
+struct Batch {
+    due: usize,
+    published: usize,
+}
+
+/// How a publisher round's publishing ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backlog {
+    /// The last batch came back short: nothing more is due.
+    Cleared,
+    /// `Tuning::due_round_budget` passed with full batches: more is due.
+    More,
+    /// The broker confirmed not every publish: retry after `Tuning::due_poll`.
+    Unpublished,
+}
+
+/// How long from now until `t`: zero once it has passed, `None` without a `t`.
+fn until(t: Option<chrono::DateTime<chrono::Utc>>) -> Option<Duration> {
+    t.map(|t| (t - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO))
+}
+
 pub(crate) struct Scheduler {
     pub(crate) shared: Arc<Shared>,
     pub(crate) schedules: Vec<Parsed>,
@@ -75,7 +120,12 @@ impl Scheduler {
         stop.is_cancelled() || self.shared.draining.is_cancelled()
     }
 
-    /// Leads while the session is healthy and the fence accepts us; resigns after.
+    /// Leads while the session is healthy and the fence accepts us; resigns
+    /// after. Leading is three things at once, ended together through
+    /// `leading`: [`Self::end_when_unhealthy`], the ticker
+    /// ([`Self::tick_loop`], PostgreSQL only) and the publisher
+    /// ([`Self::publish_loop`], PostgreSQL and NATS), so a slow broker never
+    /// delays a tick.
     async fn lead(&self, session: &Arc<Session>, lead: Leadership, stop: &CancellationToken) {
         let worker = &self.shared.cfg.worker_id;
         if let Err(e) = self
@@ -89,33 +139,105 @@ impl Scheduler {
             return;
         }
         tracing::info!(token = %lead.token(), "elected scheduler leader");
+        let leading = stop.child_token();
         let wake = Arc::new(Notify::new());
         let listener = self.listen_outbox(wake.clone());
-        let poll = self.shared.cfg.tuning.due_poll;
-        let mut next_prune = Instant::now();
-        while !self.stopped(stop) && session.health() == Health::Healthy {
-            let wait = match self.round(&lead, &mut next_prune).await {
-                Ok(wait) => wait,
-                Err(RoundError::Fence(e @ FenceError::LeaderFencedOut { .. })) => {
-                    tracing::warn!(error = %e, "scheduler leader deposed");
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "scheduler round failed; retrying");
-                    poll
-                }
-            };
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = self.shared.draining.cancelled() => break,
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
-            }
-        }
+        tokio::join!(
+            self.end_when_unhealthy(session, &leading),
+            self.tick_loop(&lead, &leading, &wake),
+            self.publish_loop(&lead, &leading, &wake),
+        );
         listener.abort();
         tracing::info!(token = %lead.token(), "scheduler leader steps down");
         if session.health() != Health::Lost {
             let _ = session.resign(lead).await;
+        }
+    }
+
+    /// Cancels `leading` once the session is not `Healthy` or the worker
+    /// drains; returns when `leading` is cancelled, by it or by a loop.
+    async fn end_when_unhealthy(&self, session: &Session, leading: &CancellationToken) {
+        let mut health = session.watch_health();
+        while *health.borrow_and_update() == Health::Healthy {
+            tokio::select! {
+                _ = leading.cancelled() => return,
+                _ = self.shared.draining.cancelled() => break,
+                changed = health.changed() => if changed.is_err() { break },
+            }
+        }
+        leading.cancel();
+    }
+
+    /// The ticker: enqueues the cron ticks as they come (one fenced
+    /// transaction per schedule), waking the publisher when it inserted
+    /// some, and looks again at the next tick or after `Tuning::due_poll`,
+    /// whichever is first. It needs PostgreSQL only.
+    async fn tick_loop(&self, lead: &Leadership, leading: &CancellationToken, wake: &Notify) {
+        if self.schedules.is_empty() {
+            return;
+        }
+        let poll = self.shared.cfg.tuning.due_poll;
+        while !leading.is_cancelled() {
+            let wait = match self.tick_schedules(lead).await {
+                Ok(ticked) => {
+                    if ticked.inserted > 0 {
+                        wake.notify_one();
+                    }
+                    until(ticked.next).unwrap_or(poll).min(poll)
+                }
+                Err(e) => match self.round_failed(e, leading) {
+                    Some(pause) => pause,
+                    None => return,
+                },
+            };
+            tokio::select! {
+                _ = leading.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// The publisher: publishes due jobs (at most `Tuning::due_round_budget`
+    /// of batches per round), prunes, and sleeps until the earliest `run_at`,
+    /// a wake (a tick enqueued, a committed transactional enqueue) or
+    /// `Tuning::due_poll`. A round cut short by `leading` leaves its
+    /// unmarked jobs awaiting: the next leader publishes them again, and the
+    /// broker's duplicate window drops the copy.
+    async fn publish_loop(&self, lead: &Leadership, leading: &CancellationToken, wake: &Notify) {
+        let mut next_prune = Instant::now();
+        while !leading.is_cancelled() {
+            let round = tokio::select! {
+                _ = leading.cancelled() => return,
+                round = self.publish_round(lead, &mut next_prune) => round,
+            };
+            let wait = match round {
+                Ok(wait) => wait,
+                Err(e) => match self.round_failed(e, leading) {
+                    Some(pause) => pause,
+                    None => return,
+                },
+            };
+            tokio::select! {
+                _ = leading.cancelled() => return,
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// A loop's failed round: a deposed leader ends `leading` (`None`);
+    /// another error is retried after `Tuning::due_poll`.
+    fn round_failed(&self, e: RoundError, leading: &CancellationToken) -> Option<Duration> {
+        match e {
+            RoundError::Fence(e @ FenceError::LeaderFencedOut { .. }) => {
+                tracing::warn!(error = %e, "scheduler leader deposed");
+                leading.cancel();
+                None
+            }
+            e => {
+                tracing::warn!(error = %e, "scheduler round failed; retrying");
+                Some(self.shared.cfg.tuning.due_poll)
+            }
         }
     }
 
@@ -142,16 +264,14 @@ impl Scheduler {
         })
     }
 
-    /// One round: ticks, then due jobs until a batch comes back short; returns
-    /// how long to sleep.
-    async fn round(
+    /// One publisher round: due jobs for at most `Tuning::due_round_budget`,
+    /// then retention if its time came; returns how long to sleep.
+    async fn publish_round(
         &self,
         lead: &Leadership,
         next_prune: &mut Instant,
     ) -> Result<Duration, RoundError> {
-        let next_tick = self.tick_schedules(lead).await?;
-        let batch = self.shared.cfg.tuning.due_batch;
-        while self.publish_due(lead, batch).await? >= batch {}
+        let backlog = self.publish_for_a_while(lead).await?;
         let retention = &self.shared.cfg.retention;
         if retention.prunes_rows() && Instant::now() >= *next_prune {
             let more = self.prune(lead).await?;
@@ -162,11 +282,34 @@ impl Scheduler {
             };
         }
         let poll = self.shared.cfg.tuning.due_poll;
-        let due_in = self.shared.store.next_due_in().await?.unwrap_or(poll);
-        let tick_in = next_tick
-            .and_then(|t| (t - chrono::Utc::now()).to_std().ok())
-            .unwrap_or(poll);
-        Ok(poll.min(due_in).min(tick_in))
+        match backlog {
+            Backlog::More => Ok(Duration::ZERO),
+            Backlog::Unpublished => Ok(poll),
+            Backlog::Cleared => {
+                let due_in = self.shared.store.next_due_in().await?.unwrap_or(poll);
+                Ok(poll.min(due_in))
+            }
+        }
+    }
+
+    /// Publishes batches of due jobs until one comes back short, one fails
+    /// to publish, or `Tuning::due_round_budget` has passed (a batch started
+    /// before then is finished).
+    async fn publish_for_a_while(&self, lead: &Leadership) -> Result<Backlog, RoundError> {
+        let tuning = &self.shared.cfg.tuning;
+        let until = Instant::now() + tuning.due_round_budget;
+        loop {
+            let batch = self.publish_due(lead, tuning.due_batch).await?;
+            if batch.published < batch.due {
+                return Ok(Backlog::Unpublished);
+            }
+            if batch.due < tuning.due_batch {
+                return Ok(Backlog::Cleared);
+            }
+            if Instant::now() >= until {
+                return Ok(Backlog::More);
+            }
+        }
     }
 
     /// Deletes finished rows past their retention ([`Config::retention`]),
@@ -213,29 +356,24 @@ impl Scheduler {
         Ok(more)
     }
 
-    /// Decides and writes every schedule's ticks; returns the earliest next tick.
-    async fn tick_schedules(
-        &self,
-        lead: &Leadership,
-    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, RoundError> {
-        if self.schedules.is_empty() {
-            return Ok(None);
-        }
+    /// Decides and writes every schedule's ticks.
+    async fn tick_schedules(&self, lead: &Leadership) -> Result<Ticked, RoundError> {
         let rows = self.shared.store.schedules().await?;
-        // One `now` per round: schedules with the same expression decide alike.
+        // One `now` per look: schedules with the same expression decide alike.
         let now = chrono::Utc::now();
-        let mut earliest: Option<chrono::DateTime<chrono::Utc>> = None;
+        let mut ticked = Ticked::default();
         for p in &self.schedules {
             let Some(row) = rows.iter().find(|r| r.name == p.def.name()) else {
                 continue;
             };
-            let next = self.tick_one(lead, p, row, now).await?;
-            earliest = match (earliest, next) {
+            let one = self.tick_one(lead, p, row, now).await?;
+            ticked.inserted += one.inserted;
+            ticked.next = match (ticked.next, one.next) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
         }
-        Ok(earliest)
+        Ok(ticked)
     }
 
     async fn tick_one(
@@ -244,11 +382,14 @@ impl Scheduler {
         p: &Parsed,
         row: &ScheduleRow,
         now: chrono::DateTime<chrono::Utc>,
-    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, RoundError> {
+    ) -> Result<Ticked, RoundError> {
         let after = row.last_tick.unwrap_or(row.created_at);
-        let plan = p.plan(after, now, self.shared.cfg.tuning.schedule_grace);
+        let plan = p.plan(after, now, self.shared.cfg.missed_tick_after());
         if plan.last.is_none() && row.next_tick.is_some() {
-            return Ok(plan.next);
+            return Ok(Ticked {
+                inserted: 0,
+                next: plan.next,
+            });
         }
         let batch = TickBatch {
             name: &row.name,
@@ -268,15 +409,18 @@ impl Scheduler {
             tracing::warn!(schedule = %row.name, skipped = plan.skipped, "missed cron ticks skipped");
         }
         tracing::debug!(schedule = %row.name, inserted, "cron ticks enqueued");
-        Ok(plan.next)
+        Ok(Ticked {
+            inserted,
+            next: plan.next,
+        })
     }
 
-    /// Publishes up to `batch` due jobs and marks the published ones (fenced);
-    /// returns how many were due.
-    async fn publish_due(&self, lead: &Leadership, batch: usize) -> Result<usize, RoundError> {
+    /// Publishes up to `batch` due jobs and marks the published ones (fenced).
+    /// Unpublished ones stay awaiting: a later round retries them.
+    async fn publish_due(&self, lead: &Leadership, batch: usize) -> Result<Batch, RoundError> {
         let due = self.shared.store.due_jobs(batch).await?;
         if due.is_empty() {
-            return Ok(0);
+            return Ok(Batch::default());
         }
         let mut published = Vec::with_capacity(due.len());
         for chunk in due.chunks(PUBLISH_CONCURRENCY) {
@@ -294,11 +438,10 @@ impl Scheduler {
             marked,
             "due jobs published"
         );
-        if published.len() < due.len() {
-            // Unpublished ones stay awaiting: the next round retries them.
-            return Ok(0);
-        }
-        Ok(due.len())
+        Ok(Batch {
+            due: due.len(),
+            published: published.len(),
+        })
     }
 
     async fn publish(&self, job: &DueJob) -> Option<crate::JobId> {
