@@ -224,6 +224,7 @@ async fn enqueue_throughput(stack: &DevStack, n: usize) -> Result<Vec<(String, f
     })
     .await?;
     out.push(("enqueue_c64".to_string(), single));
+    out.extend(tombstone_guard_cost(stack, n).await?);
     for b in ENQUEUE_BATCHES {
         let (_, client) = namespace(stack, "bench_enq_many").await?;
         let items: Vec<(String, BenchInput)> = (0..n as u64)
@@ -249,6 +250,33 @@ async fn enqueue_throughput(stack: &DevStack, n: usize) -> Result<Vec<(String, f
         ));
     }
     Ok(out)
+}
+
+/// What the tombstone guard (migration 0014's `jobs_refuse_tombstoned`
+/// trigger) costs an enqueue: `Client::enqueue`, 64 in flight, with the
+/// trigger and without it, alternating twice in fresh namespaces (the best
+/// of two each). The insert's `NOT EXISTS` probe of `job_tombstones` stays in
+/// both.
+async fn tombstone_guard_cost(stack: &DevStack, n: usize) -> Result<Vec<(String, f64)>> {
+    let (mut on, mut off) = (0.0_f64, 0.0_f64);
+    for guarded in [true, false, true, false] {
+        let (ns, client) = namespace(stack, "bench_enq_guard").await?;
+        if !guarded {
+            let sql = format!("ALTER TABLE {ns}.jobs DISABLE TRIGGER jobs_refuse_tombstoned");
+            sqlx::query(&sql).execute(client.store().pool()).await?;
+        }
+        let rate = enqueue(&client, n, |i| BenchInput {
+            n: i,
+            ..BenchInput::default()
+        })
+        .await?;
+        let best = if guarded { &mut on } else { &mut off };
+        *best = best.max(rate);
+    }
+    Ok(vec![
+        ("enqueue_c64_guarded".to_string(), on),
+        ("enqueue_c64_unguarded".to_string(), off),
+    ])
 }
 
 /// The batch sizes of the enqueue benchmark.

@@ -447,7 +447,10 @@ impl Client {
     /// A `pending` or `running` job (one that may have lost its message, say
     /// to a crash of an older version between the DLQ publish and the row
     /// update) is published again as it is, row untouched: a second message for a
-    /// live job is absorbed by admission and the job lock, so this is always safe.
+    /// live job is absorbed by admission and the job lock, and it waits behind
+    /// the owner without counting toward the broker's `MaxDeliver`
+    /// ([`Delivery::hand_back`](crate::blocks::queue::Delivery::hand_back)), so
+    /// this is always safe: the running job's fate does not change.
     ///
     /// # Errors
     /// [`ClientError::NotDead`] for a `done` job, [`FenceError::NotFound`], server

@@ -32,8 +32,15 @@ async fn count_status(client: &Client, schema: &str, status: &str) -> i64 {
     .expect("count")
 }
 
-/// Asserts that each of `jobs` has a DLQ entry whose reason mentions `reason`.
+/// Asserts that each of `jobs` has a DLQ entry whose reason mentions `reason`
+/// (within 10 s: the row is marked dead before its entry is published).
 async fn assert_dead_lettered(client: &Client, jobs: &[JobId], reason: &str) {
+    wait_until(Duration::from_secs(10), || async {
+        let dlq = client.queue().dead_letters(100).await.unwrap();
+        jobs.iter()
+            .all(|id| dlq.iter().any(|d| d.job_id == Some(*id)))
+    })
+    .await;
     let dlq = client.queue().dead_letters(100).await.unwrap();
     for id in jobs {
         let entry = dlq
@@ -457,23 +464,134 @@ async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
+async fn a_job_a_live_session_holds_is_never_given_up_by_the_broker() {
     let stack = stack();
-    let ns = DevStack::unique_namespace("rt_maxdeliver");
+    let ns = DevStack::unique_namespace("rt_maxdeliver_held");
     let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
     cfg.max_deliver = 3;
     let client = Client::connect(&cfg).await.expect("client");
     prepare_schema(&client).await;
     let job_id = client
-        .enqueue::<ThreeStep>("held-forever", &Work::default())
+        .enqueue::<ThreeStep>("held-for-a-while", &Work::default())
         .await
         .unwrap()
         .job_id;
-    // Another session holds the job's lock for the whole test: every delivery is
-    // contended and handed back, until the broker gives up.
+    // Another live session holds the job's lock: every delivery waits behind
+    // it, many times MaxDeliver, and the job's fate does not change.
     let holder = Session::establish(&cfg).await.expect("session");
     assert!(holder.acquire(job_id).await.unwrap().is_acquired());
     let w = three_step_worker(&cfg, &ns, "w").await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let row = client.job(job_id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Pending, "{:?}", row.last_error);
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    assert!(dlq.iter().all(|d| d.job_id != Some(job_id)), "{dlq:?}");
+    // The holder goes: the job runs, with no redrive.
+    holder.close().await.unwrap();
+    assert!(
+        done_within(&client, job_id, Duration::from_secs(30)).await,
+        "the job runs once its lock is free"
+    );
+    w.shutdown().await.unwrap();
+}
+
+/// Takes the one `test.three_step` message twice (MaxDeliver = 2) and
+/// settles it neither time (a worker that crashes before settling), then
+/// pulls once more: the server raises its max-deliveries advisory when a
+/// pull would get the message a third time. What that pull gets, if
+/// anything, is the fresh message a listener publishes for a dead job's
+/// compensation: left unsettled.
+async fn deliver_unsettled_past_max(queue: &tenure::blocks::queue::Queue) {
+    for _ in 0..2 {
+        let got = queue
+            .fetch("test.three_step", 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        drop(got);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+    }
+    queue
+        .fetch("test.three_step", 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+}
+
+/// The broker gives up on a message while a live session holds the job's
+/// lock: the job is not dead, its message is renewed (no dead letter), and
+/// it runs once the holder is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_backstop_renews_the_message_of_a_job_a_live_owner_holds() {
+    let stack = stack();
+    let ns = DevStack::unique_namespace("rt_backstop_held");
+    let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
+    cfg.max_deliver = 2;
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let job_id = client
+        .enqueue::<ThreeStep>("held-unsettled", &Work::default())
+        .await
+        .unwrap()
+        .job_id;
+    let holder = Session::establish(&cfg).await.expect("session");
+    assert!(holder.acquire(job_id).await.unwrap().is_acquired());
+    let queue = tenure::blocks::queue::Queue::provision(&cfg).await.unwrap();
+    let other = Worker::builder(cfg.clone().with_worker_id("other"))
+        .register(Cancellable {
+            schema: ns.clone(),
+            probe: Arc::default(),
+        })
+        .start()
+        .await
+        .expect("worker");
+    deliver_unsettled_past_max(&queue).await;
+    // Long enough for the listener to act (it marks a job nobody holds dead
+    // within seconds: the test below).
+    let dead = wait_until(Duration::from_secs(20), || async {
+        client.job(job_id).await.unwrap().unwrap().status == JobStatus::Dead
+    })
+    .await;
+    assert!(!dead, "the backstop ended a job a live owner holds");
+    let row = client.job(job_id).await.unwrap().unwrap();
+    assert_eq!(row.status, JobStatus::Pending, "{:?}", row.last_error);
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    assert!(dlq.iter().all(|d| d.job_id != Some(job_id)), "{dlq:?}");
+    other.shutdown().await.unwrap();
+    holder.close().await.unwrap();
+    let w = three_step_worker(&cfg, &ns, "w").await;
+    assert!(
+        done_within(&client, job_id, Duration::from_secs(30)).await,
+        "the renewed message runs the job once its lock is free"
+    );
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_nobody_settles_is_given_up_and_its_row_marked_dead() {
+    let stack = stack();
+    let ns = DevStack::unique_namespace("rt_maxdeliver");
+    let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
+    cfg.max_deliver = 2;
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let job_id = client
+        .enqueue::<ThreeStep>("never-settled", &Work::default())
+        .await
+        .unwrap()
+        .job_id;
+    // A consumer that takes the message and neither acks nor naks it (a
+    // worker that crashes before settling), until the broker gives up; the
+    // listener of a worker of another type marks the row.
+    let queue = tenure::blocks::queue::Queue::provision(&cfg).await.unwrap();
+    let w = Worker::builder(cfg.clone().with_worker_id("other"))
+        .register(Cancellable {
+            schema: ns.clone(),
+            probe: Arc::default(),
+        })
+        .start()
+        .await
+        .expect("worker");
+    deliver_unsettled_past_max(&queue).await;
     let dead = wait_until(Duration::from_secs(60), || async {
         matches!(client.job(job_id).await.unwrap(), Some(r) if r.status == JobStatus::Dead)
     })
@@ -489,8 +607,9 @@ async fn a_message_the_broker_gives_up_on_marks_its_row_dead() {
         row.last_error
     );
     assert_dead_lettered(&client, &[job_id], "max_deliveries").await;
-    // Redrive after the holder is gone: the job completes.
-    holder.close().await.unwrap();
+    w.shutdown().await.unwrap();
+    // Redriven to a worker of its type: the job completes.
+    let w = three_step_worker(&cfg, &ns, "w").await;
     assert_eq!(client.redrive(job_id).await.unwrap(), 1);
     assert!(
         done_within(&client, job_id, Duration::from_secs(30)).await,

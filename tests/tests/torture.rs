@@ -10,7 +10,7 @@
 use std::process::Command;
 
 const JOBS: &str = "300";
-const FAULTS: &str = "36"; // three of each of the twelve kinds
+const FAULTS: &str = "42"; // three of each of the fourteen kinds
 const SEED: &str = "7";
 
 struct Summary {
@@ -98,7 +98,7 @@ fn every_kind_injected(all: &str) {
 fn fenced_run_has_no_violation() {
     let (ok, s, all) = run(&[]);
     assert!(ok, "the fenced run failed\n{all}");
-    no_violation(&s, &all, 300, 36);
+    no_violation(&s, &all, 300, 42);
 }
 
 /// A fenced run's verdict: all `jobs` ended, none lost, no double commit, no
@@ -127,17 +127,17 @@ fn unfenced_run_is_caught() {
         s.get("double_commits") > 0 || s.get("token_regressions") > 0,
         "{all}"
     );
-    assert_eq!(s.get("faults"), 36, "{all}");
+    assert_eq!(s.get("faults"), 42, "{all}");
     every_kind_injected(&all);
 }
 
 /// Fewer jobs and one fault of each kind: the two runs of issue 22 stay
 /// well under a minute each.
-const SHORT: [&str; 4] = ["--jobs", "120", "--faults", "12"];
+const SHORT: [&str; 4] = ["--jobs", "120", "--faults", "14"];
 
-/// Partition mode: two of each of the fourteen kinds (the twelve, plus
+/// Partition mode: two of each of the sixteen kinds (the fourteen, plus
 /// `worker_join` and `worker_leave_graceful`).
-const PARTITIONED: [&str; 6] = ["--jobs", "300", "--faults", "28", "--partitions", "8"];
+const PARTITIONED: [&str; 6] = ["--jobs", "300", "--faults", "32", "--partitions", "8"];
 
 #[test]
 fn partition_mode_fenced_run_has_no_violation() {
@@ -147,7 +147,7 @@ fn partition_mode_fenced_run_has_no_violation() {
         all.contains("torture: mode=fenced target=postgres partitions=8"),
         "{all}"
     );
-    no_violation(&s, &all, 300, 28);
+    no_violation(&s, &all, 300, 32);
     assert!(
         all.contains("worker_join=2") && all.contains("worker_leave_graceful=2"),
         "{all}"
@@ -165,7 +165,7 @@ fn partition_mode_unfenced_run_is_caught() {
         s.get("double_commits") > 0 || s.get("token_regressions") > 0,
         "{all}"
     );
-    assert_eq!(s.get("faults"), 28, "{all}");
+    assert_eq!(s.get("faults"), 32, "{all}");
 }
 
 /// MariaDB as the fenced resource: the transfers' accounts and history in
@@ -183,7 +183,7 @@ fn mariadb_target_fenced_run_has_no_violation() {
     assert_eq!(s.get("token_regressions"), 0, "{all}");
     assert_eq!(history_field(&all, "ledger_violations"), 0, "{all}");
     assert_eq!(s.get("done") + s.get("dead"), 120, "{all}");
-    assert_eq!(s.get("faults"), 12, "{all}");
+    assert_eq!(s.get("faults"), 14, "{all}");
 }
 
 /// The seed's warning, shown: the same jobs and faults, protected by a Redis
@@ -205,7 +205,7 @@ fn redis_lock_run_is_caught() {
         s.get("double_commits") > 0 || history_field(&all, "ledger_violations") > 0,
         "{all}"
     );
-    assert_eq!(s.get("faults"), 12, "{all}");
+    assert_eq!(s.get("faults"), 14, "{all}");
 }
 
 /// A numeric field of the `torture: history_rows=...` line.

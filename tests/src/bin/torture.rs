@@ -695,6 +695,8 @@ enum Fault {
     SlowKeepalive,
     EtcdRestore,
     EtcdRestoreBumped,
+    OperatorRedriveRunning,
+    NatsPause,
     WorkerJoin,
     WorkerLeaveGraceful,
 }
@@ -709,7 +711,7 @@ impl Fault {
         Fault::ALL.iter().chain(moves).copied().collect()
     }
 
-    const ALL: [Fault; 12] = [
+    const ALL: [Fault; 14] = [
         Fault::WorkerPause,
         Fault::WorkerKill,
         Fault::KillAfterCommit,
@@ -722,6 +724,8 @@ impl Fault {
         Fault::SlowKeepalive,
         Fault::EtcdRestore,
         Fault::EtcdRestoreBumped,
+        Fault::OperatorRedriveRunning,
+        Fault::NatsPause,
     ];
 
     fn name(self) -> &'static str {
@@ -738,6 +742,8 @@ impl Fault {
             Fault::SlowKeepalive => "slow_keepalives",
             Fault::EtcdRestore => "etcd_restore",
             Fault::EtcdRestoreBumped => "etcd_restore_bumped",
+            Fault::OperatorRedriveRunning => "operator_redrive_running",
+            Fault::NatsPause => "nats_pause",
             Fault::WorkerJoin => "worker_join",
             Fault::WorkerLeaveGraceful => "worker_leave_graceful",
         }
@@ -777,6 +783,8 @@ struct Run {
     /// handed out before the restore. Revisions in between are handed out again,
     /// so a regression alarm on one of them is expected.
     reused_revisions: Vec<(i64, i64)>,
+    /// The operator's client (redrives).
+    client: Client,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -1148,6 +1156,14 @@ impl Run {
                 self.restore_etcd(f == Fault::EtcdRestoreBumped, rng)
                     .await?;
             }
+            Fault::OperatorRedriveRunning => self.redrive_running().await?,
+            Fault::NatsPause => {
+                // Publishes, fetches and acks stall; leases go on.
+                self.stack.nats().pause()?;
+                tokio::time::sleep(ms(rng, Duration::from_millis(500), ttl * 2)).await;
+                self.stack.nats().resume()?;
+                self.ready().await?;
+            }
             Fault::WorkerJoin => {
                 let spare = self.args.workers;
                 if self.slots[spare].active {
@@ -1165,6 +1181,28 @@ impl Run {
             }
         }
         self.count(f);
+        Ok(())
+    }
+}
+
+impl Run {
+    /// An operator redrives up to three running jobs (the doc calls it always
+    /// safe): a second message for each, which must change nothing.
+    async fn redrive_running(&self) -> anyhow::Result<()> {
+        let sql = format!(
+            "SELECT id FROM {}.jobs WHERE status = 'running' ORDER BY random() LIMIT 3",
+            self.ns
+        );
+        let ids: Vec<sqlx::types::Uuid> = sqlx::query_scalar(&sql)
+            .fetch_all(self.client.store().pool())
+            .await?;
+        for id in ids {
+            match self.client.redrive(JobId::from_uuid(id)).await {
+                // Finished meanwhile: nothing to redrive.
+                Ok(_) | Err(tenure::ClientError::NotDead { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         Ok(())
     }
 }
@@ -1364,6 +1402,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         unexpected_exits: 0,
         mysql_url: mariadb.as_ref().map(|(url, _)| url.clone()),
         reused_revisions: Vec::new(),
+        client: client.clone(),
     };
     let mariadb = mariadb.map(|(_, fence)| fence);
     for i in 0..args.workers {
