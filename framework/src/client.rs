@@ -3,6 +3,7 @@
 //! [`queue`](crate::queue) (messages); neither of those knows the other.
 
 mod batch;
+mod mode;
 mod outbox;
 
 pub use batch::{BatchError, EnqueueItemError, ItemResult};
@@ -11,6 +12,8 @@ use crate::fence::{Cancelled, FenceError, FenceStore, Inserted, JobRow, JobStatu
 use crate::job::Job;
 use crate::queue::{Queue, QueueError};
 use crate::{Config, JobId};
+
+use mode::ModeCheck;
 
 /// Errors of the client.
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +156,7 @@ pub struct Client {
     store: FenceStore,
     queue: Queue,
     max_delay: std::time::Duration,
+    mode: ModeCheck,
 }
 
 impl Client {
@@ -160,17 +164,29 @@ impl Client {
     /// yet are created from `cfg` (a producer may start before any worker);
     /// existing ones are left as the workers set them up.
     ///
+    /// The namespace's recorded way of owning jobs ([`Config::partitions`])
+    /// is checked here: another one is refused. If nothing is recorded yet
+    /// (the schema is not migrated, or was migrated by
+    /// [`FenceStore::migrate`] alone), connecting records nothing, so a
+    /// client that only reads never decides the mode: [`Client::migrate`] or
+    /// the client's first enqueue or redrive records it, or is refused with
+    /// [`FenceError::PartitionsChanged`] if a worker or another client
+    /// recorded another one first. Once a match is seen, publishing costs no
+    /// further check (the record never changes).
+    ///
     /// # Errors
-    /// Invalid configuration or an unreachable server.
+    /// Invalid configuration, an unreachable server, or
+    /// [`FenceError::PartitionsChanged`] (as [`ClientError::Fence`]).
     pub async fn connect(cfg: &Config) -> Result<Self, ClientError> {
         cfg.validate()?;
         let store = FenceStore::connect(cfg).await?;
         // A producer publishing to the wrong subjects would strand its jobs.
-        store.check_partitions(cfg.partitions).await?;
+        let mode = ModeCheck::at_connect(&store, cfg.partitions).await?;
         Ok(Client {
             store,
             queue: Queue::connect_or_create(cfg).await?,
             max_delay: cfg.max_delay,
+            mode,
         })
     }
 
@@ -183,10 +199,13 @@ impl Client {
     /// records another way.
     pub async fn migrate(&self) -> Result<(), ClientError> {
         self.store.migrate().await?;
-        Ok(self
-            .store
-            .record_partitions(self.queue.partitions())
-            .await?)
+        Ok(self.mode.record(&self.store).await?)
+    }
+
+    /// Before a publish path writes anything: the namespace records this
+    /// client's way of owning jobs (see [`Client::connect`]).
+    async fn check_mode(&self) -> Result<(), ClientError> {
+        Ok(self.mode.before_publish(&self.store).await?)
     }
 
     /// Enqueues a job of type `J` under `idempotency_key`.
@@ -203,13 +222,16 @@ impl Client {
     ///
     /// # Errors
     /// [`FenceError::PayloadConflict`] when the key exists with another input;
-    /// server errors.
+    /// [`FenceError::PartitionsChanged`] when the namespace records another
+    /// way of owning jobs than this client's (checked before anything is
+    /// written; see [`Client::connect`]); server errors.
     pub async fn enqueue<J: Job>(
         &self,
         idempotency_key: &str,
         input: &J::Input,
     ) -> Result<Enqueued, ClientError> {
         let value = input_value::<J>(input)?;
+        self.check_mode().await?;
         let job_id = JobId::from_key(J::NAME, idempotency_key);
         let inserted = self
             .store
@@ -232,6 +254,7 @@ impl Client {
         idempotency_key: &str,
         input: serde_json::Value,
     ) -> Result<Enqueued, ClientError> {
+        self.check_mode().await?;
         let job_id = JobId::from_key(job_type, idempotency_key);
         let inserted = self.store.insert_job(job_id, job_type, &input).await?;
         self.publish_unless_waiting(job_id, job_type, inserted, false, input)
@@ -288,6 +311,7 @@ impl Client {
             return Err(self.too_long(ahead));
         }
         let value = input_value::<J>(input)?;
+        self.check_mode().await?;
         let job_id = JobId::from_key(J::NAME, idempotency_key);
         let inserted = self
             .store
@@ -453,9 +477,11 @@ impl Client {
     /// this is always safe: the running job's fate does not change.
     ///
     /// # Errors
-    /// [`ClientError::NotDead`] for a `done` job, [`FenceError::NotFound`], server
+    /// [`ClientError::NotDead`] for a `done` job, [`FenceError::NotFound`],
+    /// [`FenceError::PartitionsChanged`] (as for [`Client::enqueue`]), server
     /// errors.
     pub async fn redrive(&self, job_id: JobId) -> Result<usize, ClientError> {
+        self.check_mode().await?;
         let row = self
             .store
             .job(job_id)

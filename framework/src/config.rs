@@ -124,9 +124,15 @@ pub struct Config {
     /// partitions by job id ([`JobId::partition`](crate::JobId::partition)),
     /// workers own partitions through etcd and run their jobs under the
     /// partition's token, with no etcd request per job. `None` (default):
-    /// one etcd lock per job. The namespace records the choice the first time
-    /// a worker or client connects and refuses a different one later
-    /// ([`FenceError::PartitionsChanged`](crate::fence::FenceError::PartitionsChanged)).
+    /// one etcd lock per job. The namespace records the choice once, at the
+    /// first worker start, [`Client::migrate`](crate::Client::migrate) or
+    /// client publish (enqueue or redrive), and never changes it; a different
+    /// one is refused from then on with
+    /// [`FenceError::PartitionsChanged`](crate::fence::FenceError::PartitionsChanged):
+    /// by a worker's start, by [`Client::connect`](crate::Client::connect),
+    /// and by every publish of a client that connected before the record
+    /// (checked before anything is written, so no job waits on a subject no
+    /// worker consumes).
     /// 1 to [`MAX_PARTITIONS`]; sizing in `guide::production`.
     pub partitions: Option<u32>,
     /// Default number of lost owners before a job goes to the DLQ.

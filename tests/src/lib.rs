@@ -74,10 +74,16 @@ pub async fn three_step_worker(cfg: &Config, ns: &str, id: &str) -> tenure::Work
         .expect("worker")
 }
 
-/// Migrates `cfg.schema` and creates the test tables (`step_log`, guarded).
+/// Migrates `cfg.schema` (recording the client's way of owning jobs) and
+/// creates the test tables (`step_log`, guarded).
 pub async fn prepare_schema(client: &tenure::Client) {
     client.migrate().await.expect("migrate");
-    let schema = client.store().schema().to_string();
+    create_test_tables(client.store()).await;
+}
+
+/// Creates the test tables (`step_log`, guarded) in `store`'s migrated schema.
+pub async fn create_test_tables(store: &tenure::blocks::fence::FenceStore) {
+    let schema = store.schema().to_string();
     sqlx::query(&format!(
         "CREATE TABLE IF NOT EXISTS {schema}.step_log (
             job_id uuid NOT NULL,
@@ -86,11 +92,10 @@ pub async fn prepare_schema(client: &tenure::Client) {
             worker text NOT NULL,
             at timestamptz NOT NULL DEFAULT now())"
     ))
-    .execute(client.store().pool())
+    .execute(store.pool())
     .await
     .expect("create step_log");
-    client
-        .store()
+    store
         .install_guard(&format!("{schema}.step_log"))
         .await
         .expect("guard step_log");

@@ -8,13 +8,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use tenure::blocks::fence::FenceError;
+use tenure::blocks::fence::{FenceError, FenceStore};
 use tenure::blocks::lease::Session;
 use tenure::devstack::DevStack;
 use tenure::{Client, ClientError, Config, JobId, JobStatus, WorkerError};
 use tenure_tests::{
-    ChildWorker, ThreeStep, Work, config_for, double_commits, init_logs, prepare_schema,
-    three_step_worker, wait_until,
+    ChildWorker, ThreeStep, Work, config_for, create_test_tables, double_commits, init_logs,
+    prepare_schema, three_step_worker, wait_until,
 };
 
 /// A fresh namespace in partition mode with `partitions` partitions, on the
@@ -304,4 +304,128 @@ async fn a_burst_on_idle_partitions_loses_no_delivery_to_ack_wait() {
     assert!(took < ttl, "{took:?}: a delivery waited for AckWait");
     observer.close().await.expect("close observer");
     worker.shutdown().await.expect("shutdown");
+}
+
+/// A namespace whose schema was applied by [`FenceStore::migrate`] alone
+/// (as a migration tool would): every table, and no way of owning jobs
+/// recorded yet. Its config asks for one lock per job.
+async fn unrecorded(prefix: &str) -> (String, Config) {
+    let stack = DevStack::shared().expect("dev stack");
+    let ns = DevStack::unique_namespace(prefix);
+    let cfg = config_for(stack, &ns, Duration::from_secs(10));
+    let store = FenceStore::connect(&cfg).await.expect("store");
+    store.migrate().await.expect("migrate");
+    create_test_tables(&store).await;
+    assert_eq!(store.recorded_partitions().await.expect("record"), None);
+    (ns, cfg)
+}
+
+fn refused_as_partitioned<T: std::fmt::Debug>(r: &Result<T, ClientError>) -> bool {
+    matches!(
+        r,
+        Err(ClientError::Fence(FenceError::PartitionsChanged {
+            recorded: None,
+            configured: Some(16)
+        }))
+    )
+}
+
+/// A producer with `partitions = Some(16)` enqueues on a namespace that
+/// records no mode, then a worker with one lock per job starts: the job must
+/// not wait forever on subjects nobody consumes. Either the enqueue is
+/// refused, or the job runs (on a worker of the mode the namespace took).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_producer_first_on_an_unrecorded_namespace_strands_no_job() {
+    init_logs();
+    let (ns, cfg) = unrecorded("part_first").await;
+    let producer = Client::connect(&cfg.clone().with_partitions(16))
+        .await
+        .expect("producer");
+    let job = match producer
+        .enqueue::<ThreeStep>("first-0", &Work::default())
+        .await
+    {
+        Err(ClientError::Fence(e @ FenceError::PartitionsChanged { .. })) => {
+            eprintln!("enqueue refused: {e}");
+            return;
+        }
+        Err(e) => panic!("enqueue: {e}"),
+        Ok(e) => e.job_id,
+    };
+    let lock_mode = tenure::Worker::builder(cfg.clone().with_worker_id("w-lock"))
+        .register(ThreeStep {
+            worker: "w-lock".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await;
+    let worker = match lock_mode {
+        Ok(w) => {
+            eprintln!("the one-lock-per-job worker started");
+            w
+        }
+        Err(WorkerError::Fence(
+            e @ FenceError::PartitionsChanged {
+                recorded: Some(16),
+                configured: None,
+            },
+        )) => {
+            eprintln!("the one-lock-per-job worker refused: {e}");
+            three_step_worker(&cfg.clone().with_partitions(16), &ns, "w-part").await
+        }
+        Err(e) => panic!("worker: {e}"),
+    };
+    let done = all_done(&producer, &[job], Duration::from_secs(20)).await;
+    let row = producer.job(job).await.expect("row").expect("job row");
+    worker.shutdown().await.expect("shutdown");
+    assert!(done, "the producer's job never ran: {:?}", row.status);
+}
+
+/// A client connected while the namespace recorded no mode stays connected
+/// while a worker records another one: every publish path of it is then the
+/// typed error, and nothing is stored (no job waits on a subject nobody
+/// consumes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_lived_client_is_refused_once_a_worker_recorded_another_mode() {
+    init_logs();
+    let (ns, cfg) = unrecorded("part_later").await;
+    let producer = Client::connect(&cfg.clone().with_partitions(16))
+        .await
+        .expect("producer");
+    let worker = three_step_worker(&cfg, &ns, "w").await;
+    let w = Work::default();
+    let json = serde_json::to_value(&w).expect("json");
+    let name = <ThreeStep as tenure::Job>::NAME;
+    let one = producer.enqueue::<ThreeStep>("later-0", &w).await;
+    assert!(refused_as_partitioned(&one), "enqueue: {one:?}");
+    let by_name = producer.enqueue_json(name, "later-1", json.clone()).await;
+    assert!(
+        refused_as_partitioned(&by_name),
+        "enqueue_json: {by_name:?}"
+    );
+    let later = producer
+        .enqueue_after::<ThreeStep>("later-2", &w, Duration::from_secs(1))
+        .await;
+    assert!(refused_as_partitioned(&later), "enqueue_after: {later:?}");
+    let many = producer
+        .enqueue_many::<ThreeStep>(&[("later-3", w.clone())])
+        .await;
+    assert!(refused_as_partitioned(&many), "enqueue_many: {many:?}");
+    let mut tx = producer.store().pool().begin().await.expect("begin");
+    let outbox = producer
+        .enqueue_in::<ThreeStep>(&mut tx, "later-4", &w)
+        .await;
+    assert!(refused_as_partitioned(&outbox), "enqueue_in: {outbox:?}");
+    // The caller's transaction is still usable: the check did not run in it.
+    sqlx::query("SELECT 1")
+        .execute(&mut *tx)
+        .await
+        .expect("transaction still usable");
+    tx.commit().await.expect("commit");
+    let stored: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {ns}.jobs"))
+        .fetch_one(producer.store().pool())
+        .await
+        .expect("count");
+    worker.shutdown().await.expect("shutdown");
+    assert_eq!(stored, 0, "rows stored by a refused client");
 }

@@ -110,7 +110,10 @@ impl Client {
     /// ```
     ///
     /// # Errors
-    /// A database error (nothing enqueued). Per item: see [`EnqueueItemError`].
+    /// A database error or
+    /// [`FenceError::PartitionsChanged`](crate::fence::FenceError::PartitionsChanged)
+    /// (as for [`Client::enqueue`]), nothing enqueued. Per item: see
+    /// [`EnqueueItemError`].
     pub async fn enqueue_many<J: Job>(
         &self,
         items: &[(impl AsRef<str>, J::Input)],
@@ -156,6 +159,7 @@ impl Client {
         all_or_nothing: bool,
     ) -> Result<Vec<ItemResult>, ClientError> {
         crate::queue::validate_job_type(job_type)?;
+        self.check_mode().await?;
         let mut out: Vec<Option<ItemResult>> = Vec::with_capacity(prepared.len());
         let mut values = Vec::with_capacity(prepared.len());
         for (i, p) in prepared.into_iter().enumerate() {

@@ -47,7 +47,10 @@ impl Client {
     /// [`ClientError::Input`] (nothing written); the job type is not valid
     /// ([`ClientError::Queue`], nothing written); as [`Client::enqueue`]
     /// otherwise. A database error aborts your transaction, as any failed
-    /// statement does.
+    /// statement does; the check of the namespace's way of owning jobs
+    /// ([`FenceError::PartitionsChanged`](crate::blocks::fence::FenceError::PartitionsChanged))
+    /// runs on the client's own pool before anything is written, so it never
+    /// aborts yours.
     pub async fn enqueue_in<J: Job>(
         &self,
         conn: &mut PgConnection,
@@ -84,6 +87,9 @@ impl Client {
         steps: Option<&[StepInfo]>,
     ) -> Result<Enqueued, ClientError> {
         crate::queue::validate_job_type(job_type)?;
+        // On the client's pool, not on `conn`: a failed check leaves the
+        // caller's transaction usable.
+        self.check_mode().await?;
         let job_id = JobId::from_key(job_type, idempotency_key);
         let inserted = self
             .store()

@@ -300,10 +300,13 @@ impl WorkerBuilder {
     /// and etcd (granting the session), then starts the actor tree.
     ///
     /// The schema is not migrated here: call [`crate::Client::migrate`] once.
+    /// The worker records its way of owning jobs ([`Config::partitions`]) if
+    /// the namespace has none yet, and refuses to start under another one.
     ///
     /// # Errors
-    /// Invalid configuration, no or duplicate job types, or a server that cannot be
-    /// reached.
+    /// Invalid configuration, no or duplicate job types,
+    /// [`FenceError::PartitionsChanged`] (as [`WorkerError::Fence`]), or a
+    /// server that cannot be reached.
     pub async fn start(self) -> Result<Worker, WorkerError> {
         self.cfg.validate()?;
         if let Some(name) = self.duplicate {
@@ -322,6 +325,9 @@ impl WorkerBuilder {
             None => Metrics::global(&cfg.worker_id),
         };
         let store = FenceStore::connect(&cfg).await?;
+        // Recorded or matched here, once: the record never changes, so every
+        // publish of this worker (the scheduler's due jobs, a compensation's
+        // republish) uses the namespace's way of owning jobs for its life.
         store.record_partitions(cfg.partitions).await?;
         let schedules = register_schedules(&store, schedules).await?;
         let queue = Queue::provision(&cfg).await?;

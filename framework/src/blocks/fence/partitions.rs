@@ -18,11 +18,14 @@ use super::{FenceError, FenceStore};
 impl FenceStore {
     /// Records `configured` (`Config::partitions`; `None`: one lock per job)
     /// as the namespace's way of owning jobs if nothing is recorded yet, and
-    /// checks it against the record otherwise.
+    /// checks it against the record otherwise. The record is written once and
+    /// never changed: nothing in Tenure updates or deletes it, so a match
+    /// found once holds for the life of the namespace.
     ///
     /// # Errors
     /// [`FenceError::PartitionsChanged`] when the record differs;
-    /// [`FenceError::Db`].
+    /// [`FenceError::Db`] (also on a schema not migrated yet: no table to
+    /// record in).
     pub async fn record_partitions(&self, configured: Option<u32>) -> Result<(), FenceError> {
         let t = self.table("partitioning");
         let count = i32::try_from(configured.unwrap_or(0)).unwrap_or(i32::MAX);
@@ -43,18 +46,21 @@ impl FenceStore {
         }
     }
 
-    /// Checks `configured` against the namespace's record, if there is one
-    /// (a schema not migrated yet has none: nothing to check).
+    /// Checks `configured` against the namespace's record, if there is one.
+    /// Returns `true` when the record matches, `false` when there is none yet
+    /// (a schema not migrated yet, or migrated by [`FenceStore::migrate`]
+    /// alone, which records nothing): nothing to check against, and nothing
+    /// recorded here either (see [`record_partitions`](Self::record_partitions)).
     ///
     /// # Errors
     /// [`FenceError::PartitionsChanged`]; [`FenceError::Db`].
-    pub async fn check_partitions(&self, configured: Option<u32>) -> Result<(), FenceError> {
+    pub async fn check_partitions(&self, configured: Option<u32>) -> Result<bool, FenceError> {
         let recorded = match self.recorded_partitions().await {
             Ok(r) => r,
             Err(FenceError::Db(sqlx::Error::Database(e)))
                 if e.code().as_deref() == Some("42P01") =>
             {
-                return Ok(());
+                return Ok(false);
             }
             Err(e) => return Err(e),
         };
@@ -63,7 +69,8 @@ impl FenceStore {
                 recorded,
                 configured,
             }),
-            _ => Ok(()),
+            Some(_) => Ok(true),
+            None => Ok(false),
         }
     }
 
