@@ -358,14 +358,25 @@ impl Client {
                 }
             }
         }
-        let payload = serde_json::to_vec(&input).map_err(|source| ClientError::Input {
+        self.publish_json(job_id, job_type, &input).await?;
+        Ok(Enqueued { job_id, duplicate })
+    }
+
+    /// Publishes job `job_id`'s message (`Nats-Msg-Id` = its id) with `input`.
+    async fn publish_json(
+        &self,
+        job_id: JobId,
+        job_type: &str,
+        input: &serde_json::Value,
+    ) -> Result<(), ClientError> {
+        let payload = serde_json::to_vec(input).map_err(|source| ClientError::Input {
             job_type: "json",
             source,
         })?;
         self.queue
             .publish_job(job_id, job_type, payload.into())
             .await?;
-        Ok(Enqueued { job_id, duplicate })
+        Ok(())
     }
 
     /// The job's row.

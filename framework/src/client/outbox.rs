@@ -101,16 +101,19 @@ impl Client {
                 duplicate: false,
             }),
             // An unfinished duplicate may have lost its message: republished
-            // as `enqueue` does (the row is committed: the insert waited for it).
+            // as `enqueue` does. Read on `conn`: a row this very transaction
+            // inserted is `awaiting_publish` there (the leader publishes it
+            // after the commit), invisible on the pool.
             crate::fence::Inserted::Existing => {
-                self.publish_unless_waiting(
+                let row = self.store().job_on(conn, job_id).await?;
+                let waiting = row.is_none_or(|r| r.status.is_terminal() || r.awaiting_publish);
+                if !waiting {
+                    self.publish_json(job_id, job_type, &input).await?;
+                }
+                Ok(Enqueued {
                     job_id,
-                    job_type,
-                    crate::fence::Inserted::Existing,
-                    false,
-                    input,
-                )
-                .await
+                    duplicate: true,
+                })
             }
             crate::fence::Inserted::Pruned(_) => Ok(Enqueued {
                 job_id,

@@ -168,6 +168,23 @@ impl FenceStore {
         row.as_ref().map(job_row).transpose()
     }
 
+    /// Reads one job row on `conn`: inside the caller's transaction, a row it
+    /// inserted itself and has not committed is seen.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`], [`FenceError::Corrupt`].
+    pub async fn job_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        id: JobId,
+    ) -> Result<Option<JobRow>, FenceError> {
+        let row = sqlx::query(&self.sql.job)
+            .bind(id.as_uuid())
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(job_row).transpose()
+    }
+
     /// Reads the job rows of `ids` in one query (ids without a row are simply
     /// missing from the answer; the order is unspecified).
     ///
