@@ -114,6 +114,25 @@ fn no_violation(s: &Summary, all: &str, jobs: i64, faults: i64) {
     assert_eq!(history_field(all, "unexplained_alarms"), 0, "{all}");
     assert_eq!(s.get("faults"), faults, "{all}");
     every_kind_injected(all);
+    // The cron schedule ran through the faults: no tick skipped, lost or
+    // committed twice.
+    for k in ["skipped", "missing", "unfinished", "twice"] {
+        assert_eq!(cron_field(all, k), 0, "cron {k}\n{all}");
+    }
+    assert!(cron_field(all, "ticks") > 0, "no cron tick ran\n{all}");
+}
+
+/// A numeric field of the `torture: cron ...` line.
+fn cron_field(all: &str, k: &str) -> i64 {
+    let line = all
+        .lines()
+        .find(|l| l.starts_with("torture: cron "))
+        .expect("the cron line");
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(key, _)| *key == k)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("{k} missing in {line}"))
 }
 
 #[test]

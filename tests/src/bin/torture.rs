@@ -74,6 +74,8 @@ use tokio::time::Instant;
 
 #[path = "../torture/cancel.rs"]
 mod cancel;
+#[path = "../torture/cron.rs"]
+mod cron;
 #[path = "../torture/redis_lock.rs"]
 mod redis_lock;
 #[path = "../torture/resource.rs"]
@@ -514,8 +516,14 @@ async fn tenure_worker(
             pause: pause.clone(),
             mariadb: mariadb.clone(),
         };
+        let tick = cron::Tick {
+            worker: id.clone(),
+            schema: ns.clone(),
+        };
         match Worker::builder(cfg.clone())
             .register(job)
+            .register(tick)
+            .schedule_with::<cron::Tick>(cron::schedule(), &())
             .observer(recorder.clone())
             .start()
             .await
@@ -1297,7 +1305,7 @@ async fn setup_schema(client: &Client, s: &str, guard: bool) -> anyhow::Result<(
             .install_guard(&format!("{s}.history"))
             .await?;
     }
-    Ok(())
+    cron::setup(client, s, guard).await
 }
 
 #[derive(Debug, Default)]
@@ -1504,7 +1512,8 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             let s = &s;
             async move {
                 Ok(sqlx::query_scalar(&format!(
-                    "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead', 'cancelled')"
+                    "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead', 'cancelled') \
+                       AND job_type = 'torture.transfer'"
                 ))
                 .fetch_one(client.store().pool())
                 .await?)
@@ -1525,6 +1534,12 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             v = check(&client, &s, mariadb.as_ref(), &ids, &dir, &cancels.results).await?;
         }
         v
+    };
+    // The cron schedule (Tenure's modes: the Redis runner has no scheduler).
+    let cron = if args.mode == RunMode::RedisLock {
+        cron::Verdict::default()
+    } else {
+        cron::check(&client, &s, Duration::from_secs(30)).await?
     };
     for id in &verdict.lost_ids {
         diagnose(&client, &s, *id, &dir).await;
@@ -1565,6 +1580,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         started.elapsed().as_secs_f64(),
         args.mode.name()
     );
+    println!("{}", cron.line());
     println!(
         "torture: mode={} target={} partitions={}",
         args.mode.name(),
@@ -1600,7 +1616,8 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
                 || verdict.cancel_violations != 0
                 || verdict.ledger_violations != 0
                 || verdict.unconfirmed_commits != 0
-                || alarms.unexplained != 0,
+                || alarms.unexplained != 0
+                || !cron.clean(),
         )
     };
     if code == 0 && std::env::var_os("TORTURE_KEEP").is_none() {
@@ -1645,7 +1662,9 @@ async fn check(
     let pool = client.store().pool();
     let mut v = Verdict::default();
     let rows: Vec<(sqlx::types::Uuid, String, Option<String>)> =
-        sqlx::query_as(&format!("SELECT id, status, last_error FROM {s}.jobs"))
+        sqlx::query_as(&format!(
+            "SELECT id, status, last_error FROM {s}.jobs WHERE job_type = 'torture.transfer'"
+        ))
             .fetch_all(pool)
             .await?;
     let rows: HashMap<_, _> = rows.into_iter().map(|(id, st, e)| (id, (st, e))).collect();
@@ -1697,7 +1716,8 @@ async fn check(
         .iter()
         .map(|h| (h.job.to_string(), h.step.to_string(), h.token.to_string()))
         .collect();
-    worker_records(dir, &history, &mut v)?;
+    let transfers: HashSet<String> = ids.iter().map(ToString::to_string).collect();
+    worker_records(dir, &history, &transfers, &mut v)?;
     Ok(v)
 }
 
@@ -1722,9 +1742,12 @@ async fn dead_lettered(client: &Client) -> anyhow::Result<HashSet<sqlx::types::U
 
 /// The workers' own records of attempted commits: every `C` must have its
 /// history row.
+/// The workers' commit and refusal records of the transfers (the cron
+/// ticks' are checked by `cron::check`).
 fn worker_records(
     dir: &Path,
     history: &HashSet<(String, String, String)>,
+    transfers: &HashSet<String>,
     v: &mut Verdict,
 ) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(dir)? {
@@ -1738,6 +1761,9 @@ fn worker_records(
             let [kind, job, step, token] = parts[..] else {
                 continue;
             };
+            if !transfers.contains(job) {
+                continue;
+            }
             match kind {
                 "C" => {
                     v.accepted_reported += 1;
