@@ -615,6 +615,17 @@ impl Proxy {
     fn set(&self, m: Mode) {
         self.mode.send_replace(m);
     }
+
+    /// A proxy for the one server of `url` (`scheme://[user@]127.0.0.1:PORT[/..]`)
+    /// and `url` rewritten to go through it.
+    async fn relay_url(url: &str) -> anyhow::Result<(Proxy, String)> {
+        let (_, rest) = url.split_once("://").context("a URL with a scheme")?;
+        let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+        let host_port = authority.rsplit('@').next().unwrap_or(authority);
+        let proxy = Proxy::start(&[format!("http://{host_port}")]).await?;
+        let via = proxy.addrs[0].trim_start_matches("http://").to_string();
+        Ok((proxy, url.replacen(host_port, &via, 1)))
+    }
 }
 
 async fn accept_loop(listener: TcpListener, target: String, rx: watch::Receiver<Mode>) {
@@ -705,13 +716,20 @@ enum Fault {
     EtcdRestoreBumped,
     OperatorRedriveRunning,
     NatsPause,
+    WorkerCutFromPostgres,
+    WorkerCutFromNats,
     WorkerJoin,
     WorkerLeaveGraceful,
+    EtcdPauseDuringHandover,
 }
 
 impl Fault {
-    /// Partition mode's two more kinds (`--partitions`).
-    const MOVES: [Fault; 2] = [Fault::WorkerJoin, Fault::WorkerLeaveGraceful];
+    /// Partition mode's three more kinds (`--partitions`).
+    const MOVES: [Fault; 3] = [
+        Fault::WorkerJoin,
+        Fault::WorkerLeaveGraceful,
+        Fault::EtcdPauseDuringHandover,
+    ];
 
     /// The kinds a run injects.
     fn kinds(partitions: bool) -> Vec<Fault> {
@@ -719,7 +737,7 @@ impl Fault {
         Fault::ALL.iter().chain(moves).copied().collect()
     }
 
-    const ALL: [Fault; 14] = [
+    const ALL: [Fault; 16] = [
         Fault::WorkerPause,
         Fault::WorkerKill,
         Fault::KillAfterCommit,
@@ -734,6 +752,8 @@ impl Fault {
         Fault::EtcdRestoreBumped,
         Fault::OperatorRedriveRunning,
         Fault::NatsPause,
+        Fault::WorkerCutFromPostgres,
+        Fault::WorkerCutFromNats,
     ];
 
     fn name(self) -> &'static str {
@@ -752,6 +772,9 @@ impl Fault {
             Fault::EtcdRestoreBumped => "etcd_restore_bumped",
             Fault::OperatorRedriveRunning => "operator_redrive_running",
             Fault::NatsPause => "nats_pause",
+            Fault::WorkerCutFromPostgres => "worker_cut_from_postgres",
+            Fault::WorkerCutFromNats => "worker_cut_from_nats",
+            Fault::EtcdPauseDuringHandover => "etcd_pause_during_handover",
             Fault::WorkerJoin => "worker_join",
             Fault::WorkerLeaveGraceful => "worker_leave_graceful",
         }
@@ -768,6 +791,12 @@ struct Slot {
     stdin: Option<ChildStdin>,
     ready: Arc<AtomicBool>,
     proxy: Proxy,
+    /// The worker's PostgreSQL and NATS links (`worker_cut_from_*`), and the
+    /// URLs that go through them.
+    pg_proxy: Proxy,
+    pg_url: String,
+    nats_proxy: Proxy,
+    nats_url: String,
 }
 
 impl Slot {
@@ -842,9 +871,9 @@ impl Run {
             .arg("--etcd")
             .arg(slot.proxy.addrs.join(","))
             .arg("--nats")
-            .arg(self.stack.nats_url())
+            .arg(&slot.nats_url)
             .arg("--db")
-            .arg(self.stack.database_url())
+            .arg(&slot.pg_url)
             .arg("--mode")
             .arg(self.args.mode.name());
         if self.args.unsafe_no_fencing {
@@ -918,14 +947,26 @@ impl Run {
     /// finish, jobs released, session revoked); killed if it takes longer than
     /// the shutdown grace and a margin.
     async fn leave(&mut self, i: usize) {
+        self.leave_started(i);
+        self.leave_finished(i).await;
+    }
+
+    /// Tells worker `i` to leave gracefully (its stdin: `leave`).
+    fn leave_started(&mut self, i: usize) {
         let slot = &mut self.slots[i];
         slot.active = false;
-        let told = slot
-            .stdin
-            .as_mut()
-            .is_some_and(|s| s.write_all(b"leave\n").and_then(|()| s.flush()).is_ok());
+        if let Some(s) = slot.stdin.as_mut()
+            && s.write_all(b"leave\n").and_then(|()| s.flush()).is_err()
+        {
+            slot.stdin = None;
+        }
+    }
+
+    /// Waits up to 20 s for worker `i`'s graceful exit, then makes sure of it.
+    async fn leave_finished(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
         let deadline = Instant::now() + Duration::from_secs(20);
-        while told && Instant::now() < deadline {
+        while slot.stdin.is_some() && Instant::now() < deadline {
             match slot.child.as_mut().map(Child::try_wait) {
                 Some(Ok(None)) => tokio::time::sleep(Duration::from_millis(20)).await,
                 _ => break,
@@ -1165,6 +1206,32 @@ impl Run {
                     .await?;
             }
             Fault::OperatorRedriveRunning => self.redrive_running().await?,
+            Fault::WorkerCutFromPostgres | Fault::WorkerCutFromNats => {
+                // Alive in etcd, unable to work: its lease and its share stay.
+                let slot = &self.slots[w];
+                let proxy = if f == Fault::WorkerCutFromPostgres {
+                    &slot.pg_proxy
+                } else {
+                    &slot.nats_proxy
+                };
+                proxy.set(Mode::Cut);
+                tokio::time::sleep(ms(rng, ttl.mul_f64(1.2), ttl.mul_f64(2.5))).await;
+                proxy.set(Mode::Pass);
+            }
+            Fault::EtcdPauseDuringHandover => {
+                // A graceful leave hands the worker's partitions over while
+                // etcd's leader is paused: the resigns may time out.
+                let leader = self.stack.etcd_leader().await.unwrap_or(0);
+                self.leave_started(w);
+                self.stack.etcd_member(leader).pause()?;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                self.stack.etcd_member(leader).resume()?;
+                self.leave_finished(w).await;
+                self.ready().await?;
+                tokio::time::sleep(ms(rng, Duration::from_millis(200), ttl)).await;
+                self.spawn(w)?;
+                self.joined(w).await;
+            }
             Fault::NatsPause => {
                 // Publishes, fetches and acks stall; leases go on.
                 self.stack.nats().pause()?;
@@ -1389,6 +1456,8 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     // Partition mode: one spare slot, for `worker_join`.
     let spares = usize::from(args.partitions.is_some());
     for index in 0..args.workers + spares {
+        let (pg_proxy, pg_url) = Proxy::relay_url(&stack.database_url()).await?;
+        let (nats_proxy, nats_url) = Proxy::relay_url(&stack.nats_url()).await?;
         slots.push(Slot {
             index,
             active: false,
@@ -1397,6 +1466,10 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             stdin: None,
             ready: Arc::new(AtomicBool::new(false)),
             proxy: Proxy::start(&coordinator).await?,
+            pg_proxy,
+            pg_url,
+            nats_proxy,
+            nats_url,
         });
     }
     let mut run = Run {
@@ -1661,12 +1734,11 @@ async fn check(
 ) -> anyhow::Result<Verdict> {
     let pool = client.store().pool();
     let mut v = Verdict::default();
-    let rows: Vec<(sqlx::types::Uuid, String, Option<String>)> =
-        sqlx::query_as(&format!(
-            "SELECT id, status, last_error FROM {s}.jobs WHERE job_type = 'torture.transfer'"
-        ))
-            .fetch_all(pool)
-            .await?;
+    let rows: Vec<(sqlx::types::Uuid, String, Option<String>)> = sqlx::query_as(&format!(
+        "SELECT id, status, last_error FROM {s}.jobs WHERE job_type = 'torture.transfer'"
+    ))
+    .fetch_all(pool)
+    .await?;
     let rows: HashMap<_, _> = rows.into_iter().map(|(id, st, e)| (id, (st, e))).collect();
     let in_dlq = dead_lettered(client).await?;
     let done: HashSet<_> = rows

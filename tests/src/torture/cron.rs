@@ -156,7 +156,10 @@ async fn judge(
         .collect();
     // Ticks before the first leader's first round are neither enqueued nor
     // skipped: the range starts at the first tick that has a job.
-    let start = ids.iter().position(|id| status.contains_key(id)).unwrap_or(ids.len());
+    let start = ids
+        .iter()
+        .position(|id| status.contains_key(id))
+        .unwrap_or(ids.len());
     let mut v = Verdict {
         skipped,
         ..Verdict::default()
