@@ -140,6 +140,11 @@ pub struct Config {
     /// Default number of failed attempts before a job goes to the DLQ.
     pub max_retries: u32,
     /// JetStream `MaxDeliver` backstop (the broker gives up after this many).
+    /// Only deliveries nobody settled count toward it in practice: a
+    /// delivery handed back (contention, a retry, a hand-over) is a nak below
+    /// half of it and a renewed message from there
+    /// ([`Delivery::hand_back`](crate::blocks::queue::Delivery::hand_back)),
+    /// and a job a live owner holds is never ended by it.
     pub max_deliver: i64,
     /// JetStream duplicate window for `Nats-Msg-Id`.
     pub duplicate_window: Duration,
