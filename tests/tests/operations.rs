@@ -125,22 +125,27 @@ impl Pay {
     }
 }
 
-/// The user's sequence: `pay-42` done and pruned by retention, then enqueued
-/// again inside the broker's duplicate window and once more after it: each
-/// enqueue is a duplicate, the step ran once, no row waits `pending`.
-#[tenure::test(ttl_secs = 3)]
-async fn retention_never_reopens_an_idempotency_key(env: TestEnv) {
+/// A payment done and its row pruned by retention (`done_after` = `every` =
+/// 1 s, the broker's duplicate window `window`), on a worker that still runs.
+struct Pruned {
+    cfg: Config,
+    client: Client,
+    worker: Worker,
+    first: tenure::Enqueued,
+}
+
+async fn paid_and_pruned(env: &TestEnv, window: Duration, key: &str, amount: u64) -> Pruned {
     let mut cfg = env.config().clone();
     cfg.retention.done_after = Some(Duration::from_secs(1));
     cfg.retention.every = Duration::from_secs(1);
-    cfg.duplicate_window = Duration::from_secs(3);
+    cfg.duplicate_window = window;
     let client = Client::connect(&cfg).await.unwrap();
-    let w = Worker::builder(cfg.clone().with_worker_id("w0"))
+    let worker = Worker::builder(cfg.clone().with_worker_id("w0"))
         .register(Pay)
         .start()
         .await
         .unwrap();
-    let first = client.enqueue::<Pay>("pay-42", &42).await.unwrap();
+    let first = client.enqueue::<Pay>(key, &amount).await.unwrap();
     let row = tenure_tests::wait_terminal(&client, first.job_id, Duration::from_secs(30)).await;
     assert_eq!(row.status, JobStatus::Done);
     let pruned = wait_until(Duration::from_secs(30), || async {
@@ -148,6 +153,21 @@ async fn retention_never_reopens_an_idempotency_key(env: TestEnv) {
     })
     .await;
     assert!(pruned, "retention never pruned the done row");
+    Pruned {
+        cfg,
+        client,
+        worker,
+        first,
+    }
+}
+
+/// The user's sequence: `pay-42` done and pruned by retention, then enqueued
+/// again inside the broker's duplicate window and once more after it: each
+/// enqueue is a duplicate, the step ran once, no row waits `pending`.
+#[tenure::test(ttl_secs = 3)]
+async fn retention_never_reopens_an_idempotency_key(env: TestEnv) {
+    let pruned = paid_and_pruned(&env, Duration::from_secs(3), "pay-42", 42).await;
+    let (client, w, first) = (pruned.client, pruned.worker, pruned.first);
     for when in ["inside the duplicate window", "after the duplicate window"] {
         let again = client.enqueue::<Pay>("pay-42", &42).await.unwrap();
         assert!(again.duplicate, "enqueue {when} reopened the key");
@@ -177,23 +197,8 @@ async fn retention_never_reopens_an_idempotency_key(env: TestEnv) {
 /// runs again, once.
 #[tenure::test(ttl_secs = 3)]
 async fn every_enqueue_path_respects_a_tombstone_until_the_key_horizon(env: TestEnv) {
-    let mut cfg = env.config().clone();
-    cfg.retention.done_after = Some(Duration::from_secs(1));
-    cfg.retention.every = Duration::from_secs(1);
-    cfg.duplicate_window = Duration::from_secs(2);
-    let client = Client::connect(&cfg).await.unwrap();
-    let w = Worker::builder(cfg.clone().with_worker_id("w0"))
-        .register(Pay)
-        .start()
-        .await
-        .unwrap();
-    let first = client.enqueue::<Pay>("pay-7", &7).await.unwrap();
-    tenure_tests::wait_terminal(&client, first.job_id, Duration::from_secs(30)).await;
-    let pruned = wait_until(Duration::from_secs(30), || async {
-        client.job(first.job_id).await.unwrap().is_none()
-    })
-    .await;
-    assert!(pruned, "retention never pruned the done row");
+    let pruned = paid_and_pruned(&env, Duration::from_secs(2), "pay-7", 7).await;
+    let (mut cfg, client, w, first) = (pruned.cfg, pruned.client, pruned.worker, pruned.first);
     let batch = client.enqueue_many::<Pay>(&[("pay-7", 7)]).await.unwrap();
     assert!(batch[0].as_ref().unwrap().duplicate, "{batch:?}");
     let mut tx = env.pool().begin().await.unwrap();

@@ -11,7 +11,7 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 use tenure::blocks::fence::JobStatus;
 use tenure::blocks::lease::{Acquire, Session};
 use tenure::devstack::{DevStack, DevStackOptions};
-use tenure::{Cancelled, Client, FencingToken, JobId, StepIndex};
+use tenure::{Cancelled, Client, Config, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
 use tenure_tests::{
     CancelProbe, Cancellable, ChildWorker, Hold, ThreeStep, Work, config_for, double_commits,
@@ -463,19 +463,39 @@ async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes() {
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_job_a_live_session_holds_is_never_given_up_by_the_broker() {
-    let stack = stack();
-    let ns = DevStack::unique_namespace("rt_maxdeliver_held");
-    let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
-    cfg.max_deliver = 3;
+/// A namespace whose broker gives up after `max_deliver` deliveries (TTL
+/// 2 s), with one `ThreeStep` job enqueued under `key`: its name, config,
+/// client and the job.
+async fn one_job(prefix: &str, max_deliver: i64, key: &str) -> (String, Config, Client, JobId) {
+    let ns = DevStack::unique_namespace(prefix);
+    let mut cfg = config_for(stack(), &ns, Duration::from_secs(2));
+    cfg.max_deliver = max_deliver;
     let client = Client::connect(&cfg).await.expect("client");
     prepare_schema(&client).await;
     let job_id = client
-        .enqueue::<ThreeStep>("held-for-a-while", &Work::default())
+        .enqueue::<ThreeStep>(key, &Work::default())
         .await
         .unwrap()
         .job_id;
+    (ns, cfg, client, job_id)
+}
+
+/// A worker of a type other than `ThreeStep`'s: its max-deliveries listener
+/// handles the advisories of every type.
+async fn other_type_worker(cfg: &Config, ns: &str) -> Worker {
+    Worker::builder(cfg.clone().with_worker_id("other"))
+        .register(Cancellable {
+            schema: ns.to_string(),
+            probe: Arc::default(),
+        })
+        .start()
+        .await
+        .expect("worker")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_a_live_session_holds_is_never_given_up_by_the_broker() {
+    let (ns, cfg, client, job_id) = one_job("rt_maxdeliver_held", 3, "held-for-a-while").await;
     // Another live session holds the job's lock: every delivery waits behind
     // it, many times MaxDeliver, and the job's fate does not change.
     let holder = Session::establish(&cfg).await.expect("session");
@@ -522,28 +542,11 @@ async fn deliver_unsettled_past_max(queue: &tenure::blocks::queue::Queue) {
 /// it runs once the holder is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_backstop_renews_the_message_of_a_job_a_live_owner_holds() {
-    let stack = stack();
-    let ns = DevStack::unique_namespace("rt_backstop_held");
-    let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
-    cfg.max_deliver = 2;
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    let job_id = client
-        .enqueue::<ThreeStep>("held-unsettled", &Work::default())
-        .await
-        .unwrap()
-        .job_id;
+    let (ns, cfg, client, job_id) = one_job("rt_backstop_held", 2, "held-unsettled").await;
     let holder = Session::establish(&cfg).await.expect("session");
     assert!(holder.acquire(job_id).await.unwrap().is_acquired());
     let queue = tenure::blocks::queue::Queue::provision(&cfg).await.unwrap();
-    let other = Worker::builder(cfg.clone().with_worker_id("other"))
-        .register(Cancellable {
-            schema: ns.clone(),
-            probe: Arc::default(),
-        })
-        .start()
-        .await
-        .expect("worker");
+    let other = other_type_worker(&cfg, &ns).await;
     deliver_unsettled_past_max(&queue).await;
     // Long enough for the listener to act (it marks a job nobody holds dead
     // within seconds: the test below).
@@ -568,29 +571,12 @@ async fn the_backstop_renews_the_message_of_a_job_a_live_owner_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_message_nobody_settles_is_given_up_and_its_row_marked_dead() {
-    let stack = stack();
-    let ns = DevStack::unique_namespace("rt_maxdeliver");
-    let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
-    cfg.max_deliver = 2;
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    let job_id = client
-        .enqueue::<ThreeStep>("never-settled", &Work::default())
-        .await
-        .unwrap()
-        .job_id;
+    let (ns, cfg, client, job_id) = one_job("rt_maxdeliver", 2, "never-settled").await;
     // A consumer that takes the message and neither acks nor naks it (a
     // worker that crashes before settling), until the broker gives up; the
     // listener of a worker of another type marks the row.
     let queue = tenure::blocks::queue::Queue::provision(&cfg).await.unwrap();
-    let w = Worker::builder(cfg.clone().with_worker_id("other"))
-        .register(Cancellable {
-            schema: ns.clone(),
-            probe: Arc::default(),
-        })
-        .start()
-        .await
-        .expect("worker");
+    let w = other_type_worker(&cfg, &ns).await;
     deliver_unsettled_past_max(&queue).await;
     let dead = wait_until(Duration::from_secs(60), || async {
         matches!(client.job(job_id).await.unwrap(), Some(r) if r.status == JobStatus::Dead)
