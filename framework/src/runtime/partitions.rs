@@ -411,6 +411,8 @@ impl Rebalance<'_> {
         self.shared.metrics.partitions(job_type, "handed_over", 1);
         let (session, ownership) = (self.session.clone(), self.ownership.clone());
         let grace = self.shared.cfg.shutdown_grace;
+        #[cfg(feature = "testing")]
+        let cfg = self.shared.cfg.clone();
         let job_type = job_type.to_string();
         let mut tasks = self.handovers.lock().unwrap_or_else(|p| p.into_inner());
         while tasks.try_join_next().is_some() {}
@@ -420,6 +422,8 @@ impl Rebalance<'_> {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let token = lead.token();
+            #[cfg(feature = "testing")]
+            super::faults::partition_resign(&cfg).await;
             if let Err(e) = session.resign(lead).await {
                 tracing::warn!(%job_type, partition = p, error = %e, "deleting a handed-over partition's key failed; it goes with the lease");
             }
