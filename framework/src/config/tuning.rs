@@ -76,7 +76,10 @@ pub struct Tuning {
     pub lock_release_flush: usize,
     /// A failed lock release is retried from `base`, doubling per failure up to
     /// `cap` (default 250 ms to 1 s); the lock expires with its session anyway,
-    /// so a retry only frees the job sooner for the next owner.
+    /// so a retry only frees the job sooner for the next owner. Partition mode
+    /// retries a handed-over partition's key deletion with the same backoff,
+    /// but never gives it up while the session lives: nobody else may take
+    /// that partition until its key is gone.
     pub lock_release_retry: BackoffConfig,
     /// A failed lock release is given up this long after its first failure
     /// (default 5 s), leaving the key to expire with the session.

@@ -21,8 +21,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use crate::config::BackoffConfig;
 use crate::fence::FenceError;
 use crate::lease::{Campaign, Health, Leadership, LeaseError, OwnershipView, Session};
+use crate::retry::Backoff;
 use crate::types::{FencingToken, JobId, LeaseId};
 
 /// One owned partition of one job type.
@@ -100,6 +102,12 @@ impl Ownership {
             .collect();
         out.sort_unstable();
         out
+    }
+
+    /// Whether this worker holds partition `partition` of `job_type` (being
+    /// handed over or not).
+    fn holds(&self, job_type: &str, partition: u32) -> bool {
+        self.lock().contains_key(&(job_type.to_string(), partition))
     }
 
     /// How many partitions this worker owns (all types).
@@ -312,7 +320,7 @@ impl Rebalance<'_> {
     }
 
     /// Takes free partitions of `job_type` up to `share`, or hands the extra
-    /// ones over.
+    /// ones over. Keys of ours that nobody here works are adopted first.
     async fn balance_type(&self, job_type: &str, view: &OwnershipView, share: usize, index: usize) {
         let owners: HashMap<u32, LeaseId> = view
             .owners
@@ -325,9 +333,9 @@ impl Rebalance<'_> {
             for &p in kept.iter().rev().take(kept.len() - share) {
                 self.hand_over(job_type, p);
             }
-            return;
         }
-        let mut missing = share - kept.len();
+        let mut missing = share.saturating_sub(kept.len());
+        missing = self.adopt_strays(job_type, &owners, missing).await;
         if missing == 0 {
             return;
         }
@@ -344,6 +352,49 @@ impl Rebalance<'_> {
             if self.take(job_type, p).await {
                 missing -= 1;
             }
+        }
+    }
+
+    /// Stray keys: partitions of `job_type` whose key carries our lease but
+    /// that this worker does not hold (a campaign whose answer was lost to a
+    /// timeout, though etcd created the key). Nobody else may take them while
+    /// our session lives, so each is adopted (taken as ours) while `missing`
+    /// lasts and given up otherwise. Returns what is still missing.
+    async fn adopt_strays(
+        &self,
+        job_type: &str,
+        owners: &HashMap<u32, LeaseId>,
+        mut missing: usize,
+    ) -> usize {
+        let lease = self.session.lease_id();
+        let mut strays: Vec<u32> = owners
+            .iter()
+            .filter(|&(p, l)| *l == lease && !self.ownership.holds(job_type, *p))
+            .map(|(p, _)| *p)
+            .collect();
+        strays.sort_unstable();
+        for p in strays {
+            tracing::info!(
+                job_type,
+                partition = p,
+                missing,
+                "a partition key of ours that nobody here works: adopting it or giving it up"
+            );
+            if missing == 0 {
+                self.give_up(job_type, p).await;
+            } else if self.take(job_type, p).await {
+                missing -= 1;
+            }
+        }
+        missing
+    }
+
+    /// Deletes the stray key of partition `p` of `job_type` (see
+    /// [`adopt_strays`](Self::adopt_strays)); a failure is tried again the
+    /// next round, which finds the key still stray.
+    async fn give_up(&self, job_type: &str, p: u32) {
+        if let Err(e) = self.session.disown_partition(job_type, p).await {
+            tracing::warn!(job_type, partition = p, error = %e, "giving a stray partition key up failed; tried again next round");
         }
     }
 
@@ -379,9 +430,11 @@ impl Rebalance<'_> {
             }
             Err(e) => {
                 self.refused(job_type, p, &e);
-                if let Err(e) = self.session.resign(lead).await {
-                    tracing::warn!(job_type, partition = p, error = %e, "giving a refused partition up failed; it goes with the lease");
-                }
+                let (session, retry) = (
+                    self.session.clone(),
+                    self.shared.cfg.tuning.lock_release_retry,
+                );
+                self.spawn(async move { resign_until_gone(&session, lead, retry).await });
                 false
             }
         }
@@ -402,7 +455,9 @@ impl Rebalance<'_> {
 
     /// Hands partition `p` of `job_type` over in the background: no new job
     /// starts, running ones stop at their next step boundary; once none is
-    /// left (or after `Config::shutdown_grace`), the key is deleted.
+    /// left (or after `Config::shutdown_grace`), the key is deleted, tried
+    /// until it is gone ([`resign_until_gone`]); only then is the partition
+    /// forgotten.
     fn hand_over(&self, job_type: &str, p: u32) {
         let Some((lead, in_flight)) = self.ownership.start_handover(job_type, p) else {
             return;
@@ -410,25 +465,51 @@ impl Rebalance<'_> {
         tracing::info!(job_type, partition = p, "handing a partition over");
         self.shared.metrics.partitions(job_type, "handed_over", 1);
         let (session, ownership) = (self.session.clone(), self.ownership.clone());
-        let grace = self.shared.cfg.shutdown_grace;
-        #[cfg(feature = "testing")]
-        let cfg = self.shared.cfg.clone();
+        let shared = self.shared.clone();
         let job_type = job_type.to_string();
-        let mut tasks = self.handovers.lock().unwrap_or_else(|p| p.into_inner());
-        while tasks.try_join_next().is_some() {}
-        tasks.spawn(async move {
-            let until = tokio::time::Instant::now() + grace;
+        self.spawn(async move {
+            let until = tokio::time::Instant::now() + shared.cfg.shutdown_grace;
             while in_flight.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let token = lead.token();
             #[cfg(feature = "testing")]
-            super::faults::partition_resign(&cfg).await;
-            if let Err(e) = session.resign(lead).await {
-                tracing::warn!(%job_type, partition = p, error = %e, "deleting a handed-over partition's key failed; it goes with the lease");
-            }
+            super::faults::partition_resign(&shared.cfg).await;
+            resign_until_gone(&session, lead, shared.cfg.tuning.lock_release_retry).await;
             ownership.remove(&job_type, p, token);
         });
+    }
+
+    /// Runs `task` among this session's hand-overs (aborted with them).
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.handovers.lock().unwrap_or_else(|p| p.into_inner());
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(task);
+    }
+}
+
+/// Deletes the partition key `lead` (a hand-over's last act, or a refused
+/// claim's), trying again after every failure until etcd answers (the key is
+/// then gone, or another owner's) or the session ends (the key goes with the
+/// lease). A key left under a live lease with nobody working it would keep
+/// its partition from every other worker for the session's whole life, and
+/// one failed delete is enough for that: an etcd election longer than
+/// `Config::etcd_request_timeout` fails it. Each try is bounded by that
+/// timeout; between tries, `retry` (`Tuning::lock_release_retry`).
+async fn resign_until_gone(session: &Session, lead: Leadership, retry: BackoffConfig) {
+    let mut backoff = Backoff::new(retry);
+    let ended = session.cancellation();
+    loop {
+        match session.resign(lead.clone()).await {
+            Ok(_) => return,
+            Err(e) => {
+                let attempt = backoff.attempt() + 1;
+                tracing::warn!(partition = lead.role(), error = %e, attempt, "deleting a partition's key failed; trying again");
+                if !backoff.sleep_unless(&ended).await {
+                    return;
+                }
+            }
+        }
     }
 }
 
