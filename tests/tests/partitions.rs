@@ -2,7 +2,8 @@
 //! under their partition's token with no etcd request per job, a joining
 //! worker gets its share and a leaving one hands its partitions over with no
 //! takeover, a crashed worker's partitions are taken once its lease expires,
-//! a namespace keeps the way of owning jobs it recorded first, and a
+//! a namespace keeps the way of owning jobs it recorded first, a worker alive
+//! in etcd but cut from PostgreSQL or NATS hands its partitions back, and a
 //! hand-over whose key deletion meets an etcd election never orphans a
 //! partition.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -16,7 +17,7 @@ use futures::future::BoxFuture;
 use tenure::blocks::fence::FenceError;
 use tenure::blocks::lease::Session;
 use tenure::devstack::DevStack;
-use tenure::testing::{Fault, FaultHit, FaultPlan, FaultPoint, Injector};
+use tenure::testing::{Fault, FaultHit, FaultPlan, FaultPoint, Injector, Relay};
 use tenure::{Client, ClientError, Config, JobId, JobStatus, StepIndex, WorkerError};
 use tenure_tests::{
     ChildWorker, ThreeStep, Work, config_for, double_commits, init_logs, prepare_schema,
@@ -324,6 +325,71 @@ async fn statuses(client: &Client, ids: &[JobId]) -> BTreeMap<&'static str, usiz
         *out.entry(status).or_insert(0) += 1;
     }
     out
+}
+
+/// Which server a test cuts from one worker.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    Postgres,
+    Nats,
+}
+
+/// Two workers, P = 4, each owning two partitions; `a` reaches `cut`'s server
+/// through a relay of its own, which is cut; 40 jobs enqueued then must all
+/// end `done` within 30 s (`a`'s partitions handed back to `b`), and `a`
+/// takes its share again once the relay is restored.
+async fn a_worker_cut_from(cut: Cut, prefix: &str) {
+    init_logs();
+    let stack = DevStack::shared().expect("dev stack");
+    let ttl = Duration::from_secs(3);
+    let (ns, cfg, client) = partitioned(prefix, ttl, 4).await;
+    let (relay, a_cfg) = match cut {
+        Cut::Postgres => {
+            let relay = Relay::for_url(&stack.database_url()).await.expect("relay");
+            let url = relay.url(&stack.database_url());
+            (relay, cfg.clone().with_database_url(url))
+        }
+        Cut::Nats => {
+            let relay = Relay::for_url(&stack.nats_url()).await.expect("relay");
+            let url = relay.url(&stack.nats_url());
+            (relay, cfg.clone().with_nats_url(url))
+        }
+    };
+    let a = three_step_worker(&a_cfg, &ns, "a").await;
+    let b = three_step_worker(&cfg, &ns, "b").await;
+    let observer = Session::establish(&cfg).await.expect("observer session");
+    until_owners(&observer, &[("a", 2), ("b", 2)]).await;
+    relay.cut();
+    let start = Instant::now();
+    let ids = enqueue(&client, "job", 40, &Work::default()).await;
+    let done = all_done(&client, &ids, Duration::from_secs(30)).await;
+    let took = start.elapsed();
+    eprintln!(
+        "{cut:?} cut from a: all 40 done: {done} after {took:?} (TTL {ttl:?}); statuses {:?}, owners {:?}",
+        statuses(&client, &ids).await,
+        owners(&observer).await
+    );
+    assert!(
+        done,
+        "jobs of a worker cut from {cut:?} did not all end done within 30 s"
+    );
+    relay.restore();
+    let back = until_owners(&observer, &[("a", 2), ("b", 2)]).await;
+    eprintln!("a took its share again {back:?} after the relay was restored");
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+    observer.close().await.expect("close observer");
+    b.shutdown().await.expect("b shutdown");
+    a.shutdown().await.expect("a shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_cut_from_postgres_hands_its_partitions_back() {
+    a_worker_cut_from(Cut::Postgres, "part_pgcut").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_cut_from_nats_hands_its_partitions_back() {
+    a_worker_cut_from(Cut::Nats, "part_natscut").await;
 }
 
 /// Pauses the etcd leader of its stack at the fault's point; a task of its

@@ -11,16 +11,34 @@
 //! takeover), then deletes the key. A crashed worker's keys go with its lease.
 //! Every change under `<ns>/own/` wakes every worker's rebalance at once (an
 //! etcd watch), so a free partition is taken a round trip after it is freed.
+//!
+//! What holds besides:
+//!
+//! * **A worker that cannot work gives its partitions back.** One that fails
+//!   to reach PostgreSQL or NATS for `Config::stand_down_after` (one TTL by
+//!   default; `standing.rs` decides, from the runtime's failures and its own
+//!   probes) stands down: it deletes its member key, so the others' fair
+//!   shares cover every partition, and aims for no partition (each handed
+//!   over as above). Once a probe reaches both servers it joins again and
+//!   takes its share.
+//! * **No partition key outlives its owner's interest under a live lease.**
+//!   A hand-over deletes its key until etcd answers (or the session ends:
+//!   the key goes with the lease), and only then forgets the partition
+//!   ([`resign_until_gone`]); a key of ours that this worker does not hold (a
+//!   campaign whose answer was lost) is adopted while below the share, else
+//!   deleted. So a partition is never left owned in etcd with nobody working
+//!   it for longer than an etcd outage.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use super::standing::{Server, Standing};
 use crate::config::BackoffConfig;
 use crate::fence::FenceError;
 use crate::lease::{Campaign, Health, Leadership, LeaseError, OwnershipView, Session};
@@ -216,6 +234,10 @@ pub(crate) async fn rebalance(
         return;
     };
     let types = shared.registry.names();
+    let standing = match &shared.reach {
+        Some(reach) => reach.watch(),
+        None => watch::channel(Standing::Ready).1,
+    };
     let mut current = shared.session.clone();
     loop {
         let session = current.borrow_and_update().clone();
@@ -227,6 +249,8 @@ pub(crate) async fn rebalance(
                     session: &session,
                     partitions,
                     types: &types,
+                    standing: standing.clone(),
+                    joined: AtomicBool::new(false),
                     handovers: Mutex::default(),
                 };
                 tokio::select! {
@@ -253,25 +277,28 @@ struct Rebalance<'a> {
     session: &'a Arc<Session>,
     partitions: u32,
     types: &'a [String],
+    /// Whether this worker can reach PostgreSQL and NATS: stood down, it
+    /// aims for no partition and is no member.
+    standing: watch::Receiver<Standing>,
+    /// Whether this session's member key is in etcd (put when ready, deleted
+    /// when stood down).
+    joined: AtomicBool,
     /// Hand-overs in progress (aborted with the session's rebalancing: the
     /// key then goes with the lease).
     handovers: Mutex<tokio::task::JoinSet<()>>,
 }
 
 impl Rebalance<'_> {
-    /// Until the session is lost: join, watch, reconcile on every change.
+    /// Until the session is lost: watch, then reconcile on every change (of
+    /// the owners or of the standing), every `Tuning::partition_resync`, and
+    /// a tenth of that after a failed round.
     async fn run(&self) {
         let pause = self.shared.cfg.tuning.partition_resync;
         let lease = self.session.lease_id();
         self.ownership.forget(self.shared, lease, None);
         let mut lost = self.session.watch_health();
+        let mut standing = self.standing.clone();
         loop {
-            let types: Vec<&str> = self.types.iter().map(String::as_str).collect();
-            if let Err(e) = self.session.join_members(&types).await {
-                tracing::warn!(error = %e, "joining the partition members failed; retrying");
-                tokio::time::sleep(pause / 10).await;
-                continue;
-            }
             let mut watch = match self.session.watch_ownership().await {
                 Ok(w) => w,
                 Err(e) => {
@@ -281,12 +308,17 @@ impl Rebalance<'_> {
                 }
             };
             loop {
-                if let Err(e) = self.reconcile().await {
-                    tracing::warn!(error = %e, "rebalancing partitions failed; retrying");
-                }
+                let next = match self.reconcile().await {
+                    Ok(()) => pause,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rebalancing partitions failed; retrying");
+                        pause / 10
+                    }
+                };
                 tokio::select! {
                     changed = watch.changed() => if changed.is_err() { break },
-                    () = tokio::time::sleep(pause) => {}
+                    Ok(()) = standing.changed() => {}
+                    () = tokio::time::sleep(next) => {}
                     () = wait_lost(&mut lost) => {
                         self.ownership.forget(self.shared, LeaseId::new(0), None);
                         return std::future::pending().await;
@@ -296,27 +328,57 @@ impl Rebalance<'_> {
         }
     }
 
-    /// One reconciliation against the owners etcd shows now.
+    /// One reconciliation against the owners etcd shows now: ready, this
+    /// worker's fair share; stood down, none (every partition handed back).
     async fn reconcile(&self) -> Result<(), LeaseError> {
+        let ready = *self.standing.borrow() == Standing::Ready;
+        self.membership(ready).await?;
         let view = self.session.ownership().await?;
         let lease = self.session.lease_id();
         self.ownership.forget(self.shared, lease, Some(&view));
         for job_type in self.types {
-            let mut members: Vec<LeaseId> = view
-                .members
-                .iter()
-                .filter(|m| m.job_types.iter().any(|t| t == job_type))
-                .map(|m| m.lease)
-                .collect();
-            if !members.contains(&lease) {
-                members.push(lease);
-            }
-            members.sort_by_key(|l| l.get());
-            let index = members.iter().position(|l| *l == lease).unwrap_or(0);
-            let share = fair_share(self.partitions, members.len(), index);
+            let (share, index) = if ready {
+                self.share_of(job_type, &view)
+            } else {
+                (0, 0)
+            };
             self.balance_type(job_type, &view, share, index).await;
         }
         Ok(())
+    }
+
+    /// Puts this session's member key when `ready`, deletes it otherwise
+    /// (once per change).
+    async fn membership(&self, ready: bool) -> Result<(), LeaseError> {
+        if self.joined.load(Ordering::Acquire) == ready {
+            return Ok(());
+        }
+        if ready {
+            let types: Vec<&str> = self.types.iter().map(String::as_str).collect();
+            self.session.join_members(&types).await?;
+        } else {
+            self.session.leave_members().await?;
+        }
+        self.joined.store(ready, Ordering::Release);
+        Ok(())
+    }
+
+    /// This worker's fair share of `job_type` and its index among the
+    /// type's members (by lease id, itself included).
+    fn share_of(&self, job_type: &str, view: &OwnershipView) -> (usize, usize) {
+        let lease = self.session.lease_id();
+        let mut members: Vec<LeaseId> = view
+            .members
+            .iter()
+            .filter(|m| m.job_types.iter().any(|t| t == job_type))
+            .map(|m| m.lease)
+            .collect();
+        if !members.contains(&lease) {
+            members.push(lease);
+        }
+        members.sort_by_key(|l| l.get());
+        let index = members.iter().position(|l| *l == lease).unwrap_or(0);
+        (fair_share(self.partitions, members.len(), index), index)
     }
 
     /// Takes free partitions of `job_type` up to `share`, or hands the extra
@@ -448,6 +510,9 @@ impl Rebalance<'_> {
                     "ALERT: fencing token regression on a partition (etcd revisions went backwards); none of its jobs run under it");
             }
             e => {
+                if matches!(e, FenceError::Db(_)) {
+                    self.shared.suspect(Server::Postgres);
+                }
                 tracing::warn!(job_type, partition = p, error = %e, "claiming a partition's fence failed")
             }
         }

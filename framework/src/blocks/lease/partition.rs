@@ -12,7 +12,9 @@
 //! Who is alive, and which types it runs, is the member key
 //! `<ns>/own/members/<lease>` under the same lease ([`Session::join_members`]),
 //! so a crashed worker's membership and partitions go together when its lease
-//! expires. [`Session::ownership`] reads both in one linearizable Txn, and
+//! expires; a live worker that cannot work deletes it
+//! ([`Session::leave_members`]) and puts it back once it can.
+//! [`Session::ownership`] reads both in one linearizable Txn, and
 //! [`Session::watch_ownership`] reports every change under `<ns>/own/`.
 
 use etcd_client::{
@@ -116,6 +118,20 @@ impl Session {
             Some(PutOptions::new().with_lease(self.lease.get())),
         );
         self.txn("join_members", Txn::new().and_then([put])).await?;
+        Ok(())
+    }
+
+    /// Deletes this session's member key ([`Session::join_members`] puts it
+    /// back): the worker stays alive in etcd but counts in no fair share, so
+    /// the other members' shares cover every partition.
+    ///
+    /// # Errors
+    /// [`LeaseError::Etcd`], [`LeaseError::Timeout`].
+    pub async fn leave_members(&self) -> Result<(), LeaseError> {
+        let key = format!("{}{}", self.members_prefix(), self.lease);
+        let delete = TxnOp::delete(key.as_str(), None);
+        self.txn("leave_members", Txn::new().and_then([delete]))
+            .await?;
         Ok(())
     }
 
