@@ -611,6 +611,12 @@ impl Config {
     pub fn lost_after(&self) -> Duration {
         self.lease_ttl.mul_f64(0.7)
     }
+    /// Partition mode: how long a worker may fail to reach PostgreSQL or NATS
+    /// before it hands its partitions back: [`Tuning::stand_down_after`], or
+    /// the lease TTL when that is `None` (the default).
+    pub fn stand_down_after(&self) -> Duration {
+        self.tuning.stand_down_after.unwrap_or(self.lease_ttl)
+    }
     /// JetStream `AckWait`, derived from the TTL so the broker and the coordinator
     /// agree on when a worker is gone.
     pub fn ack_wait(&self) -> Duration {

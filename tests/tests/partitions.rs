@@ -2,16 +2,23 @@
 //! under their partition's token with no etcd request per job, a joining
 //! worker gets its share and a leaving one hands its partitions over with no
 //! takeover, a crashed worker's partitions are taken once its lease expires,
-//! and a namespace keeps the way of owning jobs it recorded first.
+//! a namespace keeps the way of owning jobs it recorded first, a worker alive
+//! in etcd but cut from PostgreSQL or NATS hands its partitions back, and a
+//! hand-over whose key deletion meets an etcd election never orphans a
+//! partition.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use tenure::blocks::fence::{FenceError, FenceStore};
 use tenure::blocks::lease::Session;
 use tenure::devstack::DevStack;
-use tenure::{Client, ClientError, Config, JobId, JobStatus, WorkerError};
+use tenure::testing::{Fault, FaultHit, FaultPlan, FaultPoint, Injector, Relay};
+use tenure::{Client, ClientError, Config, JobId, JobStatus, StepIndex, WorkerError};
 use tenure_tests::{
     ChildWorker, ThreeStep, Work, config_for, create_test_tables, double_commits, init_logs,
     prepare_schema, three_step_worker, wait_until,
@@ -428,4 +435,160 @@ async fn a_long_lived_client_is_refused_once_a_worker_recorded_another_mode() {
         .expect("count");
     worker.shutdown().await.expect("shutdown");
     assert_eq!(stored, 0, "rows stored by a refused client");
+}
+
+/// How many of `ids` are in each status now.
+async fn statuses(client: &Client, ids: &[JobId]) -> BTreeMap<&'static str, usize> {
+    let mut out = BTreeMap::new();
+    for id in ids {
+        let status = match client.job(*id).await {
+            Ok(Some(row)) => row.status.as_str(),
+            Ok(None) => "no row",
+            Err(_) => "unreadable",
+        };
+        *out.entry(status).or_insert(0) += 1;
+    }
+    out
+}
+
+/// Which server a test cuts from one worker.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    Postgres,
+    Nats,
+}
+
+/// Two workers, P = 4, each owning two partitions; `a` reaches `cut`'s server
+/// through a relay of its own, which is cut; 40 jobs enqueued then must all
+/// end `done` within 30 s (`a`'s partitions handed back to `b`), and `a`
+/// takes its share again once the relay is restored.
+async fn a_worker_cut_from(cut: Cut, prefix: &str) {
+    init_logs();
+    let stack = DevStack::shared().expect("dev stack");
+    let ttl = Duration::from_secs(3);
+    let (ns, cfg, client) = partitioned(prefix, ttl, 4).await;
+    let (relay, a_cfg) = match cut {
+        Cut::Postgres => {
+            let relay = Relay::for_url(&stack.database_url()).await.expect("relay");
+            let url = relay.url(&stack.database_url());
+            (relay, cfg.clone().with_database_url(url))
+        }
+        Cut::Nats => {
+            let relay = Relay::for_url(&stack.nats_url()).await.expect("relay");
+            let url = relay.url(&stack.nats_url());
+            (relay, cfg.clone().with_nats_url(url))
+        }
+    };
+    let a = three_step_worker(&a_cfg, &ns, "a").await;
+    let b = three_step_worker(&cfg, &ns, "b").await;
+    let observer = Session::establish(&cfg).await.expect("observer session");
+    until_owners(&observer, &[("a", 2), ("b", 2)]).await;
+    relay.cut();
+    let start = Instant::now();
+    let ids = enqueue(&client, "job", 40, &Work::default()).await;
+    let done = all_done(&client, &ids, Duration::from_secs(30)).await;
+    let took = start.elapsed();
+    eprintln!(
+        "{cut:?} cut from a: all 40 done: {done} after {took:?} (TTL {ttl:?}); statuses {:?}, owners {:?}",
+        statuses(&client, &ids).await,
+        owners(&observer).await
+    );
+    assert!(
+        done,
+        "jobs of a worker cut from {cut:?} did not all end done within 30 s"
+    );
+    relay.restore();
+    let back = until_owners(&observer, &[("a", 2), ("b", 2)]).await;
+    eprintln!("a took its share again {back:?} after the relay was restored");
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+    observer.close().await.expect("close observer");
+    b.shutdown().await.expect("b shutdown");
+    a.shutdown().await.expect("a shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_cut_from_postgres_hands_its_partitions_back() {
+    a_worker_cut_from(Cut::Postgres, "part_pgcut").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_cut_from_nats_hands_its_partitions_back() {
+    a_worker_cut_from(Cut::Nats, "part_natscut").await;
+}
+
+/// Pauses the etcd leader of its stack at the fault's point; a task of its
+/// own continues it after the fault's duration.
+struct PauseLeader {
+    stack: Arc<DevStack>,
+    fired: Arc<AtomicBool>,
+}
+
+impl Injector for PauseLeader {
+    fn inject(&self, hit: FaultHit) -> BoxFuture<'static, ()> {
+        let (stack, fired) = (self.stack.clone(), self.fired.clone());
+        Box::pin(async move {
+            let Fault::PauseEtcdLeader(pause) = hit.rule.fault else {
+                return;
+            };
+            let leader = stack.etcd_leader().await.expect("etcd leader");
+            stack.etcd_member(leader).pause().expect("pause the leader");
+            fired.store(true, Ordering::SeqCst);
+            eprintln!("etcd leader m{leader} paused for {pause:?} at a partition's resign");
+            tokio::spawn(async move {
+                tokio::time::sleep(pause).await;
+                stack
+                    .etcd_member(leader)
+                    .resume()
+                    .expect("resume the leader");
+            });
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_over_whose_resign_meets_an_etcd_election_orphans_no_partition() {
+    init_logs();
+    // A stack of its own: its etcd leader is paused.
+    let stack = Arc::new(DevStack::start().await.expect("dev stack"));
+    // A long TTL: the pause must not end a session (that would free the key).
+    let ttl = Duration::from_secs(10);
+    let (ns, cfg, client) = partitioned_on(&stack, "part_resign", ttl, 4).await;
+    let fired = Arc::new(AtomicBool::new(false));
+    let injector = PauseLeader {
+        stack: stack.clone(),
+        fired: fired.clone(),
+    };
+    let pause = Fault::PauseEtcdLeader(Duration::from_millis(1500));
+    let plan = FaultPlan::new()
+        .at(None, StepIndex::new(0), FaultPoint::PartitionResign, pause)
+        .with_injector(Arc::new(injector));
+    let mut a_cfg = cfg.clone();
+    a_cfg.fault_plan = Some(plan);
+    let a = three_step_worker(&a_cfg, &ns, "a").await;
+    let observer = Session::establish(&cfg).await.expect("observer session");
+    until_owners(&observer, &[("a", 4)]).await;
+    // b joins: a hands two partitions over, the first resign meets the pause.
+    let b = three_step_worker(&cfg, &ns, "b").await;
+    let start = Instant::now();
+    let ids = enqueue(&client, "job", 40, &Work::default()).await;
+    let done = all_done(&client, &ids, Duration::from_secs(30)).await;
+    let took = start.elapsed();
+    assert!(
+        fired.load(Ordering::SeqCst),
+        "the resign's fault never fired"
+    );
+    eprintln!(
+        "etcd leader paused at the resign: all 40 done: {done} after {took:?}; statuses {:?}, owners {:?}",
+        statuses(&client, &ids).await,
+        owners(&observer).await
+    );
+    assert!(
+        done,
+        "a partition's jobs did not finish within 30 s of the hand-over"
+    );
+    until_owners(&observer, &[("a", 2), ("b", 2)]).await;
+    assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
+    observer.close().await.expect("close observer");
+    b.shutdown().await.expect("b shutdown");
+    a.shutdown().await.expect("a shutdown");
 }

@@ -58,6 +58,24 @@ pub struct Tuning {
     /// every worker through the watch; this is a backstop against a watch
     /// that stalls silently, and costs one etcd read per worker per period.
     pub partition_resync: Duration,
+    /// Partition mode: how long a worker may fail to reach PostgreSQL or NATS
+    /// before it stands down: it hands its partitions back and leaves the
+    /// members, so the others' fair shares cover its partitions, until a probe
+    /// reaches both again (default `None`: one lease TTL; read it with
+    /// [`Config::stand_down_after`](super::Config::stand_down_after)). One TTL
+    /// treats a worker that cannot work like one that crashed: a crashed
+    /// worker's partitions move once its lease expires, a TTL after it went
+    /// silent. Shorter would move partitions on every PostgreSQL restart or
+    /// NATS reconnect; longer leaves its partitions' jobs waiting, each of their
+    /// deliveries counting towards `max_deliver`.
+    pub stand_down_after: Option<Duration>,
+    /// Partition mode: how often a worker probes a PostgreSQL or NATS it
+    /// suspects is unreachable (a read, claim or fetch failed), and how long
+    /// one probe may take (default 500 ms). A probe is one `SELECT 1` or one
+    /// JetStream request, sent only while a server is suspected; one that
+    /// answers in time clears the suspicion, and a worker that stood down
+    /// comes back at the first probe round that reaches both.
+    pub server_probe: Duration,
     /// How often a fetcher whose session is not `Healthy` looks again (default
     /// 200 ms), besides waking on every health change.
     pub fetch_unhealthy_recheck: Duration,
@@ -76,7 +94,10 @@ pub struct Tuning {
     pub lock_release_flush: usize,
     /// A failed lock release is retried from `base`, doubling per failure up to
     /// `cap` (default 250 ms to 1 s); the lock expires with its session anyway,
-    /// so a retry only frees the job sooner for the next owner.
+    /// so a retry only frees the job sooner for the next owner. Partition mode
+    /// retries a handed-over partition's key deletion with the same backoff,
+    /// but never gives it up while the session lives: nobody else may take
+    /// that partition until its key is gone.
     pub lock_release_retry: BackoffConfig,
     /// A failed lock release is given up this long after its first failure
     /// (default 5 s), leaving the key to expire with the session.
@@ -144,6 +165,8 @@ impl Tuning {
         fetch_wait_several: Duration::from_millis(100),
         fetch_wait_now: Duration::from_millis(5),
         partition_resync: Duration::from_secs(5),
+        stand_down_after: None,
+        server_probe: Duration::from_millis(500),
         fetch_unhealthy_recheck: Duration::from_millis(200),
         fetch_error_pause: Duration::from_millis(250),
         lock_acquire_linger: Duration::from_millis(2),
@@ -187,6 +210,15 @@ impl Tuning {
         if self.partition_resync < Duration::from_millis(100) {
             return invalid("tuning.partition_resync", "must be at least 100 ms");
         }
+        if self.stand_down_after.is_some_and(|d| d.is_zero()) {
+            return invalid(
+                "tuning.stand_down_after",
+                "must be positive (None: the lease TTL)",
+            );
+        }
+        if self.server_probe.is_zero() {
+            return invalid("tuning.server_probe", "must be positive");
+        }
         if self.fetch_wait_several.is_zero() || self.fetch_wait_now.is_zero() {
             return invalid("tuning.fetch_wait_several", "fetch waits must be positive");
         }
@@ -228,6 +260,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_worker_stands_down_after_one_ttl_unless_told_otherwise() {
+        let cfg = crate::Config::new("ns").with_lease_ttl(Duration::from_secs(7));
+        assert_eq!(cfg.stand_down_after(), Duration::from_secs(7));
+        let mut cfg = cfg;
+        cfg.tuning.stand_down_after = Some(Duration::from_secs(2));
+        assert_eq!(cfg.stand_down_after(), Duration::from_secs(2));
+    }
+
+    #[test]
     fn defaults_are_valid_and_zeroes_are_refused_by_name() {
         assert_eq!(Tuning::default().validate(), Ok(()));
         let t = Tuning {
@@ -246,6 +287,18 @@ mod tests {
             ..Tuning::default()
         };
         assert!(t.validate().is_err());
+        for t in [
+            Tuning {
+                stand_down_after: Some(Duration::ZERO),
+                ..Tuning::default()
+            },
+            Tuning {
+                server_probe: Duration::ZERO,
+                ..Tuning::default()
+            },
+        ] {
+            assert!(t.validate().is_err(), "{t:?}");
+        }
         let t = Tuning {
             lock_release_retry: BackoffConfig {
                 base: Duration::from_secs(2),

@@ -32,6 +32,10 @@ pub enum FaultPoint {
     /// The step committed (its checkpoint is in the row); the next step has
     /// not started, or, after the last step, the message is not acked yet.
     AfterCommit,
+    /// Partition mode: a partition's hand-over is about to delete its key
+    /// (its jobs have stopped). Not a point of a job: give its rules `job:
+    /// None` and step 0; its [`FaultHit::job`] is the nil id.
+    PartitionResign,
 }
 
 /// What happens at a [`FaultPoint`].
@@ -49,6 +53,10 @@ pub enum Fault {
     /// PostgreSQL restarts (every connection drops) and the fault waits until
     /// it accepts connections again. Needs a test with its own stack.
     RestartPostgres,
+    /// The etcd cluster's leader stops (`SIGSTOP`) for this long, then
+    /// continues. The point does not wait: what follows it runs during the
+    /// pause. Needs a test with its own stack.
+    PauseEtcdLeader(Duration),
 }
 
 /// One rule of a [`FaultPlan`].
@@ -174,6 +182,13 @@ pub(crate) async fn before_commit(cfg: &Config, job: JobId, step: StepIndex) {
 /// Hook: step `step` of `job` committed ([`FaultPoint::AfterCommit`]).
 pub(crate) async fn after_commit(cfg: &Config, job: JobId, step: StepIndex) {
     at(cfg, FaultPoint::AfterCommit, job, step).await;
+}
+
+/// Hook: a partition's hand-over is about to delete its key
+/// ([`FaultPoint::PartitionResign`]).
+pub(crate) async fn partition_resign(cfg: &Config) {
+    let nil = JobId::from_uuid(uuid::Uuid::nil());
+    at(cfg, FaultPoint::PartitionResign, nil, StepIndex::new(0)).await;
 }
 
 /// Applies the fault planned at `point` of `job`'s `step`,

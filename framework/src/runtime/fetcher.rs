@@ -14,8 +14,9 @@ use super::Shared;
 use super::job_actor::{JobActor, JobArgs};
 use super::routes::TypeRoutes;
 use super::slots::{HoldSlot, Slots};
+use super::standing::Server;
 use crate::JobId;
-use crate::fence::JobRow;
+use crate::fence::{FenceError, JobRow};
 use crate::lease::Health;
 use crate::queue::Delivery;
 
@@ -213,6 +214,9 @@ impl FetcherState {
                 got
             }
             Err(e) => {
+                if e.is_transient() {
+                    sh.suspect(Server::Nats);
+                }
                 tracing::warn!(job_type = name, error = %e, "fetch failed; retrying");
                 tokio::time::sleep(sh.cfg.tuning.fetch_error_pause).await;
                 false
@@ -282,6 +286,9 @@ async fn admission_rows(sh: &Shared, deliveries: &[Delivery]) -> Option<HashMap<
     match sh.store.jobs(&ids).await {
         Ok(rows) => Some(rows.into_iter().map(|r| (r.id, r)).collect()),
         Err(e) => {
+            if matches!(e, FenceError::Db(_)) {
+                sh.suspect(Server::Postgres);
+            }
             tracing::warn!(error = %e, jobs = ids.len(), "reading a group's job rows failed; each job reads its own");
             None
         }

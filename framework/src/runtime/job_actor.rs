@@ -17,6 +17,7 @@ use super::outcome::{Attempt, DeadCode, Grant, Held, Outcome, Owned};
 use super::partitions::Ownership;
 use super::registry::DynJob;
 use super::slots::{HoldSlot, Slots};
+use super::standing::Server;
 use crate::fence::{Claim, FenceError, FencedTx, JobRow, JobStatus};
 use crate::lease::{Acquire, Coming, Health, Session};
 use crate::queue::Delivery;
@@ -212,6 +213,9 @@ impl JobRun {
                 return Err(Outcome::DeadLetter { code, reason });
             }
             Err(e) => {
+                if matches!(e, FenceError::Db(_)) {
+                    sh.suspect(Server::Postgres);
+                }
                 tracing::warn!(error = %e, "admission read failed; retrying later");
                 let delay = retry::jittered(&sh.cfg.retry_backoff, 0);
                 return Err(Outcome::Retry { delay });
@@ -499,6 +503,9 @@ impl JobRun {
             } => Outcome::Cancelled,
             FenceError::Terminal { .. } => Outcome::Ack,
             e => {
+                if matches!(e, FenceError::Db(_)) {
+                    self.shared.suspect(Server::Postgres);
+                }
                 tracing::warn!(error = %e, "claim failed; retrying later");
                 let delay = retry::jittered(&self.shared.cfg.retry_backoff, 0);
                 Outcome::Retry { delay }

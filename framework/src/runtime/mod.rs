@@ -36,6 +36,7 @@ mod routes;
 mod scheduler;
 mod slots;
 mod stage;
+mod standing;
 mod step_list;
 mod steps;
 
@@ -158,6 +159,9 @@ pub(crate) struct Shared {
     pub(crate) cancels: cancel::Cancels,
     /// Partition mode: the partitions this worker owns.
     pub(crate) ownership: Option<Arc<partitions::Ownership>>,
+    /// Partition mode: whether this worker can reach PostgreSQL and NATS
+    /// (the rebalancer stands down when it cannot).
+    pub(crate) reach: Option<Arc<standing::Reachability>>,
 }
 
 impl Shared {
@@ -168,6 +172,28 @@ impl Shared {
             .as_ref()
             .filter(|s| s.health() == Health::Healthy)
             .cloned()
+    }
+
+    /// A call to `server` failed as if it were unreachable: in partition
+    /// mode, the server is suspected and probed (see `standing`).
+    pub(crate) fn suspect(&self, server: standing::Server) {
+        if let Some(reach) = &self.reach {
+            reach.failed(server);
+        }
+    }
+}
+
+/// Partition mode: the probes of a suspected server ([`standing::keep`]).
+struct ServerProbe(Arc<Shared>);
+
+impl standing::Probe for ServerProbe {
+    fn probe(&self, server: standing::Server) -> futures::future::BoxFuture<'_, bool> {
+        Box::pin(async move {
+            match server {
+                standing::Server::Postgres => self.0.store.ping().await.is_ok(),
+                standing::Server::Nats => self.0.queue.ping().await.is_ok(),
+            }
+        })
     }
 }
 
@@ -358,7 +384,20 @@ impl WorkerBuilder {
             holding: Default::default(),
             cancels: Default::default(),
             ownership: cfg.partitions.map(|_| Arc::default()),
+            reach: cfg
+                .partitions
+                .map(|_| standing::Reachability::new(cfg.stand_down_after())),
         });
+        if let Some(reach) = &shared.reach {
+            let probe = ServerProbe(shared.clone());
+            let period = cfg.tuning.server_probe;
+            tasks.spawn(standing::keep(
+                reach.clone(),
+                probe,
+                period,
+                stop_all.clone(),
+            ));
+        }
         // Its own task, stopped before the session is revoked at shutdown: it
         // holds the session, which is revoked only once nobody else does.
         let rebalancer = shared.ownership.as_ref().map(|ownership| {

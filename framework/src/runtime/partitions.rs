@@ -11,18 +11,38 @@
 //! takeover), then deletes the key. A crashed worker's keys go with its lease.
 //! Every change under `<ns>/own/` wakes every worker's rebalance at once (an
 //! etcd watch), so a free partition is taken a round trip after it is freed.
+//!
+//! What holds besides:
+//!
+//! * **A worker that cannot work gives its partitions back.** One that fails
+//!   to reach PostgreSQL or NATS for `Config::stand_down_after` (one TTL by
+//!   default; `standing.rs` decides, from the runtime's failures and its own
+//!   probes) stands down: it deletes its member key, so the others' fair
+//!   shares cover every partition, and aims for no partition (each handed
+//!   over as above). Once a probe reaches both servers it joins again and
+//!   takes its share.
+//! * **No partition key outlives its owner's interest under a live lease.**
+//!   A hand-over deletes its key until etcd answers (or the session ends:
+//!   the key goes with the lease), and only then forgets the partition
+//!   ([`resign_until_gone`]); a key of ours that this worker does not hold (a
+//!   campaign whose answer was lost) is adopted while below the share, else
+//!   deleted. So a partition is never left owned in etcd with nobody working
+//!   it for longer than an etcd outage.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use super::standing::{Server, Standing};
+use crate::config::BackoffConfig;
 use crate::fence::FenceError;
 use crate::lease::{Campaign, Health, Leadership, LeaseError, OwnershipView, Session};
+use crate::retry::Backoff;
 use crate::types::{FencingToken, JobId, LeaseId};
 
 /// One owned partition of one job type.
@@ -100,6 +120,12 @@ impl Ownership {
             .collect();
         out.sort_unstable();
         out
+    }
+
+    /// Whether this worker holds partition `partition` of `job_type` (being
+    /// handed over or not).
+    fn holds(&self, job_type: &str, partition: u32) -> bool {
+        self.lock().contains_key(&(job_type.to_string(), partition))
     }
 
     /// How many partitions this worker owns (all types).
@@ -208,6 +234,10 @@ pub(crate) async fn rebalance(
         return;
     };
     let types = shared.registry.names();
+    let standing = match &shared.reach {
+        Some(reach) => reach.watch(),
+        None => watch::channel(Standing::Ready).1,
+    };
     let mut current = shared.session.clone();
     loop {
         let session = current.borrow_and_update().clone();
@@ -219,6 +249,8 @@ pub(crate) async fn rebalance(
                     session: &session,
                     partitions,
                     types: &types,
+                    standing: standing.clone(),
+                    joined: AtomicBool::new(false),
                     handovers: Mutex::default(),
                 };
                 tokio::select! {
@@ -245,25 +277,28 @@ struct Rebalance<'a> {
     session: &'a Arc<Session>,
     partitions: u32,
     types: &'a [String],
+    /// Whether this worker can reach PostgreSQL and NATS: stood down, it
+    /// aims for no partition and is no member.
+    standing: watch::Receiver<Standing>,
+    /// Whether this session's member key is in etcd (put when ready, deleted
+    /// when stood down).
+    joined: AtomicBool,
     /// Hand-overs in progress (aborted with the session's rebalancing: the
     /// key then goes with the lease).
     handovers: Mutex<tokio::task::JoinSet<()>>,
 }
 
 impl Rebalance<'_> {
-    /// Until the session is lost: join, watch, reconcile on every change.
+    /// Until the session is lost: watch, then reconcile on every change (of
+    /// the owners or of the standing), every `Tuning::partition_resync`, and
+    /// a tenth of that after a failed round.
     async fn run(&self) {
         let pause = self.shared.cfg.tuning.partition_resync;
         let lease = self.session.lease_id();
         self.ownership.forget(self.shared, lease, None);
         let mut lost = self.session.watch_health();
+        let mut standing = self.standing.clone();
         loop {
-            let types: Vec<&str> = self.types.iter().map(String::as_str).collect();
-            if let Err(e) = self.session.join_members(&types).await {
-                tracing::warn!(error = %e, "joining the partition members failed; retrying");
-                tokio::time::sleep(pause / 10).await;
-                continue;
-            }
             let mut watch = match self.session.watch_ownership().await {
                 Ok(w) => w,
                 Err(e) => {
@@ -273,12 +308,17 @@ impl Rebalance<'_> {
                 }
             };
             loop {
-                if let Err(e) = self.reconcile().await {
-                    tracing::warn!(error = %e, "rebalancing partitions failed; retrying");
-                }
+                let next = match self.reconcile().await {
+                    Ok(()) => pause,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rebalancing partitions failed; retrying");
+                        pause / 10
+                    }
+                };
                 tokio::select! {
                     changed = watch.changed() => if changed.is_err() { break },
-                    () = tokio::time::sleep(pause) => {}
+                    Ok(()) = standing.changed() => {}
+                    () = tokio::time::sleep(next) => {}
                     () = wait_lost(&mut lost) => {
                         self.ownership.forget(self.shared, LeaseId::new(0), None);
                         return std::future::pending().await;
@@ -288,31 +328,61 @@ impl Rebalance<'_> {
         }
     }
 
-    /// One reconciliation against the owners etcd shows now.
+    /// One reconciliation against the owners etcd shows now: ready, this
+    /// worker's fair share; stood down, none (every partition handed back).
     async fn reconcile(&self) -> Result<(), LeaseError> {
+        let ready = *self.standing.borrow() == Standing::Ready;
+        self.membership(ready).await?;
         let view = self.session.ownership().await?;
         let lease = self.session.lease_id();
         self.ownership.forget(self.shared, lease, Some(&view));
         for job_type in self.types {
-            let mut members: Vec<LeaseId> = view
-                .members
-                .iter()
-                .filter(|m| m.job_types.iter().any(|t| t == job_type))
-                .map(|m| m.lease)
-                .collect();
-            if !members.contains(&lease) {
-                members.push(lease);
-            }
-            members.sort_by_key(|l| l.get());
-            let index = members.iter().position(|l| *l == lease).unwrap_or(0);
-            let share = fair_share(self.partitions, members.len(), index);
+            let (share, index) = if ready {
+                self.share_of(job_type, &view)
+            } else {
+                (0, 0)
+            };
             self.balance_type(job_type, &view, share, index).await;
         }
         Ok(())
     }
 
+    /// Puts this session's member key when `ready`, deletes it otherwise
+    /// (once per change).
+    async fn membership(&self, ready: bool) -> Result<(), LeaseError> {
+        if self.joined.load(Ordering::Acquire) == ready {
+            return Ok(());
+        }
+        if ready {
+            let types: Vec<&str> = self.types.iter().map(String::as_str).collect();
+            self.session.join_members(&types).await?;
+        } else {
+            self.session.leave_members().await?;
+        }
+        self.joined.store(ready, Ordering::Release);
+        Ok(())
+    }
+
+    /// This worker's fair share of `job_type` and its index among the
+    /// type's members (by lease id, itself included).
+    fn share_of(&self, job_type: &str, view: &OwnershipView) -> (usize, usize) {
+        let lease = self.session.lease_id();
+        let mut members: Vec<LeaseId> = view
+            .members
+            .iter()
+            .filter(|m| m.job_types.iter().any(|t| t == job_type))
+            .map(|m| m.lease)
+            .collect();
+        if !members.contains(&lease) {
+            members.push(lease);
+        }
+        members.sort_by_key(|l| l.get());
+        let index = members.iter().position(|l| *l == lease).unwrap_or(0);
+        (fair_share(self.partitions, members.len(), index), index)
+    }
+
     /// Takes free partitions of `job_type` up to `share`, or hands the extra
-    /// ones over.
+    /// ones over. Keys of ours that nobody here works are adopted first.
     async fn balance_type(&self, job_type: &str, view: &OwnershipView, share: usize, index: usize) {
         let owners: HashMap<u32, LeaseId> = view
             .owners
@@ -325,9 +395,9 @@ impl Rebalance<'_> {
             for &p in kept.iter().rev().take(kept.len() - share) {
                 self.hand_over(job_type, p);
             }
-            return;
         }
-        let mut missing = share - kept.len();
+        let mut missing = share.saturating_sub(kept.len());
+        missing = self.adopt_strays(job_type, &owners, missing).await;
         if missing == 0 {
             return;
         }
@@ -344,6 +414,49 @@ impl Rebalance<'_> {
             if self.take(job_type, p).await {
                 missing -= 1;
             }
+        }
+    }
+
+    /// Stray keys: partitions of `job_type` whose key carries our lease but
+    /// that this worker does not hold (a campaign whose answer was lost to a
+    /// timeout, though etcd created the key). Nobody else may take them while
+    /// our session lives, so each is adopted (taken as ours) while `missing`
+    /// lasts and given up otherwise. Returns what is still missing.
+    async fn adopt_strays(
+        &self,
+        job_type: &str,
+        owners: &HashMap<u32, LeaseId>,
+        mut missing: usize,
+    ) -> usize {
+        let lease = self.session.lease_id();
+        let mut strays: Vec<u32> = owners
+            .iter()
+            .filter(|&(p, l)| *l == lease && !self.ownership.holds(job_type, *p))
+            .map(|(p, _)| *p)
+            .collect();
+        strays.sort_unstable();
+        for p in strays {
+            tracing::info!(
+                job_type,
+                partition = p,
+                missing,
+                "a partition key of ours that nobody here works: adopting it or giving it up"
+            );
+            if missing == 0 {
+                self.give_up(job_type, p).await;
+            } else if self.take(job_type, p).await {
+                missing -= 1;
+            }
+        }
+        missing
+    }
+
+    /// Deletes the stray key of partition `p` of `job_type` (see
+    /// [`adopt_strays`](Self::adopt_strays)); a failure is tried again the
+    /// next round, which finds the key still stray.
+    async fn give_up(&self, job_type: &str, p: u32) {
+        if let Err(e) = self.session.disown_partition(job_type, p).await {
+            tracing::warn!(job_type, partition = p, error = %e, "giving a stray partition key up failed; tried again next round");
         }
     }
 
@@ -379,9 +492,11 @@ impl Rebalance<'_> {
             }
             Err(e) => {
                 self.refused(job_type, p, &e);
-                if let Err(e) = self.session.resign(lead).await {
-                    tracing::warn!(job_type, partition = p, error = %e, "giving a refused partition up failed; it goes with the lease");
-                }
+                let (session, retry) = (
+                    self.session.clone(),
+                    self.shared.cfg.tuning.lock_release_retry,
+                );
+                self.spawn(async move { resign_until_gone(&session, lead, retry).await });
                 false
             }
         }
@@ -395,6 +510,9 @@ impl Rebalance<'_> {
                     "ALERT: fencing token regression on a partition (etcd revisions went backwards); none of its jobs run under it");
             }
             e => {
+                if matches!(e, FenceError::Db(_)) {
+                    self.shared.suspect(Server::Postgres);
+                }
                 tracing::warn!(job_type, partition = p, error = %e, "claiming a partition's fence failed")
             }
         }
@@ -402,7 +520,9 @@ impl Rebalance<'_> {
 
     /// Hands partition `p` of `job_type` over in the background: no new job
     /// starts, running ones stop at their next step boundary; once none is
-    /// left (or after `Config::shutdown_grace`), the key is deleted.
+    /// left (or after `Config::shutdown_grace`), the key is deleted, tried
+    /// until it is gone ([`resign_until_gone`]); only then is the partition
+    /// forgotten.
     fn hand_over(&self, job_type: &str, p: u32) {
         let Some((lead, in_flight)) = self.ownership.start_handover(job_type, p) else {
             return;
@@ -410,21 +530,51 @@ impl Rebalance<'_> {
         tracing::info!(job_type, partition = p, "handing a partition over");
         self.shared.metrics.partitions(job_type, "handed_over", 1);
         let (session, ownership) = (self.session.clone(), self.ownership.clone());
-        let grace = self.shared.cfg.shutdown_grace;
+        let shared = self.shared.clone();
         let job_type = job_type.to_string();
-        let mut tasks = self.handovers.lock().unwrap_or_else(|p| p.into_inner());
-        while tasks.try_join_next().is_some() {}
-        tasks.spawn(async move {
-            let until = tokio::time::Instant::now() + grace;
+        self.spawn(async move {
+            let until = tokio::time::Instant::now() + shared.cfg.shutdown_grace;
             while in_flight.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let token = lead.token();
-            if let Err(e) = session.resign(lead).await {
-                tracing::warn!(%job_type, partition = p, error = %e, "deleting a handed-over partition's key failed; it goes with the lease");
-            }
+            #[cfg(feature = "testing")]
+            super::faults::partition_resign(&shared.cfg).await;
+            resign_until_gone(&session, lead, shared.cfg.tuning.lock_release_retry).await;
             ownership.remove(&job_type, p, token);
         });
+    }
+
+    /// Runs `task` among this session's hand-overs (aborted with them).
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.handovers.lock().unwrap_or_else(|p| p.into_inner());
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(task);
+    }
+}
+
+/// Deletes the partition key `lead` (a hand-over's last act, or a refused
+/// claim's), trying again after every failure until etcd answers (the key is
+/// then gone, or another owner's) or the session ends (the key goes with the
+/// lease). A key left under a live lease with nobody working it would keep
+/// its partition from every other worker for the session's whole life, and
+/// one failed delete is enough for that: an etcd election longer than
+/// `Config::etcd_request_timeout` fails it. Each try is bounded by that
+/// timeout; between tries, `retry` (`Tuning::lock_release_retry`).
+async fn resign_until_gone(session: &Session, lead: Leadership, retry: BackoffConfig) {
+    let mut backoff = Backoff::new(retry);
+    let ended = session.cancellation();
+    loop {
+        match session.resign(lead.clone()).await {
+            Ok(_) => return,
+            Err(e) => {
+                let attempt = backoff.attempt() + 1;
+                tracing::warn!(partition = lead.role(), error = %e, attempt, "deleting a partition's key failed; trying again");
+                if !backoff.sleep_unless(&ended).await {
+                    return;
+                }
+            }
+        }
     }
 }
 

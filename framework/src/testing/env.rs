@@ -333,7 +333,7 @@ impl TestEnv {
                         hint: "start a worker process (TestEnv::worker_process)",
                     });
                 }
-                Fault::RestartPostgres if !self.spec.own_stack => {
+                Fault::RestartPostgres | Fault::PauseEtcdLeader(_) if !self.spec.own_stack => {
                     return Err(TestError::Unsupported {
                         fault: rule.fault,
                         where_: "on the shared dev stack",
@@ -374,11 +374,12 @@ impl TestEnv {
         if self.spec.worker.is_none() {
             return Err(TestError::NoWorkerFn);
         }
-        if let Some(rule) = plan
-            .rules()
-            .into_iter()
-            .find(|r| matches!(r.fault, Fault::CutEtcd(_) | Fault::RestartPostgres))
-        {
+        if let Some(rule) = plan.rules().into_iter().find(|r| {
+            matches!(
+                r.fault,
+                Fault::CutEtcd(_) | Fault::RestartPostgres | Fault::PauseEtcdLeader(_)
+            )
+        }) {
             return Err(TestError::Unsupported {
                 fault: rule.fault,
                 where_: "in a worker process",
@@ -449,10 +450,29 @@ impl Injector for InProcess {
                     None => tracing::error!("no etcd proxy to cut"),
                 },
                 Fault::RestartPostgres => restart_postgres(stack.get()).await,
+                Fault::PauseEtcdLeader(d) => pause_etcd_leader(stack, d).await,
                 other => tracing::error!(fault = ?other, "not applicable in process; skipped"),
             }
         })
     }
+}
+
+/// Stops the etcd leader for `pause` and returns once it is stopped; a task
+/// of its own continues it.
+async fn pause_etcd_leader(stack: StackRef, pause: Duration) {
+    let leader = match stack.get().etcd_leader().await {
+        Ok(i) => i,
+        Err(e) => return tracing::error!(error = %e, "no etcd leader to pause"),
+    };
+    if let Err(e) = stack.get().etcd_member(leader).pause() {
+        return tracing::error!(error = %e, "pausing the etcd leader failed");
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(pause).await;
+        if let Err(e) = stack.get().etcd_member(leader).resume() {
+            tracing::error!(error = %e, "resuming the etcd leader failed");
+        }
+    });
 }
 
 /// Restarts PostgreSQL and waits until it accepts connections.

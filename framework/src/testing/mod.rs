@@ -35,6 +35,8 @@ pub use env::{TestEnv, TestError, TestResult};
 pub use history::{CheckError, History, Report, StepRecord, Violation, judge_commits};
 #[cfg(feature = "devstack")]
 pub use process::WorkerProcess;
+#[cfg(feature = "devstack")]
+pub use proxy::Relay;
 
 /// Used by the code `#[tenure::test]` generates. Not a public API.
 #[cfg(feature = "devstack")]

@@ -185,6 +185,17 @@ impl FenceStore {
         row.as_ref().map(job_row).transpose()
     }
 
+    /// One round trip to PostgreSQL (`SELECT 1` on a pooled connection): whether
+    /// the worker can reach it now. The runtime's probe of a PostgreSQL it
+    /// suspects is unreachable (partition mode stands down without it).
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn ping(&self) -> Result<(), FenceError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// Reads the job rows of `ids` in one query (ids without a row are simply
     /// missing from the answer; the order is unspecified).
     ///

@@ -12,10 +12,15 @@
 //! Who is alive, and which types it runs, is the member key
 //! `<ns>/own/members/<lease>` under the same lease ([`Session::join_members`]),
 //! so a crashed worker's membership and partitions go together when its lease
-//! expires. [`Session::ownership`] reads both in one linearizable Txn, and
+//! expires; a live worker that cannot work deletes it
+//! ([`Session::leave_members`]) and puts it back once it can.
+//! [`Session::ownership`] reads both in one linearizable Txn, and
 //! [`Session::watch_ownership`] reports every change under `<ns>/own/`.
 
-use etcd_client::{GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    WatchStream,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::types::LeaseId;
@@ -116,6 +121,20 @@ impl Session {
         Ok(())
     }
 
+    /// Deletes this session's member key ([`Session::join_members`] puts it
+    /// back): the worker stays alive in etcd but counts in no fair share, so
+    /// the other members' shares cover every partition.
+    ///
+    /// # Errors
+    /// [`LeaseError::Etcd`], [`LeaseError::Timeout`].
+    pub async fn leave_members(&self) -> Result<(), LeaseError> {
+        let key = format!("{}{}", self.members_prefix(), self.lease);
+        let delete = TxnOp::delete(key.as_str(), None);
+        self.txn("leave_members", Txn::new().and_then([delete]))
+            .await?;
+        Ok(())
+    }
+
     /// Every member and every partition owner, in one linearizable read.
     ///
     /// # Errors
@@ -170,6 +189,29 @@ impl Session {
         let role = format!("partition {job_type}/{partition}");
         self.campaign_at(&role, self.partition_key(job_type, partition))
             .await
+    }
+
+    /// Deletes the key of partition `partition` of `job_type` if it carries
+    /// this session's lease, whatever its token: how a key whose campaign's
+    /// answer was lost (etcd created it, the request timed out) is given up.
+    /// Returns whether it was deleted.
+    ///
+    /// # Errors
+    /// [`LeaseError::Etcd`], [`LeaseError::Timeout`].
+    pub async fn disown_partition(
+        &self,
+        job_type: &str,
+        partition: u32,
+    ) -> Result<bool, LeaseError> {
+        let key = self.partition_key(job_type, partition);
+        let txn = Txn::new()
+            .when([Compare::lease(
+                key.as_str(),
+                CompareOp::Equal,
+                self.lease.get(),
+            )])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        Ok(self.txn("disown_partition", txn).await?.succeeded())
     }
 
     /// A watch on every key under `<ns>/own/` (members and partitions). Open

@@ -821,6 +821,31 @@ impl Queue {
         }
     }
 
+    /// One JetStream round trip (the work stream's info), answered within
+    /// [`Config::nats_request_timeout`](crate::Config::nats_request_timeout):
+    /// whether the worker can reach NATS now. The runtime's probe of a NATS it
+    /// suspects is unreachable (partition mode stands down without it).
+    ///
+    /// # Errors
+    /// [`QueueError::Disconnected`] at once while the client is not connected;
+    /// [`QueueError::Read`] when the server does not answer in time.
+    pub async fn ping(&self) -> Result<(), QueueError> {
+        if !self.is_connected() {
+            return Err(QueueError::Disconnected {
+                waited: Duration::ZERO,
+            });
+        }
+        let name = &self.inner.names.stream;
+        let info = self.inner.js.get_stream(name);
+        match tokio::time::timeout(self.inner.settings.request_timeout, info).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(read(name)(e)),
+            Err(_) => Err(read(name)(Cause::TimedOut(
+                self.inner.settings.request_timeout,
+            ))),
+        }
+    }
+
     /// Counts of the work stream, its per-type consumers (summed), the DLQ and
     /// pending advisories.
     ///
