@@ -310,6 +310,32 @@ pub async fn double_commits(pool: &sqlx::PgPool, schema: &str) -> i64 {
 
 pub use tenure::devstack::wait_until;
 
+/// Takes the one `job_type` message `max_deliver` times (its consumer's
+/// `MaxDeliver`, AckWait 2 s) and settles it neither time (a worker that
+/// crashes before settling), then pulls once more: the server raises its
+/// max-deliveries advisory when a pull would get the message again. What
+/// that last pull gets, if anything, is a fresh message a listener
+/// published for a dead job's compensation: left unsettled.
+pub async fn deliver_unsettled_past_max(
+    queue: &tenure::blocks::queue::Queue,
+    job_type: &str,
+    max_deliver: usize,
+) {
+    for _ in 0..max_deliver {
+        let got = queue
+            .fetch(job_type, 1, Duration::from_secs(5))
+            .await
+            .expect("fetch");
+        assert_eq!(got.len(), 1, "the message was not delivered");
+        drop(got);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+    }
+    queue
+        .fetch(job_type, 1, Duration::from_secs(1))
+        .await
+        .expect("fetch");
+}
+
 /// Waits until job `id`'s row is terminal and returns it; panics after
 /// `timeout` with the row as it is.
 pub async fn wait_terminal(

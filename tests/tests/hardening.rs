@@ -272,13 +272,10 @@ async fn a_given_up_message_leaves_the_stream_only_after_its_row_is_dead() {
     let ttl = Duration::from_secs(2);
     let ns = DevStack::unique_namespace("hd_gave_up");
     let mut cfg = config_for(stack(), &ns, ttl);
-    cfg.max_deliver = 3;
+    cfg.max_deliver = 2;
     let client = Client::connect(&cfg).await.expect("client");
     prepare_schema(&client).await;
     let id = client.enqueue::<Noop>("held", &1).await.unwrap().job_id;
-    // Every delivery is contended until the broker gives up.
-    let holder = Session::establish(&cfg).await.unwrap();
-    assert!(holder.acquire(id).await.unwrap().is_acquired());
     // The row is locked on a plain connection (no idle-in-transaction timeout).
     let mut blocker = <sqlx::PgConnection as sqlx::Connection>::connect(&stack().database_url())
         .await
@@ -289,12 +286,17 @@ async fn a_given_up_message_leaves_the_stream_only_after_its_row_is_dead() {
         .execute(&mut blocker)
         .await
         .unwrap();
+    // Delivered until the broker gives up, never settled (a worker that
+    // crashes each time; nobody holds the job); the advisory waits in its
+    // stream for the worker's listener.
+    let queue = tenure::blocks::queue::Queue::provision(&cfg).await.unwrap();
+    tenure_tests::deliver_unsettled_past_max(&queue, "hardening.noop", 2).await;
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
         .register(Noop)
         .start()
         .await
         .unwrap();
-    // Well past three contended deliveries and the advisory.
+    // Well past the advisory.
     tokio::time::sleep(Duration::from_secs(8)).await;
     let dlq = client.queue().dead_letters(100).await.unwrap();
     assert!(
@@ -322,7 +324,6 @@ async fn a_given_up_message_leaves_the_stream_only_after_its_row_is_dead() {
         stats.work_messages, 0,
         "and leaves the work stream: {stats:?}"
     );
-    holder.close().await.unwrap();
     worker.shutdown().await.unwrap();
 }
 

@@ -515,28 +515,6 @@ async fn a_job_a_live_session_holds_is_never_given_up_by_the_broker() {
     w.shutdown().await.unwrap();
 }
 
-/// Takes the one `test.three_step` message twice (MaxDeliver = 2) and
-/// settles it neither time (a worker that crashes before settling), then
-/// pulls once more: the server raises its max-deliveries advisory when a
-/// pull would get the message a third time. What that pull gets, if
-/// anything, is the fresh message a listener publishes for a dead job's
-/// compensation: left unsettled.
-async fn deliver_unsettled_past_max(queue: &tenure::blocks::queue::Queue) {
-    for _ in 0..2 {
-        let got = queue
-            .fetch("test.three_step", 1, Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert_eq!(got.len(), 1);
-        drop(got);
-        tokio::time::sleep(Duration::from_millis(2500)).await;
-    }
-    queue
-        .fetch("test.three_step", 1, Duration::from_secs(1))
-        .await
-        .unwrap();
-}
-
 /// The broker gives up on a message while a live session holds the job's
 /// lock: the job is not dead, its message is renewed (no dead letter), and
 /// it runs once the holder is gone.
@@ -547,7 +525,7 @@ async fn the_backstop_renews_the_message_of_a_job_a_live_owner_holds() {
     assert!(holder.acquire(job_id).await.unwrap().is_acquired());
     let queue = tenure::blocks::queue::Queue::provision(&cfg).await.unwrap();
     let other = other_type_worker(&cfg, &ns).await;
-    deliver_unsettled_past_max(&queue).await;
+    tenure_tests::deliver_unsettled_past_max(&queue, "test.three_step", 2).await;
     // Long enough for the listener to act (it marks a job nobody holds dead
     // within seconds: the test below).
     let dead = wait_until(Duration::from_secs(20), || async {
@@ -577,7 +555,7 @@ async fn a_message_nobody_settles_is_given_up_and_its_row_marked_dead() {
     // listener of a worker of another type marks the row.
     let queue = tenure::blocks::queue::Queue::provision(&cfg).await.unwrap();
     let w = other_type_worker(&cfg, &ns).await;
-    deliver_unsettled_past_max(&queue).await;
+    tenure_tests::deliver_unsettled_past_max(&queue, "test.three_step", 2).await;
     let dead = wait_until(Duration::from_secs(60), || async {
         matches!(client.job(job_id).await.unwrap(), Some(r) if r.status == JobStatus::Dead)
     })

@@ -152,7 +152,8 @@ impl FenceStore {
 
     /// Grants `role` what running jobs needs on this store's schema, and nothing
     /// more: `USAGE` on the schema, `SELECT, INSERT, UPDATE` on `jobs`, `schedules` and
-    /// `leader_fences`,
+    /// `leader_fences`, `SELECT` on `job_tombstones` (an enqueue's dedup of a
+    /// pruned key),
     /// `EXECUTE` on `tenure_step_cas` and the other `tenure_*` functions (the
     /// retention's `tenure_prune_jobs` deletes finished rows only). No DDL, no `DELETE`, no guard bypass (see
     /// `guide::production`, least-privilege roles). Run it as the migrator
@@ -179,6 +180,7 @@ impl FenceStore {
                 "GRANT SELECT, INSERT, UPDATE ON \"{s}\".schedules, \"{s}\".leader_fences TO {role}"
             ),
             format!("GRANT SELECT, INSERT ON \"{s}\".partitioning TO {role}"),
+            format!("GRANT SELECT ON \"{s}\".job_tombstones TO {role}"),
             format!("GRANT SELECT, INSERT, UPDATE ON \"{s}\".partition_fences TO {role}"),
             format!(
                 "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_step_cas(uuid, bigint, integer, jsonb, boolean) TO {role}"
@@ -191,6 +193,9 @@ impl FenceStore {
             ),
             format!(
                 "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_prune_jobs(text, double precision, integer) TO {role}"
+            ),
+            format!(
+                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_prune_tombstones(double precision, integer) TO {role}"
             ),
         ] {
             tx.execute(stmt.as_str()).await?;
