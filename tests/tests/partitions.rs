@@ -47,7 +47,19 @@ async fn partitioned_on(
 /// How many partitions of `ThreeStep` each worker owns now, by worker id (read
 /// from etcd through a session of the test's own).
 async fn owners(observer: &Session) -> BTreeMap<String, usize> {
-    let view = observer.ownership().await.expect("ownership");
+    // A read may time out on a loaded machine (1 s): the next one answers.
+    let mut tries = 0;
+    let view = loop {
+        match observer.ownership().await {
+            Ok(view) => break view,
+            Err(e) if tries < 10 => {
+                tries += 1;
+                eprintln!("ownership read failed ({e}); again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("ownership: {e:?}"),
+        }
+    };
     let mut out = BTreeMap::new();
     let three_step = <ThreeStep as tenure::Job>::NAME;
     for o in view.owners.into_iter().filter(|o| o.job_type == three_step) {
