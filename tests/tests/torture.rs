@@ -125,10 +125,15 @@ fn no_violation(s: &Summary, all: &str, jobs: i64, faults: i64) {
 
 /// A numeric field of the `torture: cron ...` line.
 fn cron_field(all: &str, k: &str) -> i64 {
+    line_field(all, "torture: cron ", k)
+}
+
+/// A numeric field `k` of the first line of `all` that starts with `prefix`.
+fn line_field(all: &str, prefix: &str, k: &str) -> i64 {
     let line = all
         .lines()
-        .find(|l| l.starts_with("torture: cron "))
-        .expect("the cron line");
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line {prefix:?}"));
     line.split_whitespace()
         .filter_map(|kv| kv.split_once('='))
         .find(|(key, _)| *key == k)
@@ -256,15 +261,7 @@ fn operator_cancels_mid_run_end_cancelled_never_partial_lost_or_doubled() {
 }
 
 fn history_field(all: &str, k: &str) -> i64 {
-    let line = all
-        .lines()
-        .find(|l| l.starts_with("torture: history_rows="))
-        .expect("the history line");
-    line.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .find(|(key, _)| *key == k)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or_else(|| panic!("{k} missing in {line}"))
+    line_field(all, "torture: history_rows=", k)
 }
 
 /// etcd snapshot restores on their own (two of each kind): without a bump the

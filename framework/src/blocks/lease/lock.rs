@@ -113,15 +113,9 @@ impl Session {
     /// # Errors
     /// [`LeaseError::Etcd`] or [`LeaseError::Timeout`].
     pub async fn release_stranded(&self, job_id: JobId) -> Result<bool, LeaseError> {
-        let key = self.lock_key(job_id);
-        let txn = Txn::new()
-            .when([Compare::lease(
-                key.as_str(),
-                CompareOp::Equal,
-                self.lease.get(),
-            )])
-            .and_then([TxnOp::delete(key.as_str(), None)]);
-        let deleted = self.txn("release_stranded", txn).await?.succeeded();
+        let deleted = self
+            .delete_if_ours("release_stranded", self.lock_key(job_id))
+            .await?;
         if deleted {
             tracing::warn!(%job_id, "deleted a job lock stranded under this session's own lease");
         }
@@ -135,6 +129,22 @@ impl Session {
     /// [`LeaseError::Etcd`] or [`LeaseError::Timeout`].
     pub async fn lock_holder(&self, job_id: JobId) -> Result<Option<LeaseId>, LeaseError> {
         self.holder_of("lock_holder", self.lock_key(job_id)).await
+    }
+
+    /// Deletes `key` only while it carries this session's lease; whether it did.
+    pub(super) async fn delete_if_ours(
+        &self,
+        op: &'static str,
+        key: String,
+    ) -> Result<bool, LeaseError> {
+        let txn = Txn::new()
+            .when([Compare::lease(
+                key.as_str(),
+                CompareOp::Equal,
+                self.lease.get(),
+            )])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        Ok(self.txn(op, txn).await?.succeeded())
     }
 
     /// The lease a key lives under, if the key exists (one linearizable read).

@@ -17,10 +17,7 @@
 //! [`Session::ownership`] reads both in one linearizable Txn, and
 //! [`Session::watch_ownership`] reports every change under `<ns>/own/`.
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
-    WatchStream,
-};
+use etcd_client::{GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream};
 use serde::{Deserialize, Serialize};
 
 use crate::types::LeaseId;
@@ -204,14 +201,7 @@ impl Session {
         partition: u32,
     ) -> Result<bool, LeaseError> {
         let key = self.partition_key(job_type, partition);
-        let txn = Txn::new()
-            .when([Compare::lease(
-                key.as_str(),
-                CompareOp::Equal,
-                self.lease.get(),
-            )])
-            .and_then([TxnOp::delete(key.as_str(), None)]);
-        Ok(self.txn("disown_partition", txn).await?.succeeded())
+        self.delete_if_ours("disown_partition", key).await
     }
 
     /// A watch on every key under `<ns>/own/` (members and partitions). Open

@@ -272,23 +272,13 @@ impl Delivery {
     /// is stored and this message may come back once more: a duplicate, which
     /// the job row absorbs).
     pub async fn renew(&self, delay: Duration) -> Result<(), QueueError> {
-        let mut h = HeaderMap::new();
-        if let Some(orig) = self.message.headers.as_ref() {
-            for (name, values) in orig.iter() {
-                let text = name.to_string();
-                if text == async_nats::header::NATS_MESSAGE_ID.as_ref()
-                    || text == headers::NOT_BEFORE
-                {
-                    continue;
-                }
-                for v in values {
-                    h.append(name.clone(), v.clone());
-                }
-            }
-        }
         let job = self.header(headers::JOB_ID).unwrap_or("message");
         let msg_id = format!("{job}/renew/{}", self.stream_sequence);
-        h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(&msg_id));
+        let mut h = headers::renewed(
+            self.message.headers.as_ref(),
+            &[headers::NOT_BEFORE],
+            &msg_id,
+        );
         let not_before =
             unix_ms().saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
         h.insert(headers::NOT_BEFORE, headers::value(&not_before.to_string()));

@@ -737,17 +737,8 @@ impl Queue {
     /// stored (the listener's `Nats-Msg-Id` `<seq>/renew-given-up`, so a
     /// retried advisory stores one), then the old one is deleted.
     async fn renew_stored(&self, stored: &StreamMessage, seq: u64) -> Result<(), QueueError> {
-        let mut h = HeaderMap::new();
-        for (name, values) in stored.headers.iter() {
-            if name.to_string() == async_nats::header::NATS_MESSAGE_ID.as_ref() {
-                continue;
-            }
-            for v in values {
-                h.append(name.clone(), v.clone());
-            }
-        }
         let msg_id = format!("{seq}/renew-given-up");
-        h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(&msg_id));
+        let h = headers::renewed(Some(&stored.headers), &[], &msg_id);
         let subject = stored.subject.to_string();
         let renewed = self
             .publish_confirmed(subject, h, stored.payload.clone())

@@ -53,6 +53,23 @@ pub const FENCE_JOB_ID: &str = "Tenure-Fence-Job-Id";
 /// Fence passed downstream: the fencing token (decimal).
 pub const FENCE_TOKEN: &str = "Tenure-Fence";
 
+/// The headers of a renewed copy of a message: `orig`'s, less `Nats-Msg-Id`
+/// and the headers named in `drop`, with `Nats-Msg-Id` = `msg_id`.
+pub(crate) fn renewed(orig: Option<&HeaderMap>, drop: &[&str], msg_id: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (name, values) in orig.into_iter().flat_map(HeaderMap::iter) {
+        let text = name.to_string();
+        if text == async_nats::header::NATS_MESSAGE_ID.as_ref() || drop.contains(&text.as_str()) {
+            continue;
+        }
+        for v in values {
+            h.append(name.clone(), v.clone());
+        }
+    }
+    h.insert(async_nats::header::NATS_MESSAGE_ID, value(msg_id));
+    h
+}
+
 /// The headers that exist only on a dead letter; [`redrive`](super::Queue::redrive)
 /// removes them (and every [`ORIGINAL_PREFIX`] header) before republishing.
 pub(crate) const DLQ_ONLY: [&str; 7] = [
