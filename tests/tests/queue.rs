@@ -330,6 +330,170 @@ async fn retry_after_redelivers_after_the_delay_with_a_higher_count() {
     again.ack().await.expect("ack");
 }
 
+/// A nak delay that ends as a fetch's wait ends: the redelivery comes at the
+/// delay, never after `AckWait`. With pull requests that wait at the server
+/// (`no_wait` + `expires`), nats-server 2.9.10 lost the redelivery until
+/// `AckWait` when the request expired within about a millisecond of the
+/// delay's end: the request went unanswered past its expiry, and the message
+/// came back 5 s later (seen in 5 of 40 trials over this sweep; the same race
+/// is behind `retry_after_redelivers_after_the_delay_with_a_higher_count`'s
+/// failures, 3 in 50 runs, each at 6.5 s = its delay + `AckWait`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nak_delay_ending_with_a_fetch_wait_loses_no_redelivery() {
+    let stack = nats();
+    let queue = Queue::provision(&config(stack, "q_nak_race", 5))
+        .await
+        .expect("connect");
+    let delay = Duration::from_millis(300);
+    let mut late = Vec::new();
+    for trial in 0..24u64 {
+        queue
+            .publish_job(job(trial as usize), "test.job", "x".into())
+            .await
+            .expect("publish");
+        let d = fetch_one(&queue, Duration::from_secs(5))
+            .await
+            .expect("delivery");
+        // The fetch's wait ends from 1.2 ms after to 1.1 ms before the delay.
+        let wait = delay + Duration::from_micros(1200) - Duration::from_micros(100 * trial);
+        let nak_at = Instant::now();
+        d.retry_after(delay).await.expect("nak");
+        let mut back = queue.fetch("test.job", 1, wait).await.expect("fetch").pop();
+        if back.is_none() {
+            back = fetch_one(&queue, Duration::from_secs(10)).await;
+        }
+        let back = back.expect("redelivery");
+        let after = nak_at.elapsed();
+        if after > delay + Duration::from_secs(1) || back.delivery_count() != 2 {
+            late.push((trial, after, back.delivery_count()));
+        }
+        back.ack().await.expect("ack");
+    }
+    assert!(
+        late.is_empty(),
+        "(trial, redelivered after, delivery count): not after the {delay:?} delay, \
+         or not as the second delivery: {late:?}"
+    );
+}
+
+/// An idle fetch loop (the single-type fetcher's: `fetch` with the default
+/// `Tuning::fetch_wait`, again and again) picks up a new message within the
+/// poll period `Tuning::fetch_wait_several` (100 ms) and some slack. Prints
+/// the pickup latencies (`BENCHMARKS.md`, issue 30.10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_fetch_loop_picks_up_a_new_message_within_the_poll_period() {
+    let stack = nats();
+    let cfg = config(stack, "q_pickup", 5);
+    let queue = Queue::provision(&cfg).await.expect("connect");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    let fetcher = queue.clone();
+    let wait = cfg.tuning.fetch_wait;
+    let fetch_loop = tokio::spawn(async move {
+        loop {
+            for d in fetcher.fetch("test.job", 8, wait).await.expect("fetch") {
+                let _ = tx.send((Instant::now(), d)).await;
+            }
+        }
+    });
+    let mut latencies = Vec::new();
+    for n in 0..20u64 {
+        // Publish at points spread over the poll period and the fetch's wait.
+        tokio::time::sleep(Duration::from_millis(150 + 37 * n)).await;
+        let sent = Instant::now();
+        queue
+            .publish_job(job(n as usize), "test.job", "x".into())
+            .await
+            .expect("publish");
+        let (got, d) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("picked up within 5 s")
+            .expect("fetch loop");
+        latencies.push(got - sent);
+        d.ack().await.expect("ack");
+    }
+    fetch_loop.abort();
+    latencies.sort();
+    let (p50, max) = (
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1],
+    );
+    eprintln!(
+        "idle pickup over {} messages: p50 {p50:?}, max {max:?}",
+        latencies.len()
+    );
+    let bound = cfg.tuning.fetch_wait_several + Duration::from_millis(150);
+    assert!(max < bound, "pickup {max:?}, over {bound:?}: {latencies:?}");
+}
+
+/// A fetch from a NATS that takes requests but answers nothing (paused)
+/// fails, as a transient error, instead of returning nothing: the pull
+/// requests do not wait at the server, so silence is told apart from an
+/// empty consumer by a ping (partition mode suspects NATS from such errors).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_from_a_paused_nats_fails_instead_of_finding_nothing() {
+    let stack = DevStack::start_with(nats_only()).await.expect("own NATS");
+    let cfg = config(&stack, "q_paused", 5).with_nats_request_timeout(Duration::from_secs(1));
+    let queue = Queue::provision(&cfg).await.expect("connect");
+    let wait = Duration::from_millis(300);
+    assert!(
+        queue
+            .fetch("test.job", 1, wait)
+            .await
+            .expect("fetch")
+            .is_empty()
+    );
+    stack.nats().pause().expect("pause NATS");
+    let paused_at = Instant::now();
+    let fetched = queue.fetch("test.job", 1, wait).await;
+    let took = paused_at.elapsed();
+    stack.nats().resume().expect("resume NATS");
+    let err = fetched.expect_err("a fetch from a paused NATS");
+    assert!(err.is_transient(), "{err}");
+    assert!(took < Duration::from_secs(4), "the fetch took {took:?}");
+    queue
+        .publish_job(job(1), "test.job", "x".into())
+        .await
+        .expect("publish after the pause");
+    let d = fetch_one(&queue, Duration::from_secs(5))
+        .await
+        .expect("a delivery after the pause");
+    d.ack().await.expect("ack");
+}
+
+/// The max-deliveries case with pull requests that do not wait: once a
+/// message went over `MaxDeliver`, the next pull finds the server holding it
+/// as ready, and the server keeps that `no_wait` request with nothing to
+/// deliver and no expiry (every round here). The fetch still returns nothing
+/// within its wait, without an error: the request is probed and dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_after_the_broker_gave_up_on_a_message_returns_within_its_wait() {
+    let stack = nats();
+    let wait = Duration::from_millis(300);
+    for round in 0..3 {
+        let mut cfg = config(stack, "q_gave_up", 5);
+        cfg.max_deliver = 2;
+        let queue = Queue::provision(&cfg).await.expect("connect");
+        queue
+            .publish_job(job(round), "test.job", "poison".into())
+            .await
+            .expect("publish");
+        for _ in 0..2 {
+            let d = fetch_one(&queue, Duration::from_secs(5))
+                .await
+                .expect("delivery");
+            d.retry_after(Duration::ZERO).await.expect("nak");
+        }
+        let t = Instant::now();
+        let got = queue.fetch("test.job", 1, wait).await.expect("fetch");
+        let took = t.elapsed();
+        assert!(got.is_empty());
+        assert!(
+            took < wait + Duration::from_secs(1),
+            "round {round}: {took:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_keeps_every_header() {
     let stack = nats();

@@ -38,16 +38,22 @@ pub struct Tuning {
     /// as a shift: `1 / 2^shift` (default 3: 1/8, a mean over about the last
     /// eight jobs).
     pub run_time_mean_shift: u32,
-    /// How long one fetch waits for the broker to deliver (default 500 ms): long
-    /// enough that an idle worker asks about twice a second, short enough that a
-    /// draining worker stops fetching soon.
+    /// How long one fetch waits for the broker to deliver (default 500 ms),
+    /// asking it every [`fetch_wait_several`](Self::fetch_wait_several)
+    /// meanwhile: short enough that a draining worker stops fetching soon.
     pub fetch_wait: Duration,
-    /// How long a fetch round of a worker with several job types waits for the
-    /// first message of any of them (default 100 ms). Each type has its own pull
-    /// request and the round ends when all have: a burst of one type that
-    /// arrives while another type's request waits is fetched past its first
+    /// How often a waiting fetch asks the broker again, and how long a fetch
+    /// round of a worker with several job types (or partitions) waits for the
+    /// first message of any of them (default 100 ms). No pull request waits
+    /// at the server (nats-server 2.9 loses a redelivery that comes due as a
+    /// waiting request expires, until `AckWait`): the worker asks, the server
+    /// answers at once, and a message that arrives while an idle worker waits
+    /// is taken within about this (measured at the default: 49-62 ms at the
+    /// median, at most 129 ms; `BENCHMARKS.md`). The round ends when every
+    /// type's fetch has: a burst of one type is fetched past its first
     /// messages only after this. The cost of shorter: an idle worker asks
-    /// about each of its types ten times a second.
+    /// about each of its types (each partition it owns) more often, ten times
+    /// a second at the default.
     pub fetch_wait_several: Duration,
     /// How long, after a round that delivered something, a worker with several
     /// job types waits on each type in turn (default 5 ms): the messages there

@@ -103,8 +103,9 @@ impl Actor for Fetcher {
                 busy = st.round(round, holds) => st.busy = busy,
             }
             if !st.busy && sh.ownership.is_some() {
-                // Partition pulls do not wait at the server (see
-                // `Queue::fetch_partition`): the pause between idle rounds does.
+                // A partition fetch asks once (`Queue::fetch_partition`): the
+                // pause between idle rounds is its wait, the period at which a
+                // type's fetch asks again.
                 tokio::select! {
                     () = sh.draining.cancelled() => return Ok(()),
                     () = tokio::time::sleep(sh.cfg.tuning.fetch_wait_several) => {}
@@ -147,12 +148,14 @@ impl FetcherState {
     /// One fetch round over the types below their limit; whether it delivered
     /// anything.
     ///
-    /// One type: one pull request for all the holds, waiting up to
-    /// `Tuning::fetch_wait`. Several: after a busy round, first a pull without
-    /// waiting from each type in turn (messages are there: take them); if that
-    /// finds nothing, or after an idle round, one waiting pull per type at once,
-    /// the holds shared out, each ending at its type's first message or after
-    /// `Tuning::fetch_wait_several`, and each pull's deliveries started as it ends.
+    /// One type: one fetch for all the holds, waiting up to
+    /// `Tuning::fetch_wait`. Several: after a busy round, first a fetch that
+    /// barely waits (`Tuning::fetch_wait_now`) from each type in turn
+    /// (messages are there: take them); if that finds nothing, or after an
+    /// idle round, one fetch per type at once, the holds shared out, each
+    /// ending at its type's first message or after `Tuning::fetch_wait_several`,
+    /// and each fetch's deliveries started as it ends. The waiting is the
+    /// worker's: no pull request waits at the server (`queue/pull.rs`).
     async fn round(&self, round: Round, mut holds: Vec<HoldSlot>) -> bool {
         let t = &self.args.shared.cfg.tuning;
         if round.len() > 1 && self.busy {

@@ -645,14 +645,14 @@ impl Queue {
         }
     }
 
-    /// One pull from the advisory stream, each advisory handled and acked.
+    /// Advisories from the advisory stream (asked for every poll period, up
+    /// to `AckWait`, like [`Queue::fetch`]), each handled and acked.
     async fn advisory_round(&self) -> Result<(), QueueError> {
         let wait = self.inner.settings.ack_wait;
         let batch = self
-            .pull(
+            .poll(
                 &self.inner.advisories,
                 &self.inner.names.advisory_consumer,
-                super::Pull::FirstMessage,
                 16,
                 wait,
             )

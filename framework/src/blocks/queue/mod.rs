@@ -33,8 +33,9 @@
 //! # Server compatibility
 //! Verified against nats-server 2.9.10 with async-nats 0.51: every typed call used
 //! here (stream create/update/info, consumer create/info, publish acks, direct
-//! get with `next_by_subj`, `MSG.DELETE`, pull requests with `no_wait` +
-//! `expires`) parses 2.9's replies. Stored messages are read with a direct get
+//! get with `next_by_subj`, `MSG.DELETE`, pull requests with `no_wait` and no
+//! `expires`, answered at once; see `queue/pull.rs` for why none waits at the
+//! server) parses 2.9's replies. Stored messages are read with a direct get
 //! (streams have `allow_direct`), not the typed `STREAM.MSG.GET`, whose header
 //! parser keeps only the last value of a repeated header. Acks go as plain
 //! requests on the ack subject, so the server's empty reply confirms them (this
@@ -69,6 +70,7 @@ mod delivery;
 mod dlq;
 mod finished;
 pub mod headers;
+mod pull;
 mod routes;
 mod setup;
 
@@ -77,7 +79,6 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer, stream};
-use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -237,6 +238,8 @@ impl QueueError {
 enum Cause {
     #[error("no answer from NATS within {0:?}")]
     TimedOut(Duration),
+    #[error("the server refused the pull request with status {0}")]
+    Refused(u16),
 }
 
 /// The names of a namespace's streams, subjects and consumers.
@@ -443,20 +446,13 @@ pub struct QueueStats {
     pub advisories: u64,
 }
 
-/// How a pull request waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pull {
-    /// `no_wait` + `expires`: the server answers at the first message.
-    FirstMessage,
-    /// `no_wait` alone: the server answers at once with what it has (up to
-    /// `max`, or "no messages"); no request is left waiting at the server.
-    NoWait,
-}
-
 /// Settings the queue keeps from [`Config`].
 #[derive(Debug, Clone)]
 struct Settings {
     request_timeout: Duration,
+    /// How often a waiting fetch asks the server again
+    /// (`Tuning::fetch_wait_several`).
+    poll_period: Duration,
     ack_wait: Duration,
     max_deliver: i64,
     backoff: BackoffConfig,
@@ -644,22 +640,26 @@ impl Queue {
         })
     }
 
-    /// One pull request for up to `max` messages of `job_type`: waits up to
-    /// `wait` for the first message, then returns what the server has ready (at
-    /// most `max`, maybe fewer; an empty `Vec` when nothing arrived within
-    /// `wait`). The server ends the request once it has delivered something, so
-    /// no request stays open after the call returns and nothing is delivered to
-    /// a caller that stopped listening. Each [`Delivery`] must be acked, retried
-    /// or dead-lettered; one that is dropped is redelivered after `AckWait`.
+    /// Up to `max` messages of `job_type`: waits up to `wait` for the first,
+    /// then returns what the server has ready (at most `max`, maybe fewer; an
+    /// empty `Vec` when nothing arrived within `wait`). The wait is the
+    /// client's: it asks the server every poll period
+    /// ([`Tuning::fetch_wait_several`](crate::config::Tuning::fetch_wait_several),
+    /// 100 ms by default, so a message that arrives while it waits is taken
+    /// within about that) with a pull request the server answers at once, and
+    /// no request is left at the server when the call returns (nats-server
+    /// 2.9 mishandles requests that wait there: see `queue/pull.rs`). Each
+    /// [`Delivery`] must be acked, retried or dead-lettered; one that is
+    /// dropped is redelivered after `AckWait`.
     ///
     /// Call it in a loop with `max` = the free slots of the worker. It uses the
     /// job type's own consumer ([`Queue::route`]), opened on the first call.
     ///
     /// # Errors
-    /// [`QueueError::Disconnected`] when NATS is down for the whole `wait` (the
-    /// client keeps reconnecting: call again later); [`QueueError::Fetch`] when the
-    /// server answers with an error or not within `wait` +
-    /// [`Config::nats_request_timeout`](crate::Config::nats_request_timeout);
+    /// [`QueueError::Disconnected`] when NATS is down for the rest of the
+    /// `wait` (the client keeps reconnecting: call again later);
+    /// [`QueueError::Fetch`] when the server refuses a request, or a request
+    /// cannot be sent within [`Config::nats_request_timeout`](crate::Config::nats_request_timeout);
     /// as [`Queue::route`] when the consumer cannot be opened.
     pub async fn fetch(
         &self,
@@ -674,20 +674,20 @@ impl Queue {
             got = tracing::field::Empty
         );
         let consumer = self.type_consumer(job_type).await?;
-        self.fetch_from(&consumer, Pull::FirstMessage, max, wait, span)
-            .await
+        let name = &consumer.cached_info().name;
+        let messages = self
+            .poll(&consumer, name, max, wait)
+            .instrument(span.clone())
+            .await?;
+        Ok(self.deliveries(messages, &span))
     }
 
     /// As [`Queue::fetch`], from the consumer of partition `partition` of
     /// `job_type` (partition mode), created on first use by a worker's queue,
-    /// except that it does not wait: the server answers at once with what it
-    /// has (`wait` only bounds the answer). A worker's many partitions would
-    /// each hold a waiting request, and nats-server 2.9 leaves such a request
-    /// on a consumer that gets no message unanswered past its expiry; the
-    /// client gives it up, and the server later delivers that partition's
-    /// messages to it, lost until `AckWait` (measured: 5-10 s stalls in about
-    /// half of the benchmark's scale-out runs, none in twelve with this). The
-    /// fetcher pauses between rounds that found nothing instead.
+    /// except that it asks once: one pull request, which the server answers at
+    /// once with what it has (`wait` only bounds a wait for the connection).
+    /// A worker owns many partitions; the fetcher pauses between rounds that
+    /// found nothing instead of waiting on each.
     ///
     /// # Errors
     /// As [`Queue::fetch`].
@@ -706,22 +706,19 @@ impl Queue {
             got = tracing::field::Empty
         );
         let consumer = self.partition_consumer(job_type, partition).await?;
-        self.fetch_from(&consumer, Pull::NoWait, max, wait, span)
-            .await
+        let name = &consumer.cached_info().name;
+        let messages = async {
+            self.wait_connected(wait).await?;
+            let quiet = wait.max(self.inner.settings.poll_period);
+            self.pull(&consumer, name, max, quiet).await
+        }
+        .instrument(span.clone())
+        .await?;
+        Ok(self.deliveries(messages, &span))
     }
 
-    async fn fetch_from(
-        &self,
-        consumer: &consumer::PullConsumer,
-        kind: Pull,
-        max: usize,
-        wait: Duration,
-        span: tracing::Span,
-    ) -> Result<Vec<Delivery>, QueueError> {
-        let messages = self
-            .pull(consumer, &consumer.cached_info().name, kind, max, wait)
-            .instrument(span.clone())
-            .await?;
+    /// The pulled messages as deliveries, their number recorded on `span`.
+    fn deliveries(&self, messages: Vec<jetstream::Message>, span: &tracing::Span) -> Vec<Delivery> {
         span.record("got", messages.len());
         let mut out = Vec::with_capacity(messages.len());
         for message in messages {
@@ -730,73 +727,7 @@ impl Queue {
                 Err(e) => tracing::error!(error = %e, "not a JetStream delivery, skipped"),
             }
         }
-        Ok(out)
-    }
-
-    /// One pull request (`no_wait` + `expires` = `wait`): the server answers as soon
-    /// as it has delivered something, or with a timeout status at `wait`.
-    async fn pull(
-        &self,
-        consumer: &consumer::PullConsumer,
-        name: &str,
-        kind: Pull,
-        max: usize,
-        wait: Duration,
-    ) -> Result<Vec<jetstream::Message>, QueueError> {
-        if max == 0 {
-            return Ok(Vec::new());
-        }
-        self.wait_connected(wait).await?;
-        let err = |source| QueueError::Fetch {
-            consumer: name.to_string(),
-            source,
-        };
-        let slack = self.inner.settings.request_timeout;
-        let deadline = Instant::now() + wait + slack;
-        let request = async {
-            match kind {
-                Pull::FirstMessage => {
-                    consumer
-                        .fetch()
-                        .max_messages(max)
-                        .expires(wait)
-                        .messages()
-                        .await
-                }
-                Pull::NoWait => consumer.fetch().max_messages(max).messages().await,
-            }
-        };
-        let mut batch = tokio::time::timeout_at(deadline, request)
-            .await
-            .map_err(|_| err(boxed(Cause::TimedOut(wait + slack))))?
-            .map_err(|e| err(boxed(e)))?;
-        let mut out = Vec::with_capacity(max.min(256));
-        loop {
-            match tokio::time::timeout_at(deadline, batch.next()).await {
-                Ok(None) => break,
-                Ok(Some(Ok(message))) => out.push(message),
-                Ok(Some(Err(e))) => {
-                    if out.is_empty() {
-                        return Err(err(e));
-                    }
-                    tracing::warn!(error = %e, "pull request ended with an error");
-                    break;
-                }
-                Err(_) => {
-                    if out.is_empty() {
-                        return Err(err(boxed(Cause::TimedOut(wait + slack))));
-                    }
-                    tracing::warn!(
-                        got = out.len(),
-                        max,
-                        ?wait,
-                        "pull request not ended by the server; gave up at its deadline"
-                    );
-                    break;
-                }
-            }
-        }
-        Ok(out)
+        out
     }
 
     /// Returns at once when connected; otherwise waits up to `wait` for the

@@ -108,6 +108,7 @@ impl Queue {
                 connected,
                 settings: Settings {
                     request_timeout: cfg.nats_request_timeout,
+                    poll_period: cfg.tuning.fetch_wait_several,
                     ack_wait: cfg.ack_wait(),
                     max_deliver: cfg.max_deliver,
                     backoff: cfg.retry_backoff,
