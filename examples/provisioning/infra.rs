@@ -90,7 +90,8 @@ impl Drop for InfraService {
 }
 
 impl InfraService {
-    /// Creates its tables in `schema` (fence marks and resources), subscribes to
+    /// Creates its tables in `schema` (fence marks and resources; the job rows
+    /// it verifies tokens against live there too), subscribes to
     /// `subject` and serves every request; `on_request` hears about each one
     /// after it was answered.
     pub async fn start(
@@ -100,7 +101,9 @@ impl InfraService {
         schema: &str,
         on_request: impl Fn(&Seen) + Send + Sync + 'static,
     ) -> anyhow::Result<Self> {
-        let marks = PgFenceMarks::new(schema)?;
+        // Verifying marks: a token above the job row's fence was never issued
+        // (a forged `Tenure-Fence` cannot raise the mark past the real owner).
+        let marks = PgFenceMarks::verified(schema, schema)?;
         let resources = format!("\"{schema}\".infra_resources");
         let mut conn = pool.acquire().await?;
         marks.install(&mut conn).await?;
@@ -177,6 +180,7 @@ impl State {
                         reason: stale.to_string(),
                         stale: Some((stale.ours.get(), stale.current.get())),
                     },
+                    Err(e @ GateError::Unverified { .. }) => refused(&e.to_string()),
                     Err(e) => Reply::Unavailable {
                         reason: e.to_string(),
                     },

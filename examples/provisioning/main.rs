@@ -133,6 +133,9 @@ async fn demo() -> anyhow::Result<bool> {
     let mut cfg = cfg.with_lease_ttl(TTL);
     cfg.contention_backoff.base = Duration::from_millis(100);
     cfg.contention_backoff.cap = Duration::from_millis(500);
+    // The service verifies each token against the job rows (a forged token
+    // cannot poison its marks): the claim commits before the first step.
+    cfg.tuning.commit_claim_first = true;
     let subject = format!("{ns}.infra.create");
     println!("  namespace  {ns}, lease TTL {TTL:?}, service subject {subject}\n");
 

@@ -8,13 +8,13 @@
 use std::time::Duration;
 
 use tenure::testing::{Fault, FaultPlan, FaultPoint, TestEnv};
-use tenure::{Config, JobId, JobStatus, StepIndex, Worker, WorkerBuilder};
+use tenure::{Config, JobId, JobStatus, ObservedFence, StepIndex, Worker, WorkerBuilder};
 
 #[path = "../provisioning/infra.rs"]
 #[allow(dead_code)] // The demo's narration helpers.
 mod infra;
 
-use infra::{InfraClient, InfraService, Provision, ProvisionReq};
+use infra::{InfraClient, InfraService, Provision, ProvisionReq, Reply};
 
 /// The resource service's subject in namespace `ns`.
 fn subject(ns: &str) -> String {
@@ -22,7 +22,10 @@ fn subject(ns: &str) -> String {
 }
 
 /// A provisioning worker (in process, or as a worker process of the test).
-async fn provisioning_worker(cfg: Config) -> WorkerBuilder {
+async fn provisioning_worker(mut cfg: Config) -> WorkerBuilder {
+    // The service verifies tokens against the job rows: the claim commits
+    // before the first step calls it.
+    cfg.tuning.commit_claim_first = true;
     let nats = async_nats::connect(&cfg.nats_url).await.expect("NATS");
     let infra = InfraClient {
         nats,
@@ -75,4 +78,64 @@ async fn a_crash_after_boot_vm_commits_leaves_one_vm(env: TestEnv) {
     }
     env.check().await.unwrap().assert_clean();
     w2.shutdown().await.unwrap();
+}
+
+/// A raw client (no lock, no job) sends the largest token to the service,
+/// before the job exists and while it runs: refused both times (the gate
+/// verifies tokens against the job row's fence), and the real owner's steps
+/// still succeed. With an unverified gate the mark jumped to `i64::MAX` and
+/// every step of the owner was refused until the job died.
+#[tenure::test(ttl_secs = 3, worker = provisioning_worker)]
+async fn a_forged_maximum_token_is_refused_and_the_owner_goes_on(env: TestEnv) {
+    let nats = async_nats::connect(&env.config().nats_url).await.unwrap();
+    let subject = subject(env.namespace());
+    let pool = env.pool().clone();
+    let service = InfraService::start(nats.clone(), subject.clone(), pool, env.schema(), |_| {})
+        .await
+        .unwrap();
+    let job = JobId::from_key("infra.provision", "web-forged");
+    let forge = || async {
+        let max = ObservedFence::new(i64::MAX).unwrap();
+        let mut headers = tenure::blocks::queue::headers::fence_headers(job, max);
+        headers.insert(infra::IDEMPOTENCY_KEY, "forged");
+        let body = serde_json::to_vec(&infra::CreateReq {
+            kind: "vm".into(),
+            name: "forged".into(),
+        })
+        .unwrap();
+        let reply = nats
+            .request_with_headers(subject.clone(), headers, body.into())
+            .await
+            .unwrap();
+        serde_json::from_slice::<Reply>(&reply.payload).unwrap()
+    };
+    assert!(
+        matches!(forge().await, Reply::Refused { .. }),
+        "planted early"
+    );
+    let w = env.worker("w1", provisioning_worker).await.unwrap();
+    let req = ProvisionReq {
+        name: "web-forged".into(),
+    };
+    env.client()
+        .enqueue::<Provision>("web-forged", &req)
+        .await
+        .unwrap();
+    assert!(
+        matches!(forge().await, Reply::Refused { .. }),
+        "while it runs"
+    );
+    let row = env
+        .run_until_done(job, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(row.status, JobStatus::Done);
+    assert_eq!(
+        service.created("vm").await.unwrap(),
+        1,
+        "the owner's vm only"
+    );
+    let mark = service.fence_of(job).await.unwrap();
+    assert!(mark.is_some_and(|f| f.get() < i64::MAX), "{mark:?}");
+    w.shutdown().await.unwrap();
 }

@@ -424,6 +424,27 @@ async fn set_generation(conn: &mut PgConnection, id: JobId, fence: i64) {
     .unwrap();
 }
 
+/// Calls the admission function directly (as a `FencedTx` does): whether job
+/// `id` at `step` under `fence` was admitted in this transaction.
+async fn admit_by_hand(
+    conn: &mut PgConnection,
+    s: &FenceStore,
+    id: JobId,
+    fence: i64,
+    step: i32,
+) -> bool {
+    sqlx::query_scalar(&format!(
+        "SELECT \"{}\".tenure_admit($1, $2, $3)",
+        s.schema()
+    ))
+    .bind(id.as_uuid())
+    .bind(fence)
+    .bind(step)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_refuses_plain_sql_and_stale_generations_and_the_escape_works() {
     let s = store("guard").await;
@@ -483,11 +504,23 @@ async fn guard_refuses_plain_sql_and_stale_generations_and_the_escape_works() {
     );
     tx.commit_step(&json!(0), false).await.unwrap();
 
-    // The guard's check holds the job row FOR SHARE: a write carrying the current
-    // generation's settings (here made by hand) keeps a takeover waiting until its
-    // transaction ends, so the check cannot go stale while the statement runs.
+    // Settings any code can set open nothing: the current generation's
+    // `tenure.job_id` / `tenure.fence`, set by hand, are refused (migration 0015).
     let mut plain = s.pool().begin().await.unwrap();
     set_generation(&mut plain, id, 41).await;
+    assert_guard_refused(
+        sqlx::query(&insert)
+            .bind(id.as_uuid())
+            .execute(&mut *plain)
+            .await,
+    );
+    drop(plain);
+
+    // An admission (the definer function a FencedTx calls) holds the job row: a
+    // guarded write in its transaction keeps a takeover waiting until the
+    // transaction ends, so the guard's check cannot go stale while it runs.
+    let mut plain = s.pool().begin().await.unwrap();
+    assert!(admit_by_hand(&mut plain, &s, id, 41, 1).await);
     sqlx::query(&format!(
         "UPDATE {table} SET note = 'current generation' WHERE job = $1"
     ))
@@ -505,9 +538,10 @@ async fn guard_refuses_plain_sql_and_stale_generations_and_the_escape_works() {
     plain.commit().await.unwrap();
     claim42.await.unwrap().unwrap();
 
-    // A stale generation (settings of 41 after 42 claimed) is refused...
+    // A stale generation (41 after 42 claimed) is not admitted, and its write
+    // is refused...
     let mut plain = s.pool().begin().await.unwrap();
-    set_generation(&mut plain, id, 41).await;
+    assert!(!admit_by_hand(&mut plain, &s, id, 41, 1).await);
     assert_guard_refused(
         sqlx::query(&insert)
             .bind(id.as_uuid())
@@ -517,24 +551,17 @@ async fn guard_refuses_plain_sql_and_stale_generations_and_the_escape_works() {
     drop(plain);
     // ...and so is a generation that released the job, and a job that does not exist.
     s.record_release(id, tok(42)).await.unwrap();
-    let mut plain = s.pool().begin().await.unwrap();
-    set_generation(&mut plain, id, 42).await;
-    assert_guard_refused(
-        sqlx::query(&insert)
-            .bind(id.as_uuid())
-            .execute(&mut *plain)
-            .await,
-    );
-    drop(plain);
-    let mut plain = s.pool().begin().await.unwrap();
-    set_generation(&mut plain, JobId::from_key("test.job", "nope"), 42).await;
-    assert_guard_refused(
-        sqlx::query(&insert)
-            .bind(id.as_uuid())
-            .execute(&mut *plain)
-            .await,
-    );
-    drop(plain);
+    for (job, fence) in [(id, 42), (JobId::from_key("test.job", "nope"), 42)] {
+        let mut plain = s.pool().begin().await.unwrap();
+        assert!(!admit_by_hand(&mut plain, &s, job, fence, 1).await);
+        assert_guard_refused(
+            sqlx::query(&insert)
+                .bind(id.as_uuid())
+                .execute(&mut *plain)
+                .await,
+        );
+        drop(plain);
+    }
 
     // The escape hatch: explicit, for this transaction only.
     let mut ops = s.pool().begin().await.unwrap();
@@ -1247,7 +1274,10 @@ async fn an_equal_token_on_a_fresh_claim_is_a_revision_regression_not_ours() {
 /// The downstream service of the gate tests: a `vms` table next to its fence
 /// marks (both in `store`'s schema), each write admitted in its own transaction.
 async fn gated_service(store: &FenceStore) -> TokenGate<PgFenceMarks> {
-    let marks = PgFenceMarks::new(store.schema()).unwrap();
+    gated_service_with(store, PgFenceMarks::new(store.schema()).unwrap()).await
+}
+
+async fn gated_service_with(store: &FenceStore, marks: PgFenceMarks) -> TokenGate<PgFenceMarks> {
     let mut conn = store.pool().acquire().await.unwrap();
     marks.install(&mut conn).await.unwrap();
     marks.install(&mut conn).await.unwrap();
@@ -1295,6 +1325,47 @@ async fn vm_tokens(store: &FenceStore, id: JobId) -> Vec<i64> {
     .fetch_all(store.pool())
     .await
     .unwrap()
+}
+
+/// A gate orders callers, it does not authenticate them: anyone who reaches
+/// the service can send the largest token. A verifying gate (tokens checked
+/// against the job row's fence) refuses it, and the real owner goes on.
+/// (With `PgFenceMarks::new` the forged token is admitted, the mark jumps to
+/// `i64::MAX` and the owner's next write is refused as stale.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_maximum_token_cannot_poison_a_verifying_gate() {
+    let s = store("gate_forged").await;
+    let marks = PgFenceMarks::verified(s.schema(), s.schema()).unwrap();
+    let gate = gated_service_with(&s, marks).await;
+    let id = new_job(&s, "gate-forged").await;
+    // Planted before the job runs (job ids are predictable), and while it runs.
+    let early = service_write(&gate, &s, id, i64::MAX).await;
+    assert!(
+        matches!(early, Err(GateError::Unverified { .. })),
+        "{early:?}"
+    );
+    s.claim(id, tok(41)).await.unwrap();
+    let forged = service_write(&gate, &s, id, i64::MAX).await;
+    assert!(
+        matches!(forged, Err(GateError::Unverified { .. })),
+        "{forged:?}"
+    );
+    assert_eq!(
+        service_write(&gate, &s, id, 41).await.unwrap(),
+        Admitted::First,
+        "the owner's write"
+    );
+    assert_eq!(vm_tokens(&s, id).await, vec![41]);
+    // A successor's real token is admitted; the stale owner then is not.
+    s.claim(id, tok(42)).await.unwrap();
+    assert!(matches!(
+        service_write(&gate, &s, id, 42).await.unwrap(),
+        Admitted::Raised { .. }
+    ));
+    assert!(matches!(
+        service_write(&gate, &s, id, 41).await,
+        Err(GateError::Stale(_))
+    ));
 }
 
 /// Issue 15, item 2: a downstream service's gate must not forget a job's mark

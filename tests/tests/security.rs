@@ -108,12 +108,7 @@ async fn a_three_step_job_runs_over_tls_with_auth_as_the_worker_role() {
     let migrator = Client::connect(&migrator_cfg(stack))
         .await
         .expect("migrator");
-    prepare_schema(&migrator).await;
-    migrator
-        .store()
-        .grant_worker("tenure_worker")
-        .await
-        .expect("grant");
+    granted(&migrator).await;
     sqlx::query(&format!(
         "GRANT SELECT, INSERT ON {NS}.step_log TO tenure_worker"
     ))
@@ -322,4 +317,257 @@ fn debug_of_a_secured_config_shows_no_secret() {
     let text = format!("{:?}", worker_cfg(stack));
     assert!(!text.contains("pw-"), "{text}");
     assert!(text.contains("***"), "{text}");
+}
+
+// ---------------------------------------------------------------------------
+// Least privilege on the job rows (migration 0015): no role that runs or
+// enqueues jobs can forge a running job, move a fence, reopen a finished job
+// or write the schedule and fence tables, and the walls on `jobs` refuse
+// those writes even from a role that holds `UPDATE`.
+
+/// A role of the secured stack's PostgreSQL, made on the fly by the superuser.
+async fn extra_role(stack: &DevStack, role: &str) -> Config {
+    let auth = stack.auth().expect("auth");
+    let su = stack.database_url_as("postgres", Some(&auth.postgres_password), "tenure");
+    let pool = sqlx::PgPool::connect(&su).await.expect("superuser");
+    let password = Secret::new(format!("pw-{role}"));
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+            .bind(role)
+            .fetch_one(&pool)
+            .await
+            .expect("role lookup");
+    if !exists {
+        let create = format!("CREATE ROLE {role} LOGIN PASSWORD '{}'", password.expose());
+        sqlx::query(&create)
+            .execute(&pool)
+            .await
+            .expect("create role");
+        let connect = format!("GRANT CONNECT ON DATABASE tenure TO {role}");
+        sqlx::query(&connect).execute(&pool).await.expect("connect");
+    }
+    pool.close().await;
+    secured(stack, role, &password)
+}
+
+/// Migrates the schema and grants the worker and producer roles, once per
+/// process (concurrent `GRANT`s on one object fail with "tuple concurrently
+/// updated").
+async fn granted(migrator: &Client) {
+    static ONCE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    ONCE.get_or_init(|| async {
+        prepare_schema(migrator).await;
+        let store = migrator.store();
+        store.grant_worker("tenure_worker").await.expect("grant");
+        extra_role(stack(), "tenure_producer").await;
+        store
+            .grant_producer("tenure_producer")
+            .await
+            .expect("grant");
+    })
+    .await;
+}
+
+/// A job id no test used before.
+fn fresh_id() -> JobId {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    JobId::from_key("forged", &nanos.to_string())
+}
+
+/// The migrated, granted schema: the migrator's, the worker's and a
+/// producer's stores.
+async fn roles() -> (FenceStore, FenceStore, FenceStore) {
+    let stack = stack();
+    let migrator = Client::connect(&migrator_cfg(stack))
+        .await
+        .expect("migrator");
+    let store = migrator.store().clone();
+    granted(&migrator).await;
+    let producer_cfg = secured(stack, "tenure_producer", &Secret::new("pw-tenure_producer"));
+    let worker = FenceStore::connect(&worker_cfg(stack))
+        .await
+        .expect("worker");
+    let producer = FenceStore::connect(&producer_cfg).await.expect("producer");
+    (store, worker, producer)
+}
+
+/// Runs `sql` on `store`'s pool and returns its refusal (panics if it ran).
+async fn refusal_of(store: &FenceStore, sql: &str) -> FenceError {
+    match sqlx::query(sql).execute(store.pool()).await {
+        Ok(done) => panic!("ran ({} rows): {sql}", done.rows_affected()),
+        Err(e) => FenceError::from(e),
+    }
+}
+
+/// `err` is a privilege refusal or a wall's (never a silent success).
+fn assert_forbidden(err: &FenceError, what: &str) {
+    let ok = matches!(
+        err,
+        FenceError::Access(AccessError {
+            step: AccessStep::Authorize,
+            ..
+        }) | FenceError::ProtocolRefused { .. }
+    );
+    assert!(ok, "{what}: expected a refusal, got {err:?}");
+    eprintln!("{what}: refused as expected: {err}");
+}
+
+/// A pending job of `store`'s schema, claimed by `token` (as the worker).
+async fn claimed_job(worker: &FenceStore, key: &str, token: i64) -> JobId {
+    let id = JobId::from_key("least-privilege", key);
+    worker
+        .insert_job(id, "least-privilege", &serde_json::json!({"k": key}))
+        .await
+        .expect("insert");
+    let tok = tenure::FencingToken::for_tests(token);
+    let _ = worker.claim(id, tok).await;
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_role_cannot_forge_a_running_job_past_a_guard() {
+    let (_migrator, worker, _) = roles().await;
+    let id = fresh_id();
+    // 1. A running row with fence 1, inserted directly.
+    let err = refusal_of(
+        &worker,
+        &format!(
+            "INSERT INTO {NS}.jobs (id, job_type, input, status, fence) \
+             VALUES ('{id}', 'forged', '{{}}', 'running', 1)"
+        ),
+    )
+    .await;
+    assert_forbidden(&err, "inserting a running row");
+    // 2. A pending row (allowed), then the guard's settings set by hand and a
+    //    guarded write: the guard admits only a definer-recorded admission.
+    worker
+        .insert_job(id, "forged", &serde_json::json!({}))
+        .await
+        .expect("a pending row is an enqueue");
+    let mut tx = worker.pool().begin().await.expect("begin");
+    sqlx::query(
+        "SELECT set_config('tenure.job_id', $1, true), set_config('tenure.fence', '0', true)",
+    )
+    .bind(id.to_string())
+    .execute(&mut *tx)
+    .await
+    .expect("settings are anyone's");
+    let write = format!(
+        "INSERT INTO {NS}.step_log (job_id, step, token, worker) VALUES ('{id}', 0, 0, 'forger')"
+    );
+    let err = sqlx::query(&write)
+        .execute(&mut *tx)
+        .await
+        .expect_err("forged write");
+    assert!(
+        matches!(FenceError::from(err), FenceError::GuardRefused { .. }),
+        "the guard must refuse a write admitted only by settings"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_role_can_lower_or_raise_a_fence_by_hand() {
+    let (migrator, worker, producer) = roles().await;
+    let id = claimed_job(&worker, "fence-moves", 100).await;
+    for (who, store) in [("worker", &worker), ("producer", &producer)] {
+        for fence in ["1", "9223372036854775807"] {
+            let sql = format!("UPDATE {NS}.jobs SET fence = {fence} WHERE id = '{id}'");
+            assert_forbidden(
+                &refusal_of(store, &sql).await,
+                &format!("{who}: fence {fence}"),
+            );
+        }
+    }
+    // The owner holds UPDATE; the wall still refuses a fence that goes down.
+    let sql = format!("UPDATE {NS}.jobs SET fence = 1 WHERE id = '{id}'");
+    let err = refusal_of(&migrator, &sql).await;
+    assert!(matches!(err, FenceError::ProtocolRefused { .. }), "{err:?}");
+    let row = migrator.job(id).await.expect("read").expect("row");
+    assert_eq!(row.fence, 100, "the fence moved");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_done_job_never_reopens_and_a_dead_one_only_by_redrive() {
+    let (migrator, worker, _) = roles().await;
+    let id = JobId::from_key("least-privilege", "reopen");
+    worker
+        .insert_job(id, "least-privilege", &serde_json::json!({}))
+        .await
+        .expect("insert");
+    let tok = tenure::FencingToken::for_tests(7);
+    let (claim, tx) = worker.claim_and_begin(id, tok).await.expect("claim");
+    if claim.status != JobStatus::Done {
+        tx.commit_step(&serde_json::json!({}), true)
+            .await
+            .expect("last step");
+    }
+    let reopen = format!("UPDATE {NS}.jobs SET status = 'pending' WHERE id = '{id}'");
+    assert_forbidden(&refusal_of(&worker, &reopen).await, "worker reopens done");
+    let err = refusal_of(&migrator, &reopen).await;
+    assert!(
+        matches!(err, FenceError::ProtocolRefused { .. }),
+        "owner: {err:?}"
+    );
+    assert_eq!(
+        migrator.job(id).await.expect("read").expect("row").status,
+        JobStatus::Done
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_and_fence_tables_are_written_only_through_their_functions() {
+    let (_migrator, worker, producer) = roles().await;
+    for (who, store) in [("worker", &worker), ("producer", &producer)] {
+        for sql in [
+            format!("UPDATE {NS}.schedules SET last_tick = now() + interval '10 years'"),
+            format!(
+                "INSERT INTO {NS}.leader_fences (role, fence, worker) \
+                 VALUES ('forged-{who}', 9223372036854775807, 'x')"
+            ),
+            format!("UPDATE {NS}.leader_fences SET fence = 1"),
+            format!(
+                "INSERT INTO {NS}.partition_fences (job_type, partition, fence, worker) \
+                 VALUES ('forged-{who}', 0, 9223372036854775807, 'x')"
+            ),
+            format!("UPDATE {NS}.partition_fences SET fence = 1"),
+        ] {
+            assert_forbidden(&refusal_of(store, &sql).await, &format!("{who}: {sql}"));
+        }
+    }
+    // Through the functions, the protocol's own writes still work.
+    let tok = tenure::FencingToken::for_tests(5);
+    worker
+        .claim_leader("least-privilege-leader", tok, "w")
+        .await
+        .expect("a leader claim");
+    worker
+        .claim_partition("least-privilege", 0, tok, "w")
+        .await
+        .expect("a partition claim");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_inserts_only_pending_rows_and_changes_no_status() {
+    let (_migrator, worker, producer) = roles().await;
+    let id = JobId::from_key("least-privilege", "producer");
+    producer
+        .insert_job(id, "least-privilege", &serde_json::json!({}))
+        .await
+        .expect("a producer enqueues");
+    let tok = tenure::FencingToken::for_tests(3);
+    for sql in [
+        format!(
+            "INSERT INTO {NS}.jobs (id, job_type, input, fence) \
+             VALUES ('{}', 't', '{{}}', 9223372036854775807)",
+            fresh_id()
+        ),
+        format!("UPDATE {NS}.jobs SET status = 'cancelled' WHERE id = '{id}'"),
+        format!("SELECT * FROM {NS}.tenure_claim('{id}', 3, false, false)"),
+    ] {
+        assert_forbidden(&refusal_of(&producer, &sql).await, &sql);
+    }
+    worker.claim(id, tok).await.expect("the worker claims it");
 }

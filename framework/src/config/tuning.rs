@@ -75,6 +75,15 @@ pub struct Tuning {
     /// NATS reconnect; longer leaves its partitions' jobs waiting, each of their
     /// deliveries counting towards `max_deliver`.
     pub stand_down_after: Option<Duration>,
+    /// Commit the claim on its own before the first step runs (default
+    /// `false`: the claim commits with the first step, which saves a commit
+    /// and an admission per job). Set it when a step calls a downstream
+    /// service that verifies tokens against the job rows
+    /// ([`PgFenceMarks::verified`](crate::blocks::fence::PgFenceMarks::verified)):
+    /// until the claim commits, the row's committed fence is the previous
+    /// owner's, and the service refuses the new owner's token as never issued
+    /// ([`GateError::Unverified`](crate::blocks::fence::GateError::Unverified)).
+    pub commit_claim_first: bool,
     /// Partition mode: how often a worker probes a PostgreSQL or NATS it
     /// suspects is unreachable (a read, claim or fetch failed), and how long
     /// one probe may take (default 500 ms). A probe is one `SELECT 1` or one
@@ -172,6 +181,7 @@ impl Tuning {
         fetch_wait_now: Duration::from_millis(5),
         partition_resync: Duration::from_secs(5),
         stand_down_after: None,
+        commit_claim_first: false,
         server_probe: Duration::from_millis(500),
         fetch_unhealthy_recheck: Duration::from_millis(200),
         fetch_error_pause: Duration::from_millis(250),

@@ -18,11 +18,11 @@ use super::partitions::Ownership;
 use super::registry::DynJob;
 use super::slots::{HoldSlot, Slots};
 use super::standing::Server;
-use crate::fence::{Claim, FenceError, FencedTx, JobRow, JobStatus};
+use crate::fence::{Claim, FenceError, FenceStore, FencedTx, JobRow, JobStatus};
 use crate::lease::{Acquire, Coming, Health, Session};
 use crate::queue::Delivery;
 use crate::telemetry::{StaleAt, spans};
-use crate::{JobId, retry};
+use crate::{FencingToken, JobId, retry};
 
 pub(crate) struct JobArgs {
     pub(crate) shared: Arc<Shared>,
@@ -366,11 +366,11 @@ impl JobRun {
             unreachable!("the claim follows the acquisition")
         };
         let (job_id, token) = (lock.job_id(), lock.token());
-        let claimed = sh
-            .store
-            .claim_and_begin(job_id, token)
-            .instrument(tracing::info_span!(spans::CLAIM, job_id = %job_id, token = token.get()))
-            .await;
+        let span = tracing::info_span!(spans::CLAIM, job_id = %job_id, token = token.get());
+        let claimed =
+            claim_for_first_step(&sh.store, job_id, token, sh.cfg.tuning.commit_claim_first)
+                .instrument(span)
+                .await;
         let (claim, claim_tx) = match claimed {
             Ok(c) => c,
             Err(e) => return Err(self.claim_refused(a, e).await),
@@ -645,6 +645,24 @@ fn health_at(now: Instant, lost_deadline: Instant, health: Health) -> Health {
 /// [`health_at`] now, for `session`.
 pub(super) fn lease_health_now(session: &Session) -> Health {
     health_at(Instant::now(), session.lost_deadline(), session.health())
+}
+
+/// The claim and the first step's transaction: in one transaction (the
+/// default), or with the claim committed first (`Tuning::commit_claim_first`:
+/// a downstream service that verifies tokens against the job rows sees the
+/// claim while the step calls it).
+async fn claim_for_first_step(
+    store: &FenceStore,
+    job_id: JobId,
+    token: FencingToken,
+    commit_first: bool,
+) -> Result<(Claim, FencedTx), FenceError> {
+    if !commit_first {
+        return store.claim_and_begin(job_id, token).await;
+    }
+    let claim = store.claim(job_id, token).await?;
+    let tx = store.begin_step(job_id, token, claim.step).await?;
+    Ok((claim, tx))
 }
 
 #[cfg(test)]

@@ -28,6 +28,11 @@ pub fn is_guard_refusal(err: &sqlx::Error) -> bool {
 /// the insert waited (its tombstone keeps the key used; migration 0014).
 pub(super) const TOMBSTONED_SQLSTATE: &str = "TF003";
 
+/// The SQLSTATE of the walls on `jobs` (migration 0015): a write that breaks
+/// the protocol whoever makes it (a fence that goes down, a terminal row that
+/// reopens, a new job that is not `pending` with fence 0).
+pub(super) const WALL_SQLSTATE: &str = "TF004";
+
 /// Whether `err` is an insert refused by the job's tombstone
 /// ([`TOMBSTONED_SQLSTATE`]): the insert path looks again and finds it.
 pub(super) fn is_tombstoned(err: &sqlx::Error) -> bool {
@@ -42,6 +47,8 @@ pub(super) enum PgFailure {
     /// `tenure_step_cas` matched no row (SQLSTATE `TF002`): the step commit was
     /// refused, and the rest of its simple-query string skipped.
     CasRefused,
+    /// A wall on `jobs` refused the write (SQLSTATE [`WALL_SQLSTATE`]).
+    WallRefused,
     /// PostgreSQL refused us: TLS, the password or `pg_hba.conf`, a privilege.
     Refused {
         /// Where it was refused.
@@ -64,6 +71,7 @@ pub(super) fn classify(err: &sqlx::Error) -> PgFailure {
     match code.as_deref() {
         Some(GUARD_SQLSTATE) => return PgFailure::GuardRefused,
         Some(CAS_REFUSED_SQLSTATE) => return PgFailure::CasRefused,
+        Some(WALL_SQLSTATE) => return PgFailure::WallRefused,
         _ => {}
     }
     let refused = match err {
@@ -139,6 +147,19 @@ pub enum FenceError {
     #[error("guard refused the write: {message}")]
     GuardRefused {
         /// The database's message (names the table, the job and the fences).
+        message: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A wall on `jobs` refused a write that breaks the protocol, whoever made
+    /// it (SQLSTATE `TF004`, migration 0015): a fence that goes down, a `done`
+    /// or `cancelled` row that reopens, a `dead` row reopened other than by
+    /// [`FenceStore::redrive`](super::FenceStore::redrive), a new job that is
+    /// not `pending` with fence 0. Nothing of the statement was written.
+    #[error("refused by the protocol: {message}")]
+    ProtocolRefused {
+        /// The database's message (names the job and what was refused).
         message: String,
         /// The database error.
         #[source]
@@ -361,6 +382,16 @@ impl FenceError {
             }
             PgFailure::Refused { step, detail } => {
                 FenceError::Access(super::access::refusal(step, detail))
+            }
+            PgFailure::WallRefused => {
+                let message = err
+                    .as_database_error()
+                    .map(|d| d.message().to_string())
+                    .unwrap_or_default();
+                FenceError::ProtocolRefused {
+                    message,
+                    source: err,
+                }
             }
             PgFailure::CasRefused | PgFailure::Other => FenceError::Db(err),
         }

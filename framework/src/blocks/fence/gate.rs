@@ -17,6 +17,19 @@
 //!   AND token <= $t` (insert-if-absent on first sight) in the same PostgreSQL
 //!   transaction as the service's write, so the mark's row lock keeps a newer
 //!   owner's admission waiting until that write commits or rolls back.
+//! * **Only a token Tenure issued is admitted** ([`PgFenceMarks::verified`]).
+//!   A gate orders callers; it does not authenticate them. A plain gate admits
+//!   any token above its mark, so anyone who can reach the service could send
+//!   `Tenure-Fence: 9223372036854775807` and raise the mark past every real
+//!   owner (job ids are predictable: UUIDv5 of type and key, so a mark can even
+//!   be planted before the job exists). A service that can read the job rows
+//!   (same database, `SELECT` on `jobs`) uses the verifying store: a token is
+//!   admitted only if it is at most the job row's fence and that fence may
+//!   write (the job is `running`, or `dead` with its compensation pending).
+//!   Fences only rise, so a token at or below the row's fence was issued; one
+//!   above it never was. Authenticate callers as well (the provisioning
+//!   example gives each worker its own NATS user with publish rights on the
+//!   service's subject only).
 //! * **A mark is never forgotten while the job can still run.** A paused owner can
 //!   wake up after its job finished; a gate that dropped the mark would admit it
 //!   as a first sight. [`PgFenceMarks::prune`] drops a mark only once the job row
@@ -103,6 +116,19 @@ pub enum GateError {
     /// A newer owner of the job has written here.
     #[error(transparent)]
     Stale(#[from] StaleToken),
+    /// The token is not one Tenure issued for a job that may write now (a
+    /// verifying store, [`PgFenceMarks::verified`]): above the job row's
+    /// fence, or the job is not running (or does not exist). Nothing was
+    /// raised; refuse the write.
+    #[error("job {job_id}: token {token} refused: {reason}")]
+    Unverified {
+        /// The job the token claims.
+        job_id: JobId,
+        /// The token presented.
+        token: ObservedFence,
+        /// Why (the row's fence and status, or that there is no row).
+        reason: String,
+    },
     /// The mark store failed (I/O, a lock timeout); the verdict is unknown.
     #[error("fence marks: {0}")]
     Store(#[from] sqlx::Error),
@@ -113,7 +139,7 @@ impl GateError {
     pub fn stale(&self) -> Option<&StaleToken> {
         match self {
             GateError::Stale(s) => Some(s),
-            GateError::Store(_) => None,
+            GateError::Unverified { .. } | GateError::Store(_) => None,
         }
     }
 }
@@ -223,6 +249,8 @@ impl<M: FenceMarks> TokenGate<M> {
 pub struct PgFenceMarks {
     schema: Arc<str>,
     table: Arc<str>,
+    /// The job rows tokens are checked against ([`PgFenceMarks::verified`]).
+    jobs: Option<Arc<str>>,
 }
 
 impl PgFenceMarks {
@@ -235,6 +263,72 @@ impl PgFenceMarks {
         Ok(PgFenceMarks {
             schema: Arc::from(schema),
             table: Arc::from(format!("\"{schema}\".fence_marks")),
+            jobs: None,
+        })
+    }
+
+    /// Marks in schema `schema` that admit only tokens Tenure issued: at most
+    /// the fence of the job's row in `jobs_schema` (same database; the
+    /// service's role needs `SELECT` on `"<jobs_schema>".jobs`), while that
+    /// fence may write (the job is `running`, or `dead` with its compensation
+    /// pending). Anything else is [`GateError::Unverified`], and no mark moves.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool, job: tenure::JobId, token: tenure::ObservedFence)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// use tenure::blocks::fence::{PgFenceMarks, TokenGate};
+    /// let gate = TokenGate::new(PgFenceMarks::verified("infra", "tenure")?);
+    /// let mut tx = pool.begin().await?;
+    /// gate.admit(&mut tx, job, token).await?; // a forged token: Unverified
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`FenceError::InvalidName`].
+    pub fn verified(schema: &str, jobs_schema: &str) -> Result<Self, FenceError> {
+        check_schema(jobs_schema)?;
+        let mut marks = Self::new(schema)?;
+        marks.jobs = Some(Arc::from(format!("\"{jobs_schema}\".jobs")));
+        Ok(marks)
+    }
+
+    /// A verifying store's check of `token` against `job`'s row (a plain
+    /// read: fences only rise, so a token at or below the fence stays so).
+    async fn verify(
+        &self,
+        tx: &mut PgConnection,
+        job: JobId,
+        token: ObservedFence,
+    ) -> Result<(), GateError> {
+        let Some(jobs) = &self.jobs else {
+            return Ok(());
+        };
+        let row: Option<(i64, String, String)> = sqlx::query_as(&format!(
+            "SELECT fence, status, compensation FROM {jobs} WHERE id = $1"
+        ))
+        .bind(job.as_uuid())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let reason = match row {
+            None => "no such job".to_string(),
+            Some((fence, _, _)) if token.get() > fence => {
+                format!(
+                    "above the job's committed fence {fence}: never issued (a real owner's \
+                     first step sees its claim only once committed: Tuning::commit_claim_first)"
+                )
+            }
+            Some((_, status, comp))
+                if status == "running" || (status == "dead" && comp == "pending") =>
+            {
+                return Ok(());
+            }
+            Some((_, status, _)) => format!("the job is {status}"),
+        };
+        tracing::warn!(job_id = %job, token = %token, %reason, "gate refused an unverified token");
+        Err(GateError::Unverified {
+            job_id: job,
+            token,
+            reason,
         })
     }
 
@@ -330,6 +424,7 @@ impl FenceMarks for PgFenceMarks {
         job: JobId,
         token: ObservedFence,
     ) -> Result<Admitted, GateError> {
+        self.verify(tx, job, token).await?;
         for _ in 0..FIRST_SIGHT_RETRIES {
             // The mark's row lock is held until the service's transaction ends.
             let current = self.locked(tx, job).await?;

@@ -55,12 +55,11 @@ impl FenceStore {
         token: FencingToken,
         worker: &str,
     ) -> Result<(), FenceError> {
+        // Raises the fence strictly (SECURITY DEFINER, migration 0015: no
+        // role that runs jobs may write `leader_fences` itself).
         let sql = format!(
-            "INSERT INTO {t} AS l (role, fence, worker) VALUES ($1, $2, $3) \
-             ON CONFLICT (role) DO UPDATE \
-                SET fence = EXCLUDED.fence, worker = EXCLUDED.worker, since = clock_timestamp() \
-              WHERE l.fence < EXCLUDED.fence",
-            t = self.table("leader_fences")
+            "SELECT * FROM {}($1, $2, $3)",
+            self.table("tenure_claim_leader")
         );
         let done = sqlx::query(&sql)
             .bind(role)
@@ -84,9 +83,11 @@ impl FenceStore {
         role: &str,
         token: FencingToken,
     ) -> Result<Transaction<'static, Postgres>, FenceError> {
+        // Locks the fence row FOR UPDATE (in a SECURITY DEFINER function,
+        // migration 0015: the worker may not lock `leader_fences` itself).
         let sql = format!(
-            "SELECT 1 FROM {} WHERE role = $1 AND fence = $2 FOR UPDATE",
-            self.table("leader_fences")
+            "SELECT * FROM {}($1, $2)",
+            self.table("tenure_admit_leader")
         );
         let mut tx = self.pool.begin().await?;
         let admitted = sqlx::query(&sql)
@@ -197,14 +198,15 @@ impl FenceStore {
         ids: &[JobId],
     ) -> Result<u64, FenceError> {
         let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
-        let sql = format!(
-            "UPDATE {} SET awaiting_publish = false, updated_at = now() \
-             WHERE id = ANY($1) AND awaiting_publish",
-            self.table("jobs")
-        );
+        let sql = format!("SELECT {}($1, $2, $3)", self.table("tenure_mark_published"));
         let mut tx = self.begin_leader(role, token).await?;
-        let done = sqlx::query(&sql).bind(ids).execute(&mut *tx).await?;
+        let done: i64 = sqlx::query_scalar(&sql)
+            .bind(role)
+            .bind(token.get())
+            .bind(ids)
+            .fetch_one(&mut *tx)
+            .await?;
         tx.commit().await?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(done).unwrap_or(0))
     }
 }

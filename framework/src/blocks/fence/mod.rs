@@ -81,6 +81,7 @@ mod claims;
 mod compensation;
 mod error;
 mod gate;
+mod grants;
 mod guard;
 mod guard_admin;
 mod history;

@@ -251,11 +251,8 @@ impl FenceStore {
     /// [`FenceError::Db`].
     pub async fn hand_to_publisher(&self, ids: &[JobId]) -> Result<Vec<JobId>, FenceError> {
         let sql = format!(
-            "UPDATE {} SET awaiting_publish = true, run_at = coalesce(run_at, now()), \
-                           updated_at = now() \
-             WHERE id = ANY($1) AND status = 'pending' AND fence = 0 AND NOT awaiting_publish \
-             RETURNING id",
-            self.table("jobs")
+            "SELECT * FROM {}($1)",
+            self.table("tenure_hand_to_publisher")
         );
         let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
         let mut conn = self.pool.acquire().await?;

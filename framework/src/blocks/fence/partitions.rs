@@ -106,12 +106,10 @@ impl FenceStore {
     ) -> Result<(), FenceError> {
         let t = self.table("partition_fences");
         let p = i32::try_from(partition).unwrap_or(i32::MAX);
+        // Raises the fence strictly (SECURITY DEFINER, migration 0015).
         let sql = format!(
-            "INSERT INTO {t} AS f (job_type, partition, fence, worker) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (job_type, partition) DO UPDATE \
-                SET fence = EXCLUDED.fence, worker = EXCLUDED.worker, since = clock_timestamp() \
-              WHERE f.fence < EXCLUDED.fence \
-             RETURNING fence"
+            "SELECT * FROM {}($1, $2, $3, $4)",
+            self.table("tenure_claim_partition")
         );
         let claimed = sqlx::query(&sql)
             .bind(job_type)

@@ -73,12 +73,8 @@ impl FenceStore {
     /// [`FenceError::Db`].
     pub async fn upsert_schedule(&self, def: &ScheduleRow) -> Result<(), FenceError> {
         let sql = format!(
-            "INSERT INTO {} (name, job_type, expr, time_zone, missed, input) \
-             VALUES ($1, $2, $3, $4, $5, $6) \
-             ON CONFLICT (name) DO UPDATE SET job_type = EXCLUDED.job_type, \
-                expr = EXCLUDED.expr, time_zone = EXCLUDED.time_zone, \
-                missed = EXCLUDED.missed, input = EXCLUDED.input, updated_at = clock_timestamp()",
-            self.table("schedules")
+            "SELECT {}($1, $2, $3, $4, $5, $6)",
+            self.table("tenure_define_schedule")
         );
         sqlx::query(&sql)
             .bind(&def.name)
@@ -153,7 +149,8 @@ impl FenceStore {
                 .await?
                 .rows_affected();
         }
-        self.advance_schedule(&mut tx, batch, inserted).await?;
+        self.advance_schedule(&mut tx, role, token, batch, inserted)
+            .await?;
         tx.commit().await?;
         Ok(inserted)
     }
@@ -161,17 +158,20 @@ impl FenceStore {
     async fn advance_schedule(
         &self,
         tx: &mut sqlx::PgConnection,
+        role: &str,
+        token: FencingToken,
         batch: &TickBatch<'_>,
         inserted: u64,
     ) -> Result<(), FenceError> {
+        // Checks the leader's fence again (SECURITY DEFINER, migration 0015).
         let sql = format!(
-            "UPDATE {} SET last_tick = greatest(last_tick, $2), next_tick = $3, \
-                enqueued = enqueued + $4, skipped = skipped + $5, updated_at = clock_timestamp() \
-             WHERE name = $1",
-            self.table("schedules")
+            "SELECT {}($1, $2, $3, $4, $5, $6, $7)",
+            self.table("tenure_advance_schedule")
         );
         let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         sqlx::query(&sql)
+            .bind(role)
+            .bind(token.get())
             .bind(batch.name)
             .bind(batch.last_tick)
             .bind(batch.next_tick)

@@ -7,6 +7,7 @@ pub(crate) const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoi
                            step_names, steps_fingerprint, incompatible_since, compensation";
 
 /// Columns a claim returns.
+#[cfg(feature = "testing")]
 const CLAIM_RETURNING: &str = "job_type, input, step, checkpoint, status, takeovers, attempts, prev_fence, took_over, \
      step_names, (extract(epoch FROM clock_timestamp() - incompatible_since) * 1000)::bigint \
      AS incompatible_ms";
@@ -70,21 +71,26 @@ fn with_literals(template: &str, args: &[&str]) -> String {
     out
 }
 
-/// `SET LOCAL tenure.job_id / tenure.fence` (what the guard checks) as select
-/// items, from parameters `$1` (job id) and `$2` (token).
+/// TEST ONLY: `SET LOCAL tenure.job_id / tenure.fence` as select items, from
+/// parameters `$1` (job id) and `$2` (token). The guard no longer reads them
+/// (migration 0015); the negative control keeps them for its own diagnosis.
+#[cfg(feature = "testing")]
 const SET_GUCS: &str = "set_config('tenure.job_id', $1::text, true) AS tenure_job_id, \
                         set_config('tenure.fence', $2::text, true) AS tenure_fence";
 
-/// The claim on table `t` where `fence_check` holds: raise the fence, count a
-/// takeover unless the previous generation released. SET expressions all read
-/// the OLD row version.
-fn claim_sql(t: &str, fence_check: &str) -> String {
+/// TEST ONLY: the negative control's claim on table `t`, with no fence check
+/// (a raw `UPDATE`, as the test's superuser): it takes the row whatever its
+/// fence, never lowering it (the update wall of migration 0015 refuses that).
+/// SET expressions all read the OLD row version.
+#[cfg(feature = "testing")]
+fn unfenced_claim_sql(t: &str) -> String {
     format!(
         "UPDATE {t} SET prev_fence = fence, \
                         took_over = (fence > 0 AND NOT released), \
                         takeovers = takeovers + (fence > 0 AND NOT released)::int, \
-                        fence = $2, released = false, status = 'running', updated_at = now() \
-         WHERE id = $1 {fence_check} AND status IN ('pending', 'running') \
+                        fence = greatest(fence, $2), released = false, status = 'running', \
+                        updated_at = now() \
+         WHERE id = $1 AND status IN ('pending', 'running') \
          RETURNING {CLAIM_RETURNING}"
     )
 }
@@ -131,8 +137,9 @@ impl Sql {
     pub(crate) fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".jobs");
         let k = format!("\"{schema}\".job_tombstones");
-        let claim = claim_sql(&t, "AND fence < $2");
-        let set_gucs = SET_GUCS;
+        // Every change of a row's status or fence is a SECURITY DEFINER
+        // function (migration 0015); these statements only call them.
+        let f = |call: &str| format!("SELECT * FROM \"{schema}\".{call}");
         Sql {
             partitioned: false,
             insert: format!(
@@ -158,87 +165,37 @@ impl Sql {
                  ORDER BY created_at, id LIMIT $2"
             ),
             diag: format!("SELECT fence, step, status, released FROM {t} WHERE id = $1"),
-            claim_and_begin: format!("{claim}, {set_gucs}"),
-            claim,
-            // MATERIALIZED: the lock (with READ COMMITTED's re-check of the WHERE on
-            // the newest row version) completes before set_config runs, so the GUCs
-            // are only ever set for an admitted generation.
-            admit: format!(
-                "WITH admitted AS MATERIALIZED ( \
-                     SELECT id FROM {t} \
-                     WHERE id = $1 AND fence = $2 AND step = $3 \
-                       AND status = 'running' AND NOT released \
-                     FOR UPDATE) \
-                 SELECT {set_gucs} FROM admitted"
-            ),
-            // `tenure_step_cas` (migration 0003) raises SQLSTATE TF002 when the
-            // CAS matches no row.
+            claim: f("tenure_claim($1, $2, false, false)"),
+            claim_and_begin: f("tenure_claim($1, $2, false, true)"),
+            // Zero rows when not admitted; the admission locks the row FOR
+            // UPDATE and records the transaction for the guard.
+            admit: format!("SELECT a FROM \"{schema}\".tenure_admit($1, $2, $3) a WHERE a"),
+            // `tenure_step_cas` (migrations 0003, 0015) raises SQLSTATE TF002
+            // when the CAS matches no row or runs outside its admission.
             step_cas: format!("SELECT \"{schema}\".tenure_step_cas($1, $2, $3, $4, $5)"),
-            fail: format!(
-                "UPDATE {t} SET attempts = attempts + 1, last_error = $3, released = true, \
-                                status = 'pending', updated_at = now() \
-                 WHERE id = $1 AND fence = $2 AND status = 'running' AND NOT released \
-                 RETURNING attempts"
-            ),
-            release: format!(
-                "UPDATE {t} SET released = true, status = 'pending', updated_at = now() \
-                 WHERE id = $1 AND fence = $2 AND status = 'running' AND NOT released"
-            ),
-            record_steps: format!(
-                "UPDATE {t} SET step_names = $3, steps_fingerprint = $4, incompatible_since = NULL \
-                 WHERE id = $1 AND fence = $2 AND status = 'running'"
-            ),
-            mark_incompatible: format!(
-                "UPDATE {t} SET incompatible_since = coalesce(incompatible_since, clock_timestamp()) \
-                 WHERE id = $1 AND fence = $2 AND status = 'running'"
-            ),
+            fail: f("tenure_fail($1, $2, $3)"),
+            release: f("tenure_release($1, $2)"),
+            record_steps: f("tenure_record_steps($1, $2, $3, $4)"),
+            mark_incompatible: f("tenure_mark_incompatible($1, $2)"),
             // `$4`: the job type has an `on_dead` hook (0011): its compensation
             // is pending from this very statement on.
-            dead: format!(
-                "UPDATE {t} SET status = 'dead', last_error = $3, released = true, updated_at = now(), \
-                                compensation = CASE WHEN $4 THEN 'pending' ELSE 'none' END \
-                 WHERE id = $1 AND fence = $2 AND status IN ('pending', 'running')"
-            ),
-            dead_unfenced: format!(
-                "UPDATE {t} SET status = 'dead', last_error = $2, released = true, updated_at = now(), \
-                                compensation = CASE WHEN $3 THEN 'pending' ELSE 'none' END \
-                 WHERE id = $1 AND status IN ('pending', 'running')"
-            ),
-            redrive: format!(
-                "UPDATE {t} SET status = 'pending', takeovers = 0, attempts = 0, released = true, \
-                                incompatible_since = NULL, compensation = 'none', updated_at = now() \
-                 WHERE id = $1 AND status = 'dead' AND fence = $2"
-            ),
-            // Operator cancel (migration 0007): no token, the row lock orders it
-            // after any open step transaction; every fenced statement after its
-            // commit finds a terminal row. A delayed job waiting for its
-            // `run_at` (0008) is taken off the scheduler's due list. A dead job
-            // can be cancelled too (an operator gives up on it: never redriven).
-            cancel: format!(
-                "UPDATE {t} SET status = 'cancelled', cancel_reason = $2, cancelled_at = now(), \
-                                awaiting_publish = false, updated_at = now() \
-                 WHERE id = $1 AND status IN ('pending', 'running', 'dead') \
-                   AND compensation <> 'pending' \
-                 RETURNING fence"
-            ),
+            dead: f("tenure_mark_dead($1, $2, $3, $4)"),
+            dead_unfenced: f("tenure_mark_dead_unfenced($1, $2, $3)"),
+            redrive: f("tenure_redrive($1, $2)"),
+            // Operator cancel (migrations 0007, 0015): no token, the row lock
+            // orders it after any open step transaction; every fenced statement
+            // after its commit finds a terminal row. A delayed job waiting for
+            // its `run_at` (0008) is taken off the scheduler's due list. A dead
+            // job can be cancelled too (an operator gives up on it: never
+            // redriven), unless its compensation is pending.
+            cancel: f("tenure_cancel($1, $2)"),
             guard_function: format!("\"{schema}\".tenure_guard()"),
-            claim_compensation: format!(
-                "UPDATE {t} SET fence = $2, updated_at = now() \
-                 WHERE id = $1 AND status = 'dead' AND compensation = 'pending' AND fence <= $2 \
-                 RETURNING input, step, checkpoint, last_error, step_names"
-            ),
+            claim_compensation: f("tenure_claim_compensation($1, $2)"),
             compensation_state: format!("SELECT fence, compensation FROM {t} WHERE id = $1"),
             admit_compensation: format!(
-                "WITH admitted AS MATERIALIZED ( \
-                     SELECT id, step FROM {t} \
-                     WHERE id = $1 AND fence = $2 AND status = 'dead' AND compensation = 'pending' \
-                     FOR UPDATE) \
-                 SELECT step, {set_gucs} FROM admitted"
+                "SELECT step FROM \"{schema}\".tenure_admit_compensation($1, $2) step"
             ),
-            finish_compensation: format!(
-                "UPDATE {t} SET compensation = 'done', updated_at = now() \
-                 WHERE id = $1 AND fence = $2 AND status = 'dead' AND compensation = 'pending'"
-            ),
+            finish_compensation: f("tenure_finish_compensation($1, $2)"),
         }
     }
 
@@ -275,16 +232,9 @@ impl Sql {
     /// token on the row is the same owner (its earlier attempt of the job);
     /// two owners never share a token (`FenceStore::claim_partition`).
     pub(crate) fn partitioned(mut self, schema: &str) -> Self {
-        let t = format!("\"{schema}\".jobs");
-        self.claim = format!(
-            "UPDATE {t} SET prev_fence = fence, \
-                            took_over = (fence > 0 AND fence < $2 AND NOT released), \
-                            takeovers = takeovers + (fence > 0 AND fence < $2 AND NOT released)::int, \
-                            fence = $2, released = false, status = 'running', updated_at = now() \
-             WHERE id = $1 AND fence <= $2 AND status IN ('pending', 'running') \
-             RETURNING {CLAIM_RETURNING}"
-        );
-        self.claim_and_begin = format!("{}, {SET_GUCS}", self.claim);
+        self.claim = format!("SELECT * FROM \"{schema}\".tenure_claim($1, $2, true, false)");
+        self.claim_and_begin =
+            format!("SELECT * FROM \"{schema}\".tenure_claim($1, $2, true, true)");
         self.partitioned = true;
         self
     }
@@ -297,7 +247,7 @@ impl Sql {
     pub(crate) fn without_fencing(mut self, schema: &str) -> Self {
         let t = format!("\"{schema}\".jobs");
         let set_gucs = SET_GUCS;
-        self.claim = claim_sql(&t, "");
+        self.claim = unfenced_claim_sql(&t);
         self.claim_and_begin = format!("{}, {set_gucs}", self.claim);
         self.admit = format!(
             "WITH admitted AS MATERIALIZED ( \
@@ -327,19 +277,11 @@ mod tests {
         let id = uuid::Uuid::from_u128(0x1234_5678_9abc_def0_1234_5678_9abc_def0);
         let text = sql.admit_literal(id, 42, 7);
         assert!(!text.contains('$'), "{text}");
-        assert!(
-            text.contains("id = '12345678-9abc-def0-1234-56789abcdef0'::uuid"),
-            "{text}"
+        assert_eq!(
+            text,
+            "SELECT a FROM \"tenure\".tenure_admit('12345678-9abc-def0-1234-56789abcdef0'::uuid, \
+             42::bigint, 7::int) a WHERE a"
         );
-        assert!(
-            text.contains("fence = 42::bigint AND step = 7::int"),
-            "{text}"
-        );
-        assert!(
-            text.contains("set_config('tenure.fence', 42::bigint::text, true)"),
-            "{text}"
-        );
-        assert!(text.contains("FOR UPDATE"), "{text}");
     }
 
     #[test]

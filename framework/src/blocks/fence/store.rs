@@ -149,60 +149,6 @@ impl FenceStore {
             .await?;
         Ok(())
     }
-
-    /// Grants `role` what running jobs needs on this store's schema, and nothing
-    /// more: `USAGE` on the schema, `SELECT, INSERT, UPDATE` on `jobs`, `schedules` and
-    /// `leader_fences`, `SELECT` on `job_tombstones` (an enqueue's dedup of a
-    /// pruned key),
-    /// `EXECUTE` on `tenure_step_cas` and the other `tenure_*` functions (the
-    /// retention's `tenure_prune_jobs` deletes finished rows only). No DDL, no `DELETE`, no guard bypass (see
-    /// `guide::production`, least-privilege roles). Run it as the migrator
-    /// (the schema's owner) after [`migrate`](Self::migrate). Idempotent.
-    ///
-    /// ```no_run
-    /// # async fn demo(store: tenure::blocks::fence::FenceStore) -> Result<(), tenure::blocks::fence::FenceError> {
-    /// store.migrate().await?;
-    /// store.grant_worker("tenure_worker").await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`FenceError::InvalidName`] for a role that is not a plain identifier;
-    /// [`FenceError::Access`] when the caller may not grant.
-    pub async fn grant_worker(&self, role: &str) -> Result<(), FenceError> {
-        let role = guard::quote_table(role)?;
-        let s = &self.schema;
-        let mut tx = self.pool.begin().await?;
-        for stmt in [
-            format!("GRANT USAGE ON SCHEMA \"{s}\" TO {role}"),
-            format!("GRANT SELECT, INSERT, UPDATE ON \"{s}\".jobs TO {role}"),
-            format!(
-                "GRANT SELECT, INSERT, UPDATE ON \"{s}\".schedules, \"{s}\".leader_fences TO {role}"
-            ),
-            format!("GRANT SELECT, INSERT ON \"{s}\".partitioning TO {role}"),
-            format!("GRANT SELECT ON \"{s}\".job_tombstones TO {role}"),
-            format!("GRANT SELECT, INSERT, UPDATE ON \"{s}\".partition_fences TO {role}"),
-            format!(
-                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_step_cas(uuid, bigint, integer, jsonb, boolean) TO {role}"
-            ),
-            format!(
-                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_record_refusal(uuid, bigint, bigint, integer, text) TO {role}"
-            ),
-            format!(
-                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_report_worker(text, bigint, text, integer, integer, integer, timestamptz, text[]) TO {role}"
-            ),
-            format!(
-                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_prune_jobs(text, double precision, integer) TO {role}"
-            ),
-            format!(
-                "GRANT EXECUTE ON FUNCTION \"{s}\".tenure_prune_tombstones(double precision, integer) TO {role}"
-            ),
-        ] {
-            tx.execute(stmt.as_str()).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
 }
 
 /// The negative control's SQL (in partition mode too).
