@@ -235,6 +235,30 @@ async fn a_wrong_ca_is_refused_by_each_server() {
     assert_refused(&r, Server::Postgres, AccessStep::Tls, t);
 }
 
+/// `sslmode=require` with `sslrootcert` verifies the server's certificate
+/// against it, as libpq does (`verify-ca`): a wrong CA is refused, the right
+/// one connects. (sqlx alone accepts any certificate under `require`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_with_a_root_cert_verifies_the_server() {
+    let stack = stack();
+    let tls = stack.tls().expect("tls");
+    let ssl = |ca: &std::path::Path| {
+        format!(
+            "sslmode=require&sslrootcert={}&sslcert={}&sslkey={}",
+            ca.display(),
+            tls.client_cert.display(),
+            tls.client_key.display()
+        )
+    };
+    let wrong = pg_url_with(stack, &ssl(&tls.other_ca_file));
+    let (r, t) = pg_refusal(worker_cfg(stack).with_database_url(wrong)).await;
+    assert_refused(&r, Server::Postgres, AccessStep::Tls, t);
+    let right = pg_url_with(stack, &ssl(&tls.ca_file));
+    FenceStore::connect(&worker_cfg(stack).with_database_url(right))
+        .await
+        .expect("the right CA connects");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_absent_or_expired_client_certificate_is_refused_by_each_server() {
     let stack = stack();

@@ -303,6 +303,12 @@ pub enum FenceError {
     /// the role lacks (`postgresql 127.0.0.1:5432: authentication failed: ...`).
     #[error(transparent)]
     Access(#[from] crate::security::AccessError),
+    /// A password would be sent without verified TLS to a PostgreSQL server
+    /// that is not on loopback, and
+    /// [`Config::allow_insecure_transport`](crate::Config::allow_insecure_transport)
+    /// is not set: nothing was sent.
+    #[error(transparent)]
+    InsecureTransport(#[from] crate::security::InsecureTransport),
     /// A database error: I/O, timeout, contention, constraint. Not a fence verdict.
     #[error("database error: {0}")]
     Db(#[source] sqlx::Error),
