@@ -12,7 +12,7 @@ use tenure::blocks::lease::{LeaseError, Session};
 use tenure::blocks::queue::{Queue, QueueError};
 use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::security::{AccessError, AccessStep, NatsAuth, Secret, Server, TlsFiles};
-use tenure::{Client, Config, JobId};
+use tenure::{Client, ClientError, Config, EnqueueItemError, JobId};
 use tenure_tests::{ThreeStep, Work, prepare_schema, wait_until};
 
 /// The namespace the stack's limited etcd and NATS users may use.
@@ -105,15 +105,7 @@ fn pg_url_with(stack: &DevStack, ssl: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_three_step_job_runs_over_tls_with_auth_as_the_worker_role() {
     let stack = stack();
-    let migrator = Client::connect(&migrator_cfg(stack))
-        .await
-        .expect("migrator");
-    prepare_schema(&migrator).await;
-    migrator
-        .store()
-        .grant_worker("tenure_worker")
-        .await
-        .expect("grant");
+    let migrator = migrated(stack).await;
     sqlx::query(&format!(
         "GRANT SELECT, INSERT ON {NS}.step_log TO tenure_worker"
     ))
@@ -346,4 +338,158 @@ fn debug_of_a_secured_config_shows_no_secret() {
     let text = format!("{:?}", worker_cfg(stack));
     assert!(!text.contains("pw-"), "{text}");
     assert!(text.contains("***"), "{text}");
+}
+
+/// The schema migrated, its test tables created and the worker role
+/// granted, once per test process: concurrent `CREATE TABLE IF NOT EXISTS`
+/// race in PostgreSQL's catalog, and two clients' first connects race to
+/// create the namespace's streams (`subjects overlap with an existing
+/// stream`).
+async fn migrated(stack: &DevStack) -> Client {
+    static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let connect = || async {
+        Client::connect(&migrator_cfg(stack))
+            .await
+            .expect("migrator")
+    };
+    MIGRATED
+        .get_or_init(|| async {
+            let migrator = connect().await;
+            prepare_schema(&migrator).await;
+            migrator
+                .store()
+                .grant_worker("tenure_worker")
+                .await
+                .expect("grant");
+        })
+        .await;
+    connect().await
+}
+
+/// A client as the worker role on a migrated, granted schema.
+async fn worker_client(stack: &DevStack) -> Client {
+    migrated(stack).await;
+    Client::connect(&worker_cfg(stack))
+        .await
+        .expect("client as tenure_worker")
+}
+
+async fn assert_no_row(client: &Client, job_id: JobId, what: &str) {
+    let row = client.job(job_id).await.expect("read");
+    assert!(row.is_none(), "{what} left a row: {row:?}");
+}
+
+fn assert_too_large<T: std::fmt::Debug>(r: &Result<T, ClientError>) {
+    assert!(
+        matches!(
+            r,
+            Err(ClientError::Queue(QueueError::MessageTooLarge { .. }))
+        ),
+        "{r:?}"
+    );
+}
+
+/// An input whose message is larger than the server's `max_payload`.
+fn too_large(client: &Client) -> Work {
+    Work {
+        n: 1,
+        slow_worker: Some("x".repeat(client.queue().max_payload())),
+        ..Work::default()
+    }
+}
+
+/// Every enqueue path checks the job type and the size of the message it
+/// will publish (NATS `max_payload`, headers included) before it writes: a
+/// refusal is typed and leaves no row that no message would ever run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_enqueue_path_validates_before_it_writes() {
+    use tenure::Job;
+    let client = worker_client(stack()).await;
+    let big = too_large(&client);
+    let r = client
+        .enqueue_json("bad type", "v-1", serde_json::json!(1))
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(ClientError::Queue(QueueError::InvalidJobType { .. }))
+        ),
+        "{r:?}"
+    );
+    assert_no_row(&client, JobId::from_key("bad type", "v-1"), "a bad type").await;
+    let json = serde_json::to_value(&big).unwrap();
+    let r = client.enqueue_json("sec.big", "v-2", json).await;
+    assert_too_large(&r);
+    assert_no_row(&client, JobId::from_key("sec.big", "v-2"), "enqueue_json").await;
+    let r = client.enqueue::<ThreeStep>("v-3", &big).await;
+    assert_too_large(&r);
+    assert_no_row(&client, JobId::from_key(ThreeStep::NAME, "v-3"), "enqueue").await;
+    let later = Duration::from_secs(3600);
+    let r = client.enqueue_after::<ThreeStep>("v-4", &big, later).await;
+    assert_too_large(&r);
+    assert_no_row(
+        &client,
+        JobId::from_key(ThreeStep::NAME, "v-4"),
+        "enqueue_after",
+    )
+    .await;
+    let mut tx = client.store().pool().begin().await.expect("begin");
+    let r = client.enqueue_in::<ThreeStep>(&mut tx, "v-5", &big).await;
+    assert_too_large(&r);
+    sqlx::query("SELECT 1")
+        .execute(&mut *tx)
+        .await
+        .expect("the caller's transaction is still usable");
+    tx.commit().await.expect("commit");
+    assert_no_row(
+        &client,
+        JobId::from_key(ThreeStep::NAME, "v-5"),
+        "enqueue_in",
+    )
+    .await;
+    let r = client
+        .enqueue_many::<ThreeStep>(&[("v-6", big.clone())])
+        .await
+        .expect("a batch");
+    assert!(
+        matches!(r[0], Err(EnqueueItemError::TooLarge { .. })),
+        "{r:?}"
+    );
+    assert_no_row(
+        &client,
+        JobId::from_key(ThreeStep::NAME, "v-6"),
+        "enqueue_many",
+    )
+    .await;
+}
+
+/// A schedule whose input cannot be published is refused at the worker's
+/// start, before the schedule is stored (each tick would otherwise leave a
+/// row no message runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_too_large_to_publish_is_refused_at_start() {
+    let stack = stack();
+    let client = worker_client(stack).await;
+    let big = too_large(&client);
+    let started = Worker::builder(worker_cfg(stack).with_worker_id("sched-w"))
+        .register(ThreeStep {
+            worker: "sched-w".into(),
+            schema: NS.into(),
+        })
+        .schedule::<ThreeStep>("too-large", "0 0 * * *", &big)
+        .start()
+        .await;
+    match started {
+        Err(tenure::WorkerError::Queue(QueueError::MessageTooLarge { .. })) => {}
+        Err(other) => panic!("{other:?}"),
+        Ok(worker) => {
+            worker.shutdown().await.expect("shutdown");
+            panic!("a worker started with a schedule too large to publish");
+        }
+    }
+    let stored = client.store().schedules().await.expect("schedules");
+    assert!(
+        stored.iter().all(|s| s.name != "too-large"),
+        "the schedule was stored: {stored:?}"
+    );
 }
