@@ -17,7 +17,7 @@ use crate::security::{InsecureTransport, NatsAuth, Secret, TlsFiles};
 mod retention;
 mod tuning;
 
-pub use retention::Retention;
+pub use retention::{MAX_PRUNE_BATCH, Retention};
 pub use tuning::Tuning;
 
 /// What the watchdog does when the session is `Lost`.

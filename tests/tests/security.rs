@@ -493,3 +493,239 @@ async fn a_schedule_too_large_to_publish_is_refused_at_start() {
         "the schedule was stored: {stored:?}"
     );
 }
+
+/// The SQLSTATE of a refused statement (panics if it was not refused).
+async fn refused_with<T: std::fmt::Debug>(r: Result<T, sqlx::Error>, what: &str) -> String {
+    match r {
+        Err(sqlx::Error::Database(d)) => {
+            eprintln!("{what}: refused as expected: {}", d.message());
+            d.code().map(|c| c.to_string()).unwrap_or_default()
+        }
+        other => panic!("{what} was not refused: {other:?}"),
+    }
+}
+
+/// `tenure_prune_jobs` and `tenure_prune_tombstones` refuse, as the worker
+/// role, an age below the schema's prune floor (1 s unless the schema's owner
+/// raises it in `prune_floor`, which the worker cannot write) and a batch
+/// outside 1..=10000 (SQLSTATE TF020): a worker cannot delete every finished
+/// job, its history and its tombstone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_functions_refuse_ages_and_batches_out_of_bounds() {
+    let stack = stack();
+    let client = worker_client(stack).await;
+    let pool = client.store().pool();
+    for (age, limit) in [(-1.0, 10), (0.0, 10), (0.5, 10), (60.0, 0), (60.0, 100_000)] {
+        let jobs =
+            sqlx::query_scalar::<_, i64>(&format!("SELECT {NS}.tenure_prune_jobs('done', $1, $2)"))
+                .bind(age)
+                .bind(limit)
+                .fetch_one(pool)
+                .await;
+        let code = refused_with(jobs, &format!("prune jobs {age} s, {limit}")).await;
+        assert_eq!(code, "TF020");
+        let keys =
+            sqlx::query_scalar::<_, i64>(&format!("SELECT {NS}.tenure_prune_tombstones($1, $2)"))
+                .bind(age)
+                .bind(limit)
+                .fetch_one(pool)
+                .await;
+        let code = refused_with(keys, &format!("prune tombstones {age} s, {limit}")).await;
+        assert_eq!(code, "TF020");
+    }
+    let age = Duration::from_secs(60);
+    client
+        .store()
+        .prune_jobs(JobStatus::Done, age, 10)
+        .await
+        .expect("an age above the floor");
+    let r = client.store().prune_jobs(JobStatus::Done, age, 0).await;
+    assert!(
+        matches!(r, Err(FenceError::ArgumentRefused { .. })),
+        "{r:?}"
+    );
+    let raise = format!("UPDATE {NS}.prune_floor SET job_age_secs = 7200");
+    let r = sqlx::query(&raise).execute(pool).await;
+    assert_eq!(
+        refused_with(r, "the worker raising the floor").await,
+        "42501"
+    );
+}
+
+/// The floor the schema's owner sets binds the worker role.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_sets_the_prune_floor() {
+    let stack = stack();
+    let migrator = migrated(stack).await;
+    let client = worker_client(stack).await;
+    let sql = format!("UPDATE {NS}.prune_floor SET job_age_secs = $1, key_age_secs = $1");
+    let set = |secs: f64| sqlx::query(&sql).bind(secs);
+    set(86_400.0)
+        .execute(migrator.store().pool())
+        .await
+        .expect("the owner sets the floor");
+    let hour = Duration::from_secs(3600);
+    let r = client.store().prune_jobs(JobStatus::Done, hour, 10).await;
+    set(1.0)
+        .execute(migrator.store().pool())
+        .await
+        .expect("reset");
+    assert!(
+        matches!(r, Err(FenceError::ArgumentRefused { .. })),
+        "{r:?}"
+    );
+    client
+        .store()
+        .prune_jobs(JobStatus::Done, hour, 10)
+        .await
+        .expect("above the floor again");
+}
+
+/// A second login role with the worker's privileges.
+async fn second_worker_role(stack: &DevStack) -> Config {
+    let admin = sqlx::PgPool::connect(&stack.database_url())
+        .await
+        .expect("superuser");
+    let password = Secret::new("pw-second-worker");
+    sqlx::query(&format!(
+        "DO $$ BEGIN CREATE ROLE tenure_worker_b LOGIN PASSWORD '{}'; \
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        password.expose()
+    ))
+    .execute(&admin)
+    .await
+    .expect("create role");
+    sqlx::query("GRANT CONNECT ON DATABASE tenure TO tenure_worker_b")
+        .execute(&admin)
+        .await
+        .expect("connect");
+    migrated(stack)
+        .await
+        .store()
+        .grant_worker("tenure_worker_b")
+        .await
+        .expect("grant");
+    let url = stack.database_url_as("tenure_worker_b", Some(&password), "tenure");
+    worker_cfg(stack).with_database_url(url)
+}
+
+fn report(worker: &str, health: &'static str) -> tenure::blocks::fence::WorkerReport {
+    tenure::blocks::fence::WorkerReport {
+        worker: worker.into(),
+        lease_id: Some(7),
+        health,
+        in_flight: 0,
+        max_in_flight: 4,
+        lease_ttl: Duration::from_secs(3),
+        started_at: chrono::Utc::now(),
+        job_types: vec!["sec.t".into()],
+    }
+}
+
+/// A worker's report row remembers the role that wrote it: another role
+/// cannot overwrite it (permission denied), and a report's values are
+/// bounded (TF020).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_cannot_overwrite_another_roles_worker_report() {
+    let stack = stack();
+    let a = worker_client(stack).await;
+    let b = FenceStore::connect(&second_worker_role(stack).await)
+        .await
+        .expect("second role");
+    a.store()
+        .report_worker(&report("owned-by-a", "healthy"))
+        .await
+        .expect("a reports itself");
+    let started = Instant::now();
+    match b.report_worker(&report("owned-by-a", "lost")).await {
+        Err(FenceError::Access(r)) => {
+            assert_refused(&r, Server::Postgres, AccessStep::Authorize, started)
+        }
+        other => panic!("another role overwrote the report: {other:?}"),
+    }
+    b.report_worker(&report("owned-by-b", "healthy"))
+        .await
+        .expect("b reports itself");
+    a.store()
+        .report_worker(&report("owned-by-a", "stopped"))
+        .await
+        .expect("a reports itself again");
+    let r = a
+        .store()
+        .report_worker(&report("owned-by-a", "bogus"))
+        .await;
+    assert!(
+        matches!(r, Err(FenceError::ArgumentRefused { .. })),
+        "{r:?}"
+    );
+}
+
+/// `tenure_record_refusal` records only what a fence can have refused: a
+/// token below the job's fence, of a job that exists, once, with a short
+/// `where`; a made-up refusal is refused (TF020).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cannot_record_a_made_up_refusal() {
+    use tenure::FencingToken;
+    let client = worker_client(stack()).await;
+    let store = client.store();
+    let id = JobId::from_key("sec.refusal", "r-1");
+    store
+        .insert_job(id, "sec.refusal", &serde_json::json!(1))
+        .await
+        .expect("insert");
+    store
+        .claim(id, FencingToken::for_tests(41))
+        .await
+        .expect("claim");
+    let sql = format!("SELECT {NS}.tenure_record_refusal($1, $2, $3, $4, $5)");
+    let record = |token: i64, current: Option<i64>, step: Option<i32>, at: String, job: JobId| {
+        sqlx::query(&sql)
+            .bind(job.as_uuid())
+            .bind(token)
+            .bind(current)
+            .bind(step)
+            .bind(at)
+            .execute(store.pool())
+    };
+    let unknown = JobId::from_key("sec.refusal", "nobody");
+    for (what, r) in [
+        (
+            "a token at the fence",
+            record(41, Some(41), Some(0), "step".into(), id).await,
+        ),
+        (
+            "a token above the fence",
+            record(99, Some(41), Some(0), "step".into(), id).await,
+        ),
+        (
+            "a winner above the fence",
+            record(40, Some(99), Some(0), "step".into(), id).await,
+        ),
+        (
+            "a step not reached",
+            record(40, Some(41), Some(9), "step".into(), id).await,
+        ),
+        (
+            "a long where",
+            record(40, Some(41), Some(0), "x".repeat(10_000), id).await,
+        ),
+        (
+            "an unknown job",
+            record(1, Some(2), None, "claim".into(), unknown).await,
+        ),
+    ] {
+        assert_eq!(refused_with(r, what).await, "TF020", "{what}");
+    }
+    for _ in 0..3 {
+        record(40, Some(41), Some(0), "step".into(), id)
+            .await
+            .expect("a real refusal");
+    }
+    let owner = migrated(stack()).await;
+    let events = owner.store().job_events(id).await.expect("events");
+    let refusals = events.iter().filter(|e| e.kind == "stale_refused").count();
+    assert_eq!(
+        refusals, 1,
+        "one event per refused token and step: {events:?}"
+    );
+}

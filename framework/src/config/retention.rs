@@ -35,6 +35,11 @@ pub struct Retention {
     pub every: Duration,
 }
 
+/// The largest [`Retention::batch`]: the prune functions (migration 0016)
+/// refuse a larger one, so that a caller cannot delete without bound in one
+/// statement.
+pub const MAX_PRUNE_BATCH: usize = 10_000;
+
 impl Default for Retention {
     fn default() -> Self {
         Retention::KEEP
@@ -82,10 +87,10 @@ impl Retention {
                 });
             }
         }
-        if self.batch == 0 {
+        if !(1..=MAX_PRUNE_BATCH).contains(&self.batch) {
             return Err(ConfigError::Invalid {
                 name: "retention.batch",
-                reason: "must be at least 1".into(),
+                reason: format!("must be 1 to {MAX_PRUNE_BATCH}"),
             });
         }
         if self.every.is_zero() {

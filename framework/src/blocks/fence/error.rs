@@ -34,6 +34,12 @@ pub(super) fn is_tombstoned(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(e) if e.code().as_deref() == Some(TOMBSTONED_SQLSTATE))
 }
 
+/// The SQLSTATE a Tenure function raises for arguments outside what its
+/// caller may ask (migration 0016): a prune age below the schema's
+/// `prune_floor`, a batch outside 1 to [`MAX_PRUNE_BATCH`](crate::config::MAX_PRUNE_BATCH),
+/// a worker report's or a refusal record's values that cannot be true.
+pub const ARGUMENT_REFUSED_SQLSTATE: &str = "TF020";
+
 /// What a database error means to the fence, as far as it acts on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum PgFailure {
@@ -42,6 +48,8 @@ pub(super) enum PgFailure {
     /// `tenure_step_cas` matched no row (SQLSTATE `TF002`): the step commit was
     /// refused, and the rest of its simple-query string skipped.
     CasRefused,
+    /// A Tenure function refused its arguments ([`ARGUMENT_REFUSED_SQLSTATE`]).
+    ArgumentRefused,
     /// PostgreSQL refused us: TLS, the password or `pg_hba.conf`, a privilege.
     Refused {
         /// Where it was refused.
@@ -64,6 +72,7 @@ pub(super) fn classify(err: &sqlx::Error) -> PgFailure {
     match code.as_deref() {
         Some(GUARD_SQLSTATE) => return PgFailure::GuardRefused,
         Some(CAS_REFUSED_SQLSTATE) => return PgFailure::CasRefused,
+        Some(ARGUMENT_REFUSED_SQLSTATE) => return PgFailure::ArgumentRefused,
         _ => {}
     }
     let refused = match err {
@@ -303,6 +312,19 @@ pub enum FenceError {
     /// the role lacks (`postgresql 127.0.0.1:5432: authentication failed: ...`).
     #[error(transparent)]
     Access(#[from] crate::security::AccessError),
+    /// A Tenure function refused its arguments (SQLSTATE
+    /// [`ARGUMENT_REFUSED_SQLSTATE`], migration 0016): a prune age below the
+    /// schema's `prune_floor` or a batch outside 1 to
+    /// [`MAX_PRUNE_BATCH`](crate::config::MAX_PRUNE_BATCH), a worker report
+    /// or a refusal record whose values cannot be true. Nothing was written.
+    #[error("refused by the database: {message}")]
+    ArgumentRefused {
+        /// The function's message (it names the function and the bound).
+        message: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// A password would be sent without verified TLS to a PostgreSQL server
     /// that is not on loopback, and
     /// [`Config::allow_insecure_transport`](crate::Config::allow_insecure_transport)
@@ -365,6 +387,13 @@ impl FenceError {
                     source: err,
                 }
             }
+            PgFailure::ArgumentRefused => FenceError::ArgumentRefused {
+                message: err
+                    .as_database_error()
+                    .map(|d| d.message().to_string())
+                    .unwrap_or_default(),
+                source: err,
+            },
             PgFailure::Refused { step, detail } => {
                 FenceError::Access(super::access::refusal(step, detail))
             }
