@@ -262,8 +262,9 @@ enum Command {
         /// Delete `dead` jobs older than this (they are kept otherwise).
         #[arg(long, value_parser = parse_age)]
         dead_older_than: Option<Duration>,
-        /// Rows deleted per statement.
-        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        /// Rows deleted per statement (at most 10000, what the prune
+        /// function accepts).
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         batch: u32,
         /// Count what would be deleted; delete nothing.
         #[arg(long)]

@@ -896,10 +896,11 @@ mod tests {
     fn validate_refuses_a_credential_in_clear_by_server() {
         use crate::security::Server;
         let remote = Config::new("ok").with_database_url("postgres://w:pw@db/app");
-        match remote.validate() {
-            Err(ConfigError::InsecureTransport(e)) => assert_eq!(e.server, Server::Postgres),
-            other => panic!("{other:?}"),
-        }
+        let refused = remote.validate();
+        assert!(
+            matches!(&refused, Err(ConfigError::InsecureTransport(e)) if e.server == Server::Postgres),
+            "{refused:?}"
+        );
         assert!(remote.clone().allow_insecure_transport().validate().is_ok());
         let env = |k: &str| (k == "TENURE_ALLOW_INSECURE_TRANSPORT").then(|| "true".to_string());
         let mut cfg = remote;

@@ -24,6 +24,7 @@ fn stack() -> &'static DevStack {
     DevStack::shared_with(DevStackOptions {
         tls: true,
         auth: true,
+        mariadb: true,
         namespace: NS.into(),
         ..DevStackOptions::default()
     })
@@ -249,6 +250,44 @@ async fn require_with_a_root_cert_verifies_the_server() {
     FenceStore::connect(&worker_cfg(stack).with_database_url(right))
         .await
         .expect("the right CA connects");
+}
+
+/// MariaDB's TLS is its URL's, as the MySQL clients read it: `REQUIRED` with
+/// `ssl-ca` verifies the server's certificate (`VERIFY_CA`), so a wrong CA is
+/// refused; the right one connects, also with `VERIFY_IDENTITY`. (sqlx alone
+/// accepts any certificate under `REQUIRED`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_required_with_a_ca_verifies_the_server() {
+    use tenure::MySqlFence;
+    let stack = stack();
+    let tls = stack.tls().expect("tls");
+    let cfg = worker_cfg(stack);
+    let url = |query: String| format!("{}?{query}", stack.mysql_url());
+    let wrong = url(format!(
+        "ssl-mode=REQUIRED&ssl-ca={}",
+        tls.other_ca_file.display()
+    ));
+    let fence = MySqlFence::connect("bank", &wrong, &cfg)
+        .await
+        .expect("the pool connects lazily");
+    let err = sqlx::query("SELECT 1")
+        .execute(fence.pool())
+        .await
+        .expect_err("the wrong CA connected");
+    assert!(
+        format!("{err:?}").contains("UnknownIssuer"),
+        "not refused for its CA: {err:?}"
+    );
+    for mode in ["REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY"] {
+        let right = url(format!("ssl-mode={mode}&ssl-ca={}", tls.ca_file.display()));
+        let fence = MySqlFence::connect("bank", &right, &cfg)
+            .await
+            .expect("connect");
+        sqlx::query("SELECT 1")
+            .execute(fence.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{mode} with the right CA: {e}"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

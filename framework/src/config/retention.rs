@@ -28,8 +28,9 @@ pub struct Retention {
     /// The DLQ stream's `max_age`: the broker drops dead letters older than
     /// this (default: keep). Applied when a worker provisions the streams.
     pub dlq_max_age: Option<Duration>,
-    /// Rows deleted per statement (default 500): each batch is one short
-    /// transaction that skips rows locked by anyone else.
+    /// Rows deleted per statement (default 500, at most
+    /// [`MAX_PRUNE_BATCH`]): each batch is one short transaction that skips
+    /// rows locked by anyone else.
     pub batch: usize,
     /// How often the leader prunes (default 60 s).
     pub every: Duration,

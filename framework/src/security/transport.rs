@@ -380,7 +380,7 @@ mod tests {
             "?sslmode=disable",
             "?sslmode=require",
         ] {
-            let r = refusal(&remote(query)).unwrap_or_else(|| panic!("{query} passed"));
+            let r = refusal(&remote(query)).expect(query);
             assert_eq!(
                 (r.server, r.address.as_str()),
                 (Server::Postgres, "db:5432")
