@@ -113,7 +113,7 @@ pub struct Config {
     /// `tls://` URL, and a PostgreSQL password unless `sslmode` is
     /// `verify-ca`, `verify-full`, or `require` with `sslrootcert` (which
     /// verifies as `verify-ca` does, as in libpq). The same setting governs
-    /// [`MySqlFence::connect`](crate::fence::mysql::MySqlFence::connect).
+    /// `MySqlFence::connect` (feature `mysql`).
     /// Servers on 127.0.0.0/8, `::1`, `localhost` or a Unix socket are never
     /// refused. Set it only where the network itself is trusted.
     pub allow_insecure_transport: bool,

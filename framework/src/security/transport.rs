@@ -1,6 +1,6 @@
 //! Whether a credential would travel without verified TLS: the one decision
 //! [`Config::validate`](crate::Config::validate) (etcd, NATS, PostgreSQL) and
-//! [`MySqlFence::connect`](crate::fence::mysql::MySqlFence::connect) (MariaDB)
+//! `MySqlFence::connect` (MariaDB, feature `mysql`)
 //! apply before they connect.
 //!
 //! A credential (a password, token, `.creds` file or nkey) may go to a server
