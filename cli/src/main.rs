@@ -157,6 +157,10 @@ struct Security {
     /// PostgreSQL password (instead of in the URL).
     #[arg(long, env = "TENURE_DATABASE_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
     database_password: Option<Secret>,
+    /// Send credentials to servers off loopback without verified TLS
+    /// (refused otherwise; see `Config::allow_insecure_transport`).
+    #[arg(long, env = "TENURE_ALLOW_INSECURE_TRANSPORT", global = true)]
+    allow_insecure_transport: bool,
 }
 
 fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
@@ -184,6 +188,7 @@ impl Security {
         cfg.etcd_password = self.etcd_password;
         cfg.nats_tls = tls_files(self.nats_ca_file, self.nats_cert_file, self.nats_key_file);
         cfg.database_password = self.database_password;
+        cfg.allow_insecure_transport = self.allow_insecure_transport;
         let nats = [
             self.nats_user.map(|user| NatsAuth::UserPassword {
                 user,
@@ -262,8 +267,9 @@ enum Command {
         /// Delete `dead` jobs older than this (they are kept otherwise).
         #[arg(long, value_parser = parse_age)]
         dead_older_than: Option<Duration>,
-        /// Rows deleted per statement.
-        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        /// Rows deleted per statement (at most 10000, what the prune
+        /// function accepts).
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         batch: u32,
         /// Count what would be deleted; delete nothing.
         #[arg(long)]

@@ -78,7 +78,7 @@ async fn demo() -> anyhow::Result<bool> {
     let client = Client::connect(&cfg).await?;
     client.migrate().await?;
     let bank = Bank {
-        fence: MySqlFence::connect("bank", &mysql_url, TTL).await?,
+        fence: MySqlFence::connect("bank", &mysql_url, &cfg).await?,
     };
     bank.create(&[("alice", 1_000), ("bob", 1_000), ("carol", 1_000)])
         .await?;
@@ -189,7 +189,7 @@ async fn worker_process(id: String) -> anyhow::Result<()> {
     let cfg = Config::from_env()?;
     let url = std::env::var(MYSQL_ENV).context(MYSQL_ENV)?;
     let bank = Bank {
-        fence: MySqlFence::connect("bank", &url, cfg.lease_ttl).await?,
+        fence: MySqlFence::connect("bank", &url, &cfg).await?,
     };
     let worker = Worker::builder(cfg)
         .register(Transfer { bank })

@@ -220,7 +220,14 @@ impl Client {
     /// whose definition of `J` does not fit the steps the job committed never
     /// resumes it (see [`step_list`](crate::job::step_list)).
     ///
+    /// Nothing is written (no row, no mode record) unless the job type can
+    /// name a NATS subject and the message fits the server's `max_payload`
+    /// with its headers and [`MESSAGE_HEADROOM`](crate::queue::MESSAGE_HEADROOM);
+    /// every enqueue path (delayed, transactional, batch) checks the same.
+    ///
     /// # Errors
+    /// [`QueueError::MessageTooLarge`] and [`QueueError::InvalidJobType`]
+    /// (as [`ClientError::Queue`]; nothing written);
     /// [`FenceError::PayloadConflict`] when the key exists with another input;
     /// [`FenceError::PartitionsChanged`] when the namespace records another
     /// way of owning jobs than this client's (checked before anything is
@@ -231,13 +238,14 @@ impl Client {
         input: &J::Input,
     ) -> Result<Enqueued, ClientError> {
         let value = input_value::<J>(input)?;
-        self.check_mode().await?;
         let job_id = JobId::from_key(J::NAME, idempotency_key);
+        let payload = self.checked_payload(job_id, J::NAME, &value)?;
+        self.check_mode().await?;
         let inserted = self
             .store
             .insert_defined_job(job_id, J::NAME, &value, None, J::STEPS)
             .await?;
-        self.publish_unless_waiting(job_id, J::NAME, inserted, false, value)
+        self.publish_unless_waiting(job_id, J::NAME, inserted, false, payload)
             .await
     }
 
@@ -247,17 +255,19 @@ impl Client {
     /// its own.
     ///
     /// # Errors
-    /// As [`Client::enqueue`].
+    /// [`QueueError::InvalidJobType`] for a type that cannot name a NATS
+    /// subject (nothing written); as [`Client::enqueue`] otherwise.
     pub async fn enqueue_json(
         &self,
         job_type: &str,
         idempotency_key: &str,
         input: serde_json::Value,
     ) -> Result<Enqueued, ClientError> {
-        self.check_mode().await?;
         let job_id = JobId::from_key(job_type, idempotency_key);
+        let payload = self.checked_payload(job_id, job_type, &input)?;
+        self.check_mode().await?;
         let inserted = self.store.insert_job(job_id, job_type, &input).await?;
-        self.publish_unless_waiting(job_id, job_type, inserted, false, input)
+        self.publish_unless_waiting(job_id, job_type, inserted, false, payload)
             .await
     }
 
@@ -311,13 +321,14 @@ impl Client {
             return Err(self.too_long(ahead));
         }
         let value = input_value::<J>(input)?;
-        self.check_mode().await?;
         let job_id = JobId::from_key(J::NAME, idempotency_key);
+        let payload = self.checked_payload(job_id, J::NAME, &value)?;
+        self.check_mode().await?;
         let inserted = self
             .store
             .insert_defined_job(job_id, J::NAME, &value, Some(run_at), J::STEPS)
             .await?;
-        self.publish_unless_waiting(job_id, J::NAME, inserted, true, value)
+        self.publish_unless_waiting(job_id, J::NAME, inserted, true, payload)
             .await
     }
 
@@ -338,7 +349,7 @@ impl Client {
         job_type: &str,
         inserted: Inserted,
         delayed: bool,
-        input: serde_json::Value,
+        payload: bytes::Bytes,
     ) -> Result<Enqueued, ClientError> {
         let duplicate = match inserted {
             Inserted::New => false,
@@ -358,25 +369,28 @@ impl Client {
                 }
             }
         }
-        self.publish_json(job_id, job_type, &input).await?;
+        self.queue.publish_job(job_id, job_type, payload).await?;
         Ok(Enqueued { job_id, duplicate })
     }
 
-    /// Publishes job `job_id`'s message (`Nats-Msg-Id` = its id) with `input`.
-    async fn publish_json(
+    /// Before any enqueue path writes anything (the mode record included):
+    /// the job type can name a NATS subject and job `job_id`'s message with
+    /// `input` fits the server's `max_payload`
+    /// ([`QueueError::InvalidJobType`], [`QueueError::MessageTooLarge`]).
+    /// Returns the payload to publish.
+    pub(crate) fn checked_payload(
         &self,
         job_id: JobId,
         job_type: &str,
         input: &serde_json::Value,
-    ) -> Result<(), ClientError> {
+    ) -> Result<bytes::Bytes, ClientError> {
         let payload = serde_json::to_vec(input).map_err(|source| ClientError::Input {
             job_type: "json",
             source,
         })?;
         self.queue
-            .publish_job(job_id, job_type, payload.into())
-            .await?;
-        Ok(())
+            .check_job_message(job_id, job_type, payload.len())?;
+        Ok(payload.into())
     }
 
     /// The job's row.

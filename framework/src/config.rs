@@ -12,12 +12,12 @@
 
 use std::time::Duration;
 
-use crate::security::{NatsAuth, Secret, TlsFiles};
+use crate::security::{InsecureTransport, NatsAuth, Secret, TlsFiles};
 
 mod retention;
 mod tuning;
 
-pub use retention::Retention;
+pub use retention::{MAX_PRUNE_BATCH, Retention};
 pub use tuning::Tuning;
 
 /// What the watchdog does when the session is `Lost`.
@@ -58,6 +58,11 @@ pub enum ConfigError {
         /// Why it is invalid.
         reason: String,
     },
+    /// A credential would be sent without verified TLS to a server that is
+    /// not on loopback, and [`Config::allow_insecure_transport`] is not set
+    /// (see `guide::production`, TLS and credentials).
+    #[error(transparent)]
+    InsecureTransport(#[from] InsecureTransport),
 }
 
 /// Tenure's configuration. Build it in code ([`Config::new`]) or from the
@@ -75,9 +80,13 @@ pub struct Config {
     pub etcd_endpoints: Vec<String>,
     /// NATS URL.
     pub nats_url: String,
-    /// PostgreSQL URL. Everything libpq's URL can say about TLS is honoured:
-    /// `sslmode` (`disable` to `verify-full`), `sslrootcert`, `sslcert`, `sslkey`
-    /// (rustls, no OpenSSL).
+    /// PostgreSQL URL. Its TLS settings have libpq's meaning (rustls, no
+    /// OpenSSL): `sslmode` (`disable`, `allow`, `prefer` (the default),
+    /// `require`, `verify-ca`, `verify-full`), `sslrootcert`, `sslcert`,
+    /// `sslkey`; `require` with `sslrootcert` verifies the certificate as
+    /// `verify-ca` does. A password off loopback needs `verify-ca`,
+    /// `verify-full` or `require` with `sslrootcert` (see
+    /// [`allow_insecure_transport`](Self::allow_insecure_transport)).
     pub database_url: String,
     /// PostgreSQL password, when it is not in [`database_url`](Self::database_url).
     pub database_password: Option<Secret>,
@@ -96,6 +105,18 @@ pub struct Config {
     pub nats_tls: Option<TlsFiles>,
     /// NATS authentication besides a client certificate.
     pub nats_auth: NatsAuth,
+    /// Send credentials to servers that are not on loopback without verified
+    /// TLS (default `false`). Unset, [`validate`](Config::validate) refuses,
+    /// as [`ConfigError::InsecureTransport`], an etcd user over an endpoint
+    /// that is not `https://`, NATS credentials (user, token, `.creds`, nkey
+    /// or the URL's user part) without [`nats_tls`](Self::nats_tls) or a
+    /// `tls://` URL, and a PostgreSQL password unless `sslmode` is
+    /// `verify-ca`, `verify-full`, or `require` with `sslrootcert` (which
+    /// verifies as `verify-ca` does, as in libpq). The same setting governs
+    /// `MySqlFence::connect` (feature `mysql`).
+    /// Servers on 127.0.0.0/8, `::1`, `localhost` or a Unix socket are never
+    /// refused. Set it only where the network itself is trusted.
+    pub allow_insecure_transport: bool,
     /// This worker's name (logs, metrics, lock values).
     pub worker_id: String,
     /// Session lease TTL (default 5 s). Keepalive every TTL/6, `Degraded` after
@@ -215,6 +236,7 @@ impl Config {
             etcd_password: None,
             nats_tls: None,
             nats_auth: NatsAuth::None,
+            allow_insecure_transport: false,
             worker_id: default_worker_id(),
             lease_ttl: Duration::from_secs(5),
             watchdog: WatchdogPolicy::CancelJobs,
@@ -315,11 +337,24 @@ impl Config {
     /// `TENURE_ETCD_{CA,CERT,KEY}_FILE`, `TENURE_ETCD_USER`, `TENURE_ETCD_PASSWORD`,
     /// `TENURE_NATS_{CA,CERT,KEY}_FILE`, `TENURE_NATS_USER` + `TENURE_NATS_PASSWORD`,
     /// `TENURE_NATS_TOKEN`, `TENURE_NATS_CREDS_FILE`, `TENURE_NATS_NKEY`,
-    /// `TENURE_DATABASE_PASSWORD`.
+    /// `TENURE_DATABASE_PASSWORD`, `TENURE_ALLOW_INSECURE_TRANSPORT`
+    /// (`true` or `false`).
     fn apply_security_env(
         &mut self,
         var: &impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
+        if let Some(v) = var("TENURE_ALLOW_INSECURE_TRANSPORT") {
+            self.allow_insecure_transport = match v.trim() {
+                "true" | "1" => true,
+                "false" | "0" => false,
+                other => {
+                    return Err(ConfigError::Invalid {
+                        name: "TENURE_ALLOW_INSECURE_TRANSPORT",
+                        reason: format!("{other:?} is not true or false"),
+                    });
+                }
+            };
+        }
         self.etcd_tls = tls_from_env(var, "ETCD");
         self.etcd_user = var("TENURE_ETCD_USER");
         self.etcd_password = var("TENURE_ETCD_PASSWORD").map(Secret::new);
@@ -495,7 +530,34 @@ impl Config {
                 }
             }
         }
+        self.validate_transport()
+    }
+
+    /// No credential goes without verified TLS to a server off loopback,
+    /// unless [`allow_insecure_transport`](Self::allow_insecure_transport).
+    fn validate_transport(&self) -> Result<(), ConfigError> {
+        use crate::security::transport;
+        let mut links = transport::etcd_links(self);
+        links.extend(transport::nats_links(self));
+        links.push(transport::pg_link(&self.database_options()?));
+        for link in &links {
+            transport::check(link, self.allow_insecure_transport)?;
+        }
         Ok(())
+    }
+
+    /// The PostgreSQL connect options Tenure will use: the given pool's, or
+    /// those of [`database_url`](Self::database_url) and
+    /// [`database_password`](Self::database_password).
+    fn database_options(&self) -> Result<sqlx::postgres::PgConnectOptions, ConfigError> {
+        if let Some(pool) = &self.database_pool {
+            return Ok((*pool.connect_options()).clone());
+        }
+        crate::security::transport::pg_options(&self.database_url, self.database_password.as_ref())
+            .map_err(|e| ConfigError::Invalid {
+                name: "database_url",
+                reason: crate::security::redact_url(&e.to_string(), true),
+            })
     }
 
     /// Builder: namespace.
@@ -557,6 +619,12 @@ impl Config {
     /// Builder: NATS authentication.
     pub fn with_nats_auth(mut self, auth: NatsAuth) -> Self {
         self.nats_auth = auth;
+        self
+    }
+    /// Builder: send credentials without verified TLS to servers off
+    /// loopback ([`Config::allow_insecure_transport`]).
+    pub fn allow_insecure_transport(mut self) -> Self {
+        self.allow_insecure_transport = true;
         self
     }
     /// Builder: worker id.
@@ -691,6 +759,7 @@ impl std::fmt::Debug for Config {
             .field("etcd_password", &self.etcd_password)
             .field("nats_tls", &self.nats_tls)
             .field("nats_auth", &self.nats_auth)
+            .field("allow_insecure_transport", &self.allow_insecure_transport)
             .field("worker_id", &self.worker_id)
             .field("lease_ttl", &self.lease_ttl)
             .field("watchdog", &self.watchdog)
@@ -818,6 +887,38 @@ mod tests {
             Config::new("ok").apply_security_env(&two),
             Err(ConfigError::Invalid {
                 name: "nats_auth",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn validate_refuses_a_credential_in_clear_by_server() {
+        use crate::security::Server;
+        let remote = Config::new("ok").with_database_url("postgres://w:pw@db/app");
+        let refused = remote.validate();
+        assert!(
+            matches!(&refused, Err(ConfigError::InsecureTransport(e)) if e.server == Server::Postgres),
+            "{refused:?}"
+        );
+        assert!(remote.clone().allow_insecure_transport().validate().is_ok());
+        let env = |k: &str| (k == "TENURE_ALLOW_INSECURE_TRANSPORT").then(|| "true".to_string());
+        let mut cfg = remote;
+        assert!(cfg.apply_security_env(&env).is_ok());
+        assert!(cfg.allow_insecure_transport && cfg.validate().is_ok());
+        let bad = |k: &str| (k == "TENURE_ALLOW_INSECURE_TRANSPORT").then(|| "yes".to_string());
+        assert!(matches!(
+            Config::new("ok").apply_security_env(&bad),
+            Err(ConfigError::Invalid {
+                name: "TENURE_ALLOW_INSECURE_TRANSPORT",
+                ..
+            })
+        ));
+        let url = Config::new("ok").with_database_url("not a url");
+        assert!(matches!(
+            url.validate(),
+            Err(ConfigError::Invalid {
+                name: "database_url",
                 ..
             })
         ));

@@ -19,6 +19,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub(crate) mod transport;
+
 /// A password, token or key seed. `Debug` and `Display` print `***`; read it
 /// with [`Secret::expose`].
 #[derive(Clone, PartialEq, Eq)]
@@ -137,6 +139,8 @@ pub enum Server {
     Nats,
     /// PostgreSQL (job rows).
     Postgres,
+    /// A MySQL/MariaDB database a step writes to (`fence::mysql`).
+    MySql,
 }
 
 impl fmt::Display for Server {
@@ -145,6 +149,7 @@ impl fmt::Display for Server {
             Server::Etcd => "etcd",
             Server::Nats => "nats",
             Server::Postgres => "postgresql",
+            Server::MySql => "mysql",
         })
     }
 }
@@ -190,6 +195,30 @@ pub struct AccessError {
     pub step: AccessStep,
     /// Why, as far as the client library tells.
     pub detail: String,
+}
+
+/// A credential would travel without verified TLS to a server that is not on
+/// this machine's loopback, and the configuration did not opt in with
+/// `allow_insecure_transport`. Nothing was sent. Names the server, its
+/// address, what would have travelled, why the connection is not verified
+/// TLS, and the setting that makes it so; never the credential itself.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "{server} {address}: {credential} would be sent without verified TLS ({how}); {fix}, or opt in to sending it \
+     anyway with allow_insecure_transport (TENURE_ALLOW_INSECURE_TRANSPORT=true)"
+)]
+pub struct InsecureTransport {
+    /// The server.
+    pub server: Server,
+    /// Its address (`host:port`, or a Unix socket's path).
+    pub address: String,
+    /// What would have travelled, e.g. `a password`.
+    pub credential: &'static str,
+    /// Why the connection is not verified TLS, e.g. `sslmode=require without
+    /// sslrootcert verifies no certificate`.
+    pub how: &'static str,
+    /// The setting that gives verified TLS to this server.
+    pub fix: &'static str,
 }
 
 fn at(address: &str) -> String {

@@ -37,9 +37,13 @@ fn tok(n: i64) -> FencingToken {
 async fn bank(prefix: &str) -> MySqlFence {
     let db = DevStack::unique_namespace(prefix);
     let url = stack().create_mysql_database(&db).await.expect("database");
-    let fence = MySqlFence::connect(&db, &url, Duration::from_secs(5))
-        .await
-        .expect("connect");
+    let fence = MySqlFence::connect(
+        &db,
+        &url,
+        &tenure::Config::new("t").with_lease_ttl(Duration::from_secs(5)),
+    )
+    .await
+    .expect("connect");
     fence.migrate().await.expect("migrate");
     sqlx::raw_sql(
         "CREATE TABLE accounts (id INT PRIMARY KEY, balance BIGINT NOT NULL) ENGINE=InnoDB;

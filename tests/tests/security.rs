@@ -12,7 +12,7 @@ use tenure::blocks::lease::{LeaseError, Session};
 use tenure::blocks::queue::{Queue, QueueError};
 use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::security::{AccessError, AccessStep, NatsAuth, Secret, Server, TlsFiles};
-use tenure::{Client, Config, JobId};
+use tenure::{Client, ClientError, Config, EnqueueItemError, JobId};
 use tenure_tests::{ThreeStep, Work, prepare_schema, wait_until};
 
 /// The namespace the stack's limited etcd and NATS users may use.
@@ -24,6 +24,7 @@ fn stack() -> &'static DevStack {
     DevStack::shared_with(DevStackOptions {
         tls: true,
         auth: true,
+        mariadb: true,
         namespace: NS.into(),
         ..DevStackOptions::default()
     })
@@ -105,10 +106,7 @@ fn pg_url_with(stack: &DevStack, ssl: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_three_step_job_runs_over_tls_with_auth_as_the_worker_role() {
     let stack = stack();
-    let migrator = Client::connect(&migrator_cfg(stack))
-        .await
-        .expect("migrator");
-    granted(&migrator).await;
+    let migrator = migrated(stack).await;
     sqlx::query(&format!(
         "GRANT SELECT, INSERT ON {NS}.step_log TO tenure_worker"
     ))
@@ -228,6 +226,68 @@ async fn a_wrong_ca_is_refused_by_each_server() {
     );
     let (r, t) = pg_refusal(worker_cfg(stack).with_database_url(pg_url_with(stack, &ssl))).await;
     assert_refused(&r, Server::Postgres, AccessStep::Tls, t);
+}
+
+/// `sslmode=require` with `sslrootcert` verifies the server's certificate
+/// against it, as libpq does (`verify-ca`): a wrong CA is refused, the right
+/// one connects. (sqlx alone accepts any certificate under `require`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_with_a_root_cert_verifies_the_server() {
+    let stack = stack();
+    let tls = stack.tls().expect("tls");
+    let ssl = |ca: &std::path::Path| {
+        format!(
+            "sslmode=require&sslrootcert={}&sslcert={}&sslkey={}",
+            ca.display(),
+            tls.client_cert.display(),
+            tls.client_key.display()
+        )
+    };
+    let wrong = pg_url_with(stack, &ssl(&tls.other_ca_file));
+    let (r, t) = pg_refusal(worker_cfg(stack).with_database_url(wrong)).await;
+    assert_refused(&r, Server::Postgres, AccessStep::Tls, t);
+    let right = pg_url_with(stack, &ssl(&tls.ca_file));
+    FenceStore::connect(&worker_cfg(stack).with_database_url(right))
+        .await
+        .expect("the right CA connects");
+}
+
+/// MariaDB's TLS is its URL's, as the MySQL clients read it: `REQUIRED` with
+/// `ssl-ca` verifies the server's certificate (`VERIFY_CA`), so a wrong CA is
+/// refused; the right one connects, also with `VERIFY_IDENTITY`. (sqlx alone
+/// accepts any certificate under `REQUIRED`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_required_with_a_ca_verifies_the_server() {
+    use tenure::MySqlFence;
+    let stack = stack();
+    let tls = stack.tls().expect("tls");
+    let cfg = worker_cfg(stack);
+    let url = |query: String| format!("{}?{query}", stack.mysql_url());
+    let wrong = url(format!(
+        "ssl-mode=REQUIRED&ssl-ca={}",
+        tls.other_ca_file.display()
+    ));
+    let fence = MySqlFence::connect("bank", &wrong, &cfg)
+        .await
+        .expect("the pool connects lazily");
+    let err = sqlx::query("SELECT 1")
+        .execute(fence.pool())
+        .await
+        .expect_err("the wrong CA connected");
+    assert!(
+        format!("{err:?}").contains("UnknownIssuer"),
+        "not refused for its CA: {err:?}"
+    );
+    for mode in ["REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY"] {
+        let right = url(format!("ssl-mode={mode}&ssl-ca={}", tls.ca_file.display()));
+        let fence = MySqlFence::connect("bank", &right, &cfg)
+            .await
+            .expect("connect");
+        sqlx::query("SELECT 1")
+            .execute(fence.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{mode} with the right CA: {e}"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,24 +410,6 @@ async fn extra_role(stack: &DevStack, role: &str) -> Config {
     secured(stack, role, &password)
 }
 
-/// Migrates the schema and grants the worker and producer roles, once per
-/// process (concurrent `GRANT`s on one object fail with "tuple concurrently
-/// updated").
-async fn granted(migrator: &Client) {
-    static ONCE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    ONCE.get_or_init(|| async {
-        prepare_schema(migrator).await;
-        let store = migrator.store();
-        store.grant_worker("tenure_worker").await.expect("grant");
-        extra_role(stack(), "tenure_producer").await;
-        store
-            .grant_producer("tenure_producer")
-            .await
-            .expect("grant");
-    })
-    .await;
-}
-
 /// A job id no test used before.
 fn fresh_id() -> JobId {
     let nanos = std::time::SystemTime::now()
@@ -381,11 +423,8 @@ fn fresh_id() -> JobId {
 /// producer's stores.
 async fn roles() -> (FenceStore, FenceStore, FenceStore) {
     let stack = stack();
-    let migrator = Client::connect(&migrator_cfg(stack))
-        .await
-        .expect("migrator");
+    let migrator = migrated(stack).await;
     let store = migrator.store().clone();
-    granted(&migrator).await;
     let producer_cfg = secured(stack, "tenure_producer", &Secret::new("pw-tenure_producer"));
     let worker = FenceStore::connect(&worker_cfg(stack))
         .await
@@ -570,4 +609,397 @@ async fn a_producer_inserts_only_pending_rows_and_changes_no_status() {
         assert_forbidden(&refusal_of(&producer, &sql).await, &sql);
     }
     worker.claim(id, tok).await.expect("the worker claims it");
+}
+
+/// The schema migrated, its test tables created and the worker role
+/// granted, once per test process: concurrent `CREATE TABLE IF NOT EXISTS`
+/// race in PostgreSQL's catalog, and two clients' first connects race to
+/// create the namespace's streams (`subjects overlap with an existing
+/// stream`).
+async fn migrated(stack: &DevStack) -> Client {
+    static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let connect = || async {
+        Client::connect(&migrator_cfg(stack))
+            .await
+            .expect("migrator")
+    };
+    MIGRATED
+        .get_or_init(|| async {
+            let migrator = connect().await;
+            prepare_schema(&migrator).await;
+            let store = migrator.store();
+            store.grant_worker("tenure_worker").await.expect("grant");
+            // A producer role (least privilege on the job rows).
+            extra_role(stack, "tenure_producer").await;
+            store
+                .grant_producer("tenure_producer")
+                .await
+                .expect("grant");
+        })
+        .await;
+    connect().await
+}
+
+/// A client as the worker role on a migrated, granted schema.
+async fn worker_client(stack: &DevStack) -> Client {
+    migrated(stack).await;
+    Client::connect(&worker_cfg(stack))
+        .await
+        .expect("client as tenure_worker")
+}
+
+async fn assert_no_row(client: &Client, job_id: JobId, what: &str) {
+    let row = client.job(job_id).await.expect("read");
+    assert!(row.is_none(), "{what} left a row: {row:?}");
+}
+
+fn assert_too_large<T: std::fmt::Debug>(r: &Result<T, ClientError>) {
+    assert!(
+        matches!(
+            r,
+            Err(ClientError::Queue(QueueError::MessageTooLarge { .. }))
+        ),
+        "{r:?}"
+    );
+}
+
+/// An input whose message is larger than the server's `max_payload`.
+fn too_large(client: &Client) -> Work {
+    Work {
+        n: 1,
+        slow_worker: Some("x".repeat(client.queue().max_payload())),
+        ..Work::default()
+    }
+}
+
+/// Every enqueue path checks the job type and the size of the message it
+/// will publish (NATS `max_payload`, headers included) before it writes: a
+/// refusal is typed and leaves no row that no message would ever run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_enqueue_path_validates_before_it_writes() {
+    use tenure::Job;
+    let client = worker_client(stack()).await;
+    let big = too_large(&client);
+    let r = client
+        .enqueue_json("bad type", "v-1", serde_json::json!(1))
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(ClientError::Queue(QueueError::InvalidJobType { .. }))
+        ),
+        "{r:?}"
+    );
+    assert_no_row(&client, JobId::from_key("bad type", "v-1"), "a bad type").await;
+    let json = serde_json::to_value(&big).unwrap();
+    let r = client.enqueue_json("sec.big", "v-2", json).await;
+    assert_too_large(&r);
+    assert_no_row(&client, JobId::from_key("sec.big", "v-2"), "enqueue_json").await;
+    let r = client.enqueue::<ThreeStep>("v-3", &big).await;
+    assert_too_large(&r);
+    assert_no_row(&client, JobId::from_key(ThreeStep::NAME, "v-3"), "enqueue").await;
+    let later = Duration::from_secs(3600);
+    let r = client.enqueue_after::<ThreeStep>("v-4", &big, later).await;
+    assert_too_large(&r);
+    assert_no_row(
+        &client,
+        JobId::from_key(ThreeStep::NAME, "v-4"),
+        "enqueue_after",
+    )
+    .await;
+    let mut tx = client.store().pool().begin().await.expect("begin");
+    let r = client.enqueue_in::<ThreeStep>(&mut tx, "v-5", &big).await;
+    assert_too_large(&r);
+    sqlx::query("SELECT 1")
+        .execute(&mut *tx)
+        .await
+        .expect("the caller's transaction is still usable");
+    tx.commit().await.expect("commit");
+    assert_no_row(
+        &client,
+        JobId::from_key(ThreeStep::NAME, "v-5"),
+        "enqueue_in",
+    )
+    .await;
+    let r = client
+        .enqueue_many::<ThreeStep>(&[("v-6", big.clone())])
+        .await
+        .expect("a batch");
+    assert!(
+        matches!(r[0], Err(EnqueueItemError::TooLarge { .. })),
+        "{r:?}"
+    );
+    assert_no_row(
+        &client,
+        JobId::from_key(ThreeStep::NAME, "v-6"),
+        "enqueue_many",
+    )
+    .await;
+}
+
+/// A schedule whose input cannot be published is refused at the worker's
+/// start, before the schedule is stored (each tick would otherwise leave a
+/// row no message runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_too_large_to_publish_is_refused_at_start() {
+    let stack = stack();
+    let client = worker_client(stack).await;
+    let big = too_large(&client);
+    let started = Worker::builder(worker_cfg(stack).with_worker_id("sched-w"))
+        .register(ThreeStep {
+            worker: "sched-w".into(),
+            schema: NS.into(),
+        })
+        .schedule::<ThreeStep>("too-large", "0 0 * * *", &big)
+        .start()
+        .await;
+    match started {
+        Err(tenure::WorkerError::Queue(QueueError::MessageTooLarge { .. })) => {}
+        Err(other) => panic!("{other:?}"),
+        Ok(worker) => {
+            worker.shutdown().await.expect("shutdown");
+            panic!("a worker started with a schedule too large to publish");
+        }
+    }
+    let stored = client.store().schedules().await.expect("schedules");
+    assert!(
+        stored.iter().all(|s| s.name != "too-large"),
+        "the schedule was stored: {stored:?}"
+    );
+}
+
+/// The SQLSTATE of a refused statement (panics if it was not refused).
+async fn refused_with<T: std::fmt::Debug>(r: Result<T, sqlx::Error>, what: &str) -> String {
+    match r {
+        Err(sqlx::Error::Database(d)) => {
+            eprintln!("{what}: refused as expected: {}", d.message());
+            d.code().map(|c| c.to_string()).unwrap_or_default()
+        }
+        other => panic!("{what} was not refused: {other:?}"),
+    }
+}
+
+/// `tenure_prune_jobs` and `tenure_prune_tombstones` refuse, as the worker
+/// role, an age below the schema's prune floor (1 s unless the schema's owner
+/// raises it in `prune_floor`, which the worker cannot write) and a batch
+/// outside 1..=10000 (SQLSTATE TF020): a worker cannot delete every finished
+/// job, its history and its tombstone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_functions_refuse_ages_and_batches_out_of_bounds() {
+    let stack = stack();
+    let client = worker_client(stack).await;
+    let pool = client.store().pool();
+    for (age, limit) in [(-1.0, 10), (0.0, 10), (0.5, 10), (60.0, 0), (60.0, 100_000)] {
+        let jobs =
+            sqlx::query_scalar::<_, i64>(&format!("SELECT {NS}.tenure_prune_jobs('done', $1, $2)"))
+                .bind(age)
+                .bind(limit)
+                .fetch_one(pool)
+                .await;
+        let code = refused_with(jobs, &format!("prune jobs {age} s, {limit}")).await;
+        assert_eq!(code, "TF020");
+        let keys =
+            sqlx::query_scalar::<_, i64>(&format!("SELECT {NS}.tenure_prune_tombstones($1, $2)"))
+                .bind(age)
+                .bind(limit)
+                .fetch_one(pool)
+                .await;
+        let code = refused_with(keys, &format!("prune tombstones {age} s, {limit}")).await;
+        assert_eq!(code, "TF020");
+    }
+    let age = Duration::from_secs(60);
+    client
+        .store()
+        .prune_jobs(JobStatus::Done, age, 10)
+        .await
+        .expect("an age above the floor");
+    let r = client.store().prune_jobs(JobStatus::Done, age, 0).await;
+    assert!(
+        matches!(r, Err(FenceError::ArgumentRefused { .. })),
+        "{r:?}"
+    );
+    let raise = format!("UPDATE {NS}.prune_floor SET job_age_secs = 7200");
+    let r = sqlx::query(&raise).execute(pool).await;
+    assert_eq!(
+        refused_with(r, "the worker raising the floor").await,
+        "42501"
+    );
+}
+
+/// The floor the schema's owner sets binds the worker role.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_sets_the_prune_floor() {
+    let stack = stack();
+    let migrator = migrated(stack).await;
+    let client = worker_client(stack).await;
+    let sql = format!("UPDATE {NS}.prune_floor SET job_age_secs = $1, key_age_secs = $1");
+    let set = |secs: f64| sqlx::query(&sql).bind(secs);
+    set(86_400.0)
+        .execute(migrator.store().pool())
+        .await
+        .expect("the owner sets the floor");
+    let hour = Duration::from_secs(3600);
+    let r = client.store().prune_jobs(JobStatus::Done, hour, 10).await;
+    set(1.0)
+        .execute(migrator.store().pool())
+        .await
+        .expect("reset");
+    assert!(
+        matches!(r, Err(FenceError::ArgumentRefused { .. })),
+        "{r:?}"
+    );
+    client
+        .store()
+        .prune_jobs(JobStatus::Done, hour, 10)
+        .await
+        .expect("above the floor again");
+}
+
+/// A second login role with the worker's privileges.
+async fn second_worker_role(stack: &DevStack) -> Config {
+    let admin = sqlx::PgPool::connect(&stack.database_url())
+        .await
+        .expect("superuser");
+    let password = Secret::new("pw-second-worker");
+    sqlx::query(&format!(
+        "DO $$ BEGIN CREATE ROLE tenure_worker_b LOGIN PASSWORD '{}'; \
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        password.expose()
+    ))
+    .execute(&admin)
+    .await
+    .expect("create role");
+    sqlx::query("GRANT CONNECT ON DATABASE tenure TO tenure_worker_b")
+        .execute(&admin)
+        .await
+        .expect("connect");
+    migrated(stack)
+        .await
+        .store()
+        .grant_worker("tenure_worker_b")
+        .await
+        .expect("grant");
+    let url = stack.database_url_as("tenure_worker_b", Some(&password), "tenure");
+    worker_cfg(stack).with_database_url(url)
+}
+
+fn report(worker: &str, health: &'static str) -> tenure::blocks::fence::WorkerReport {
+    tenure::blocks::fence::WorkerReport {
+        worker: worker.into(),
+        lease_id: Some(7),
+        health,
+        in_flight: 0,
+        max_in_flight: 4,
+        lease_ttl: Duration::from_secs(3),
+        started_at: chrono::Utc::now(),
+        job_types: vec!["sec.t".into()],
+    }
+}
+
+/// A worker's report row remembers the role that wrote it: another role
+/// cannot overwrite it (permission denied), and a report's values are
+/// bounded (TF020).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_cannot_overwrite_another_roles_worker_report() {
+    let stack = stack();
+    let a = worker_client(stack).await;
+    let b = FenceStore::connect(&second_worker_role(stack).await)
+        .await
+        .expect("second role");
+    a.store()
+        .report_worker(&report("owned-by-a", "healthy"))
+        .await
+        .expect("a reports itself");
+    let started = Instant::now();
+    match b.report_worker(&report("owned-by-a", "lost")).await {
+        Err(FenceError::Access(r)) => {
+            assert_refused(&r, Server::Postgres, AccessStep::Authorize, started)
+        }
+        other => panic!("another role overwrote the report: {other:?}"),
+    }
+    b.report_worker(&report("owned-by-b", "healthy"))
+        .await
+        .expect("b reports itself");
+    a.store()
+        .report_worker(&report("owned-by-a", "stopped"))
+        .await
+        .expect("a reports itself again");
+    let r = a
+        .store()
+        .report_worker(&report("owned-by-a", "bogus"))
+        .await;
+    assert!(
+        matches!(r, Err(FenceError::ArgumentRefused { .. })),
+        "{r:?}"
+    );
+}
+
+/// `tenure_record_refusal` records only what a fence can have refused: a
+/// token below the job's fence, of a job that exists, once, with a short
+/// `where`; a made-up refusal is refused (TF020).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cannot_record_a_made_up_refusal() {
+    use tenure::FencingToken;
+    let client = worker_client(stack()).await;
+    let store = client.store();
+    let id = JobId::from_key("sec.refusal", "r-1");
+    store
+        .insert_job(id, "sec.refusal", &serde_json::json!(1))
+        .await
+        .expect("insert");
+    store
+        .claim(id, FencingToken::for_tests(41))
+        .await
+        .expect("claim");
+    let sql = format!("SELECT {NS}.tenure_record_refusal($1, $2, $3, $4, $5)");
+    let record = |token: i64, current: Option<i64>, step: Option<i32>, at: String, job: JobId| {
+        sqlx::query(&sql)
+            .bind(job.as_uuid())
+            .bind(token)
+            .bind(current)
+            .bind(step)
+            .bind(at)
+            .execute(store.pool())
+    };
+    let unknown = JobId::from_key("sec.refusal", "nobody");
+    for (what, r) in [
+        (
+            "a token at the fence",
+            record(41, Some(41), Some(0), "step".into(), id).await,
+        ),
+        (
+            "a token above the fence",
+            record(99, Some(41), Some(0), "step".into(), id).await,
+        ),
+        (
+            "a winner above the fence",
+            record(40, Some(99), Some(0), "step".into(), id).await,
+        ),
+        (
+            "a step not reached",
+            record(40, Some(41), Some(9), "step".into(), id).await,
+        ),
+        (
+            "a long where",
+            record(40, Some(41), Some(0), "x".repeat(10_000), id).await,
+        ),
+        (
+            "an unknown job",
+            record(1, Some(2), None, "claim".into(), unknown).await,
+        ),
+    ] {
+        assert_eq!(refused_with(r, what).await, "TF020", "{what}");
+    }
+    for _ in 0..3 {
+        record(40, Some(41), Some(0), "step".into(), id)
+            .await
+            .expect("a real refusal");
+    }
+    let owner = migrated(stack()).await;
+    let events = owner.store().job_events(id).await.expect("events");
+    let refusals = events.iter().filter(|e| e.kind == "stale_refused").count();
+    assert_eq!(
+        refusals, 1,
+        "one event per refused token and step: {events:?}"
+    );
 }

@@ -26,6 +26,20 @@ pub enum EnqueueItemError {
         #[source]
         source: serde_json::Error,
     },
+    /// Its message would be larger than the NATS server takes (see
+    /// [`QueueError::MessageTooLarge`]): nothing was written for it.
+    #[error(
+        "job {job_id}: its message would be {size} bytes, the NATS server takes at most \
+         {max_payload}: nothing written"
+    )]
+    TooLarge {
+        /// The job.
+        job_id: JobId,
+        /// The message's size with headers and headroom, in bytes.
+        size: usize,
+        /// The server's `max_payload`.
+        max_payload: usize,
+    },
     /// Its key exists (before the batch or earlier in it) with another input:
     /// nothing was written for it.
     #[error("job {job_id} exists with another job type or payload")]
@@ -118,7 +132,7 @@ impl Client {
         &self,
         items: &[(impl AsRef<str>, J::Input)],
     ) -> Result<Vec<ItemResult>, ClientError> {
-        let prepared = prepare::<J>(items);
+        let prepared = prepare::<J>(items, self.queue().max_payload());
         self.enqueue_prepared(J::NAME, J::STEPS, prepared, false)
             .await
     }
@@ -135,7 +149,7 @@ impl Client {
         &self,
         items: &[(impl AsRef<str>, J::Input)],
     ) -> Result<Vec<Enqueued>, BatchError> {
-        let prepared = prepare::<J>(items);
+        let prepared = prepare::<J>(items, self.queue().max_payload());
         if prepared.iter().any(Result::is_err) {
             let items = prepared
                 .into_iter()
@@ -275,8 +289,9 @@ impl Client {
     }
 }
 
-/// Serialises each item's input and derives its id.
-fn prepare<J: Job>(items: &[(impl AsRef<str>, J::Input)]) -> Vec<Prepared> {
+/// Serialises each item's input, derives its id, and checks that its
+/// message fits `max_payload`.
+fn prepare<J: Job>(items: &[(impl AsRef<str>, J::Input)], max_payload: usize) -> Vec<Prepared> {
     items
         .iter()
         .map(|(key, input)| {
@@ -284,7 +299,20 @@ fn prepare<J: Job>(items: &[(impl AsRef<str>, J::Input)]) -> Vec<Prepared> {
                 job_type: J::NAME,
                 source,
             })?;
-            Ok((JobId::from_key(J::NAME, key.as_ref()), value))
+            let job_id = JobId::from_key(J::NAME, key.as_ref());
+            let len = serde_json::to_vec(&value).map_or(0, |v| v.len());
+            match crate::queue::check_job_message(job_id, J::NAME, len, max_payload) {
+                Err(QueueError::MessageTooLarge {
+                    size, max_payload, ..
+                }) => Err(EnqueueItemError::TooLarge {
+                    job_id,
+                    size,
+                    max_payload,
+                }),
+                // An invalid job type fails the whole batch, before anything
+                // is written (`enqueue_prepared`).
+                Ok(()) | Err(_) => Ok((job_id, value)),
+            }
         })
         .collect()
 }
@@ -296,6 +324,7 @@ fn all_or_nothing_outcome(results: Vec<ItemResult>) -> Result<Vec<Enqueued>, Bat
             r,
             Err(EnqueueItemError::PayloadConflict { .. }
                 | EnqueueItemError::NotEnqueued
+                | EnqueueItemError::TooLarge { .. }
                 | EnqueueItemError::Input { .. })
         )
     });

@@ -86,11 +86,11 @@ impl Client {
         input: serde_json::Value,
         steps: Option<&[StepInfo]>,
     ) -> Result<Enqueued, ClientError> {
-        crate::queue::validate_job_type(job_type)?;
+        let job_id = JobId::from_key(job_type, idempotency_key);
+        let payload = self.checked_payload(job_id, job_type, &input)?;
         // On the client's pool, not on `conn`: a failed check leaves the
         // caller's transaction usable.
         self.check_mode().await?;
-        let job_id = JobId::from_key(job_type, idempotency_key);
         let inserted = self
             .store()
             .insert_job_in(conn, job_id, job_type, &input, steps)
@@ -108,7 +108,7 @@ impl Client {
                 let row = self.store().job_on(conn, job_id).await?;
                 let waiting = row.is_none_or(|r| r.status.is_terminal() || r.awaiting_publish);
                 if !waiting {
-                    self.publish_json(job_id, job_type, &input).await?;
+                    self.queue().publish_job(job_id, job_type, payload).await?;
                 }
                 Ok(Enqueued {
                     job_id,

@@ -28,12 +28,18 @@ pub struct Retention {
     /// The DLQ stream's `max_age`: the broker drops dead letters older than
     /// this (default: keep). Applied when a worker provisions the streams.
     pub dlq_max_age: Option<Duration>,
-    /// Rows deleted per statement (default 500): each batch is one short
-    /// transaction that skips rows locked by anyone else.
+    /// Rows deleted per statement (default 500, at most
+    /// [`MAX_PRUNE_BATCH`]): each batch is one short transaction that skips
+    /// rows locked by anyone else.
     pub batch: usize,
     /// How often the leader prunes (default 60 s).
     pub every: Duration,
 }
+
+/// The largest [`Retention::batch`]: the prune functions (migration 0016)
+/// refuse a larger one, so that a caller cannot delete without bound in one
+/// statement.
+pub const MAX_PRUNE_BATCH: usize = 10_000;
 
 impl Default for Retention {
     fn default() -> Self {
@@ -82,10 +88,10 @@ impl Retention {
                 });
             }
         }
-        if self.batch == 0 {
+        if !(1..=MAX_PRUNE_BATCH).contains(&self.batch) {
             return Err(ConfigError::Invalid {
                 name: "retention.batch",
-                reason: "must be at least 1".into(),
+                reason: format!("must be 1 to {MAX_PRUNE_BATCH}"),
             });
         }
         if self.every.is_zero() {

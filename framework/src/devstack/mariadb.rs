@@ -2,15 +2,17 @@
 //! directory made by `mariadb-install-db`, one `mariadbd` on a loopback port,
 //! run as the `mysql` user when we are root (mariadbd refuses root, like
 //! initdb). An init file run at every start lets `root` in from 127.0.0.1
-//! without a password and creates the `tenure` database. The readiness probe
-//! (a query over sqlx's MySQL driver) needs tenure's `mysql` feature.
+//! without a password and creates the `tenure` database. With `tls`, it also
+//! speaks TLS with the stack's server certificate (and does not require it:
+//! the URL's `ssl-mode` chooses). The readiness probe (a query over sqlx's
+//! MySQL driver) needs tenure's `mysql` feature.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::process::Spec;
 use super::ready::{Probe, free_ports, poll_ready};
-use super::{DATABASE, DevStack, DevStackError, ServerProcess, chown_to};
+use super::{DATABASE, DevStack, DevStackError, ServerProcess, chown_to, set_mode};
 
 /// The MariaDB server binary.
 pub(super) const MARIADB_SERVER: &str = "/usr/sbin/mariadbd";
@@ -41,7 +43,8 @@ impl DevStack {
             .map_err(|e| DevStackError::io("write mariadb init file", e))?;
         chown_to(&init, run_as)?;
         let port = free_ports(1)?[0];
-        let spec = mariadb_spec(&dir, &data, port, run_as);
+        let mut spec = mariadb_spec(&dir, &data, port, run_as);
+        spec.args.extend(self.mariadb_tls_args(&dir, run_as)?);
         std::fs::write(&spec.log, b"").map_err(|e| DevStackError::io("create mariadb log", e))?;
         chown_to(&spec.log, run_as)?;
         self.mariadb = Some(MariaDbServer {
@@ -49,6 +52,31 @@ impl DevStack {
             port,
         });
         Ok(())
+    }
+
+    /// With `tls`: the server certificate, its key and the CA copied where the
+    /// server's user reads them (0600), as `--ssl-*` arguments.
+    fn mariadb_tls_args(
+        &self,
+        dir: &Path,
+        run_as: Option<(u32, u32)>,
+    ) -> Result<Vec<String>, DevStackError> {
+        let Some(tls) = &self.tls else {
+            return Ok(Vec::new());
+        };
+        let mut args = Vec::new();
+        for (src, name, flag) in [
+            (&tls.server_cert, "server.pem", "ssl-cert"),
+            (&tls.server_key, "server.key", "ssl-key"),
+            (&tls.ca_file, "ca.pem", "ssl-ca"),
+        ] {
+            let dst = dir.join(name);
+            std::fs::copy(src, &dst).map_err(|e| DevStackError::io("copy mariadb tls file", e))?;
+            chown_to(&dst, run_as)?;
+            set_mode(&dst, 0o600)?;
+            args.push(format!("--{flag}={}", dst.display()));
+        }
+        Ok(args)
     }
 
     /// Waits until MariaDB runs a query as `root` from 127.0.0.1 (the init

@@ -355,8 +355,8 @@ impl WorkerBuilder {
         // publish of this worker (the scheduler's due jobs, a compensation's
         // republish) uses the namespace's way of owning jobs for its life.
         store.record_partitions(cfg.partitions).await?;
-        let schedules = register_schedules(&store, schedules).await?;
         let queue = Queue::provision(&cfg).await?;
+        let schedules = register_schedules(&store, &queue, schedules).await?;
         let routes = routes::TypeRoutes::new(self.registry.routes());
         if cfg.partitions.is_none() {
             // Partition mode opens each owned partition's consumer instead.
@@ -459,10 +459,18 @@ impl WorkerBuilder {
 /// leader's last tick); returns the parsed schedules.
 async fn register_schedules(
     store: &FenceStore,
+    queue: &Queue,
     entries: Vec<(Parsed, &'static str, serde_json::Value)>,
 ) -> Result<Vec<Parsed>, WorkerError> {
     let mut parsed = Vec::with_capacity(entries.len());
     for (p, job_type, input) in entries {
+        // Every tick's message carries this input: one too large for the
+        // server (or a bad type) is refused before the schedule is stored,
+        // not found at each tick as a row no message runs. A tick's job id
+        // has the same length whatever its key.
+        let len = serde_json::to_vec(&input).map_or(0, |v| v.len());
+        let tick = crate::JobId::from_key(job_type, p.def.name());
+        queue.check_job_message(tick, job_type, len)?;
         let row = crate::fence::ScheduleRow {
             name: p.def.name().to_string(),
             job_type: job_type.to_string(),

@@ -509,7 +509,7 @@ async fn tenure_worker(
         cfg = cfg.with_partitions(p.parse()?);
     }
     let mariadb = match flag_value(args, "--mysql") {
-        Ok(url) => Some(MySqlFence::connect(&ns, &url, ttl).await?),
+        Ok(url) => Some(MySqlFence::connect(&ns, &url, &cfg).await?),
         Err(_) => None,
     };
     // The servers may be down right now (a fault): keep trying.
@@ -1444,7 +1444,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         Target::Postgres => None,
         Target::Mariadb => {
             let url = stack.create_mysql_database(&ns).await?;
-            let fence = MySqlFence::connect(&ns, &url, args.ttl).await?;
+            let fence = MySqlFence::connect(&ns, &url, &cfg).await?;
             resource::setup_mariadb(&fence, args.mode == RunMode::Fenced)
                 .await
                 .context("mariadb tables")?;

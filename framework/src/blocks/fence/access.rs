@@ -11,24 +11,31 @@ use crate::config::Config;
 use crate::security::{AccessError, AccessStep, Server};
 
 /// The connect options of [`Config::database_url`] (and
-/// [`Config::database_password`]).
+/// [`Config::database_password`]), with libpq's rule that `sslmode=require`
+/// with a root certificate (`sslrootcert`, or `PGSSLROOTCERT`) verifies the
+/// server's certificate against it, as `verify-ca` does (sqlx alone would
+/// accept any certificate).
 ///
 /// ```
 /// let cfg = tenure::Config::new("payments")
 ///     .with_database_url("postgres://worker@db:5432/app?sslmode=verify-full&sslrootcert=/etc/ca.pem");
 /// let options = tenure::blocks::fence::connect_options(&cfg)?;
 /// assert_eq!(options.get_host(), "db");
+///
+/// let cfg = cfg.with_database_url("postgres://worker@db/app?sslmode=require&sslrootcert=/etc/ca.pem");
+/// let options = tenure::blocks::fence::connect_options(&cfg)?;
+/// assert!(matches!(options.get_ssl_mode(), sqlx::postgres::PgSslMode::VerifyCa));
 /// # Ok::<(), tenure::blocks::fence::FenceError>(())
 /// ```
 ///
 /// # Errors
 /// [`FenceError::Db`](super::FenceError::Db) for a URL that does not parse.
 pub fn connect_options(cfg: &Config) -> Result<PgConnectOptions, super::FenceError> {
-    let options: PgConnectOptions = cfg.database_url.parse()?;
-    Ok(match &cfg.database_password {
-        Some(password) => options.password(password.expose()),
-        None => options,
-    })
+    let url = &cfg.database_url;
+    Ok(crate::security::transport::pg_options(
+        url,
+        cfg.database_password.as_ref(),
+    )?)
 }
 
 /// Pool options with Tenure's per-connection settings applied in `after_connect`:

@@ -39,6 +39,12 @@ pub(super) fn is_tombstoned(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(e) if e.code().as_deref() == Some(TOMBSTONED_SQLSTATE))
 }
 
+/// The SQLSTATE a Tenure function raises for arguments outside what its
+/// caller may ask (migration 0016): a prune age below the schema's
+/// `prune_floor`, a batch outside 1 to [`MAX_PRUNE_BATCH`](crate::config::MAX_PRUNE_BATCH),
+/// a worker report's or a refusal record's values that cannot be true.
+pub const ARGUMENT_REFUSED_SQLSTATE: &str = "TF020";
+
 /// What a database error means to the fence, as far as it acts on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum PgFailure {
@@ -49,6 +55,8 @@ pub(super) enum PgFailure {
     CasRefused,
     /// A wall on `jobs` refused the write (SQLSTATE [`WALL_SQLSTATE`]).
     WallRefused,
+    /// A Tenure function refused its arguments ([`ARGUMENT_REFUSED_SQLSTATE`]).
+    ArgumentRefused,
     /// PostgreSQL refused us: TLS, the password or `pg_hba.conf`, a privilege.
     Refused {
         /// Where it was refused.
@@ -72,6 +80,7 @@ pub(super) fn classify(err: &sqlx::Error) -> PgFailure {
         Some(GUARD_SQLSTATE) => return PgFailure::GuardRefused,
         Some(CAS_REFUSED_SQLSTATE) => return PgFailure::CasRefused,
         Some(WALL_SQLSTATE) => return PgFailure::WallRefused,
+        Some(ARGUMENT_REFUSED_SQLSTATE) => return PgFailure::ArgumentRefused,
         _ => {}
     }
     let refused = match err {
@@ -324,6 +333,25 @@ pub enum FenceError {
     /// the role lacks (`postgresql 127.0.0.1:5432: authentication failed: ...`).
     #[error(transparent)]
     Access(#[from] crate::security::AccessError),
+    /// A Tenure function refused its arguments (SQLSTATE
+    /// [`ARGUMENT_REFUSED_SQLSTATE`], migration 0016): a prune age below the
+    /// schema's `prune_floor` or a batch outside 1 to
+    /// [`MAX_PRUNE_BATCH`](crate::config::MAX_PRUNE_BATCH), a worker report
+    /// or a refusal record whose values cannot be true. Nothing was written.
+    #[error("refused by the database: {message}")]
+    ArgumentRefused {
+        /// The function's message (it names the function and the bound).
+        message: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A password would be sent without verified TLS to a PostgreSQL server
+    /// that is not on loopback, and
+    /// [`Config::allow_insecure_transport`](crate::Config::allow_insecure_transport)
+    /// is not set: nothing was sent.
+    #[error(transparent)]
+    InsecureTransport(#[from] crate::security::InsecureTransport),
     /// A database error: I/O, timeout, contention, constraint. Not a fence verdict.
     #[error("database error: {0}")]
     Db(#[source] sqlx::Error),
@@ -380,6 +408,13 @@ impl FenceError {
                     source: err,
                 }
             }
+            PgFailure::ArgumentRefused => FenceError::ArgumentRefused {
+                message: err
+                    .as_database_error()
+                    .map(|d| d.message().to_string())
+                    .unwrap_or_default(),
+                source: err,
+            },
             PgFailure::Refused { step, detail } => {
                 FenceError::Access(super::access::refusal(step, detail))
             }

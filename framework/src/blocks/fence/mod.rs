@@ -101,7 +101,7 @@ mod tx;
 
 pub use access::{connect_options, pool_options};
 pub use compensation::DeadRow;
-pub use error::{FenceError, GUARD_SQLSTATE, is_guard_refusal};
+pub use error::{ARGUMENT_REFUSED_SQLSTATE, FenceError, GUARD_SQLSTATE, is_guard_refusal};
 pub use gate::{
     Admitted, FenceMarks, GateError, MemoryFenceMarks, MemoryTx, PgFenceMarks, StaleToken,
     TokenGate,

@@ -36,17 +36,26 @@ impl FenceStore {
     /// migrate: call [`migrate`](FenceStore::migrate).
     ///
     /// # Errors
-    /// [`FenceError::InvalidName`] for a bad schema name, [`FenceError::Access`]
+    /// [`FenceError::InvalidName`] for a bad schema name,
+    /// [`FenceError::InsecureTransport`] for a password that would be sent
+    /// without verified TLS to a server off loopback (nothing sent; see
+    /// [`Config::allow_insecure_transport`]), [`FenceError::Access`]
     /// when PostgreSQL refuses the TLS handshake or the credentials,
     /// [`FenceError::Db`] if it cannot be reached.
     pub async fn connect(cfg: &Config) -> Result<Self, FenceError> {
+        use crate::security::transport;
         guard::check_schema(&cfg.schema)?;
         let pool = match &cfg.database_pool {
             Some(pool) => pool.clone(),
-            None => pool_options(cfg)
-                .connect_with(connect_options(cfg)?)
-                .await
-                .map_err(|e| with_address(cfg, e))?,
+            None => {
+                let options = connect_options(cfg)?;
+                let link = transport::pg_link(&options);
+                transport::check(&link, cfg.allow_insecure_transport)?;
+                pool_options(cfg)
+                    .connect_with(options)
+                    .await
+                    .map_err(|e| with_address(cfg, e))?
+            }
         };
         let mut store = Self::new(pool, &cfg.schema)?;
         if cfg.partitions.is_some() {

@@ -211,10 +211,14 @@ pub(super) fn classify(e: &etcd_client::Error) -> EtcdFailure {
     // "connection was not ready": hyper gave up on a connection the server
     // dropped during its handshake (seen from a plaintext client at etcd's TLS
     // listener, as a cancelled status).
-    const CLOSED: [&str; 4] = [
+    // "ConnectionReset": hyper's I/O error kind in the status's `Debug` form,
+    // what a plaintext client at etcd's TLS listener sometimes gets instead
+    // (security test flake, issue 31).
+    const CLOSED: [&str; 5] = [
         "connection closed",
         "broken pipe",
         "connection reset",
+        "ConnectionReset",
         "connection was not ready",
     ];
     let debug = match e {
@@ -373,6 +377,7 @@ mod tests {
             "connection closed before message completed",
             "broken pipe",
             "connection reset",
+            "transport error: hyper::Error(Io, Kind(ConnectionReset))",
         ] {
             assert_eq!(classify(&grpc(Code::Unknown, text)), EtcdFailure::Closed);
         }

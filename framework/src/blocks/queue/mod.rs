@@ -143,6 +143,24 @@ pub enum QueueError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A job message would be larger than the server takes (its INFO
+    /// `max_payload`): the input, the message's headers and
+    /// [`MESSAGE_HEADROOM`] bytes for the headers Tenure adds to it later (a
+    /// renewal, a dead letter). Checked before anything is written.
+    #[error(
+        "a job message of type {job_type} would be {size} bytes (input, headers and \
+         {headroom} bytes of room for later headers); the NATS server takes at most {max_payload} \
+         (max_payload): nothing written",
+        headroom = MESSAGE_HEADROOM
+    )]
+    MessageTooLarge {
+        /// The job type.
+        job_type: String,
+        /// The message's size with headers and headroom, in bytes.
+        size: usize,
+        /// The server's `max_payload`.
+        max_payload: usize,
+    },
     /// A publish was not confirmed by the server (it may still have been stored:
     /// publish again; the `Nats-Msg-Id` makes that safe inside the duplicate window).
     #[error("publish to {subject} was not confirmed")]
@@ -415,6 +433,53 @@ pub(crate) fn validate_job_type(job_type: &str) -> Result<(), QueueError> {
     Ok(())
 }
 
+/// Bytes every job message keeps free below the server's `max_payload` for
+/// the headers Tenure adds to it after the enqueue: a renewed copy's
+/// `Tenure-Not-Before` and message id, a dead letter's reason, counts and
+/// original subject. A message that fits only without them could be enqueued
+/// but neither renewed nor dead-lettered.
+pub const MESSAGE_HEADROOM: usize = 1024;
+
+/// The size on the wire of job `job_id`'s message with a payload of
+/// `payload_len` bytes, plus [`MESSAGE_HEADROOM`]: its headers (as the
+/// server counts them, `NATS/1.0` line included) with the longest message id
+/// a job message carries (a redrive's `<job_id>/redrive/<uuid>`).
+fn job_message_size(job_id: JobId, job_type: &str, payload_len: usize) -> usize {
+    let longest_id = format!("{job_id}/redrive/{}", uuid::Uuid::nil());
+    let headers = job_headers(job_id, job_type, &longest_id);
+    let lines: usize = headers
+        .iter()
+        .flat_map(|(name, values)| {
+            let name: &str = name.as_ref();
+            values
+                .iter()
+                .map(move |v| name.len() + 2 + v.as_str().len() + 2)
+        })
+        .sum();
+    "NATS/1.0\r\n\r\n".len() + lines + payload_len + MESSAGE_HEADROOM
+}
+
+/// Checks, before anything is written, that job `job_id` of `job_type` can
+/// be published with a payload of `payload_len` bytes to a server that takes
+/// `max_payload`: a valid job type and a message that fits.
+pub(crate) fn check_job_message(
+    job_id: JobId,
+    job_type: &str,
+    payload_len: usize,
+    max_payload: usize,
+) -> Result<(), QueueError> {
+    validate_job_type(job_type)?;
+    let size = job_message_size(job_id, job_type, payload_len);
+    if size > max_payload {
+        return Err(QueueError::MessageTooLarge {
+            job_type: job_type.to_string(),
+            size,
+            max_payload,
+        });
+    }
+    Ok(())
+}
+
 /// The server's confirmation of a publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Published {
@@ -524,6 +589,22 @@ impl Queue {
     /// The names of the streams, subjects and consumers.
     pub fn names(&self) -> &QueueNames {
         &self.inner.names
+    }
+
+    /// The largest message the server takes, headers included (its INFO
+    /// `max_payload`, 1 MiB by default).
+    pub fn max_payload(&self) -> usize {
+        self.inner.client.max_payload()
+    }
+
+    /// [`check_job_message`] against this server's `max_payload`.
+    pub(crate) fn check_job_message(
+        &self,
+        job_id: JobId,
+        job_type: &str,
+        payload_len: usize,
+    ) -> Result<(), QueueError> {
+        check_job_message(job_id, job_type, payload_len, self.max_payload())
     }
 
     /// Whether the NATS connection is up right now.
@@ -843,6 +924,25 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_message_is_measured_as_the_server_counts_it() {
+        let id = JobId::from_key("t", "k");
+        // NATS/1.0 line and blank line (12), `Nats-Msg-Id: <81>` (96),
+        // `Tenure-Job-Id: <36>` (53), `Tenure-Job-Type: t` (20).
+        assert_eq!(job_message_size(id, "t", 0), 181 + MESSAGE_HEADROOM);
+        let fits = job_message_size(id, "t", 100);
+        assert!(check_job_message(id, "t", 100, fits).is_ok());
+        assert!(matches!(
+            check_job_message(id, "t", 100, fits - 1),
+            Err(QueueError::MessageTooLarge { size, max_payload, .. })
+                if size == fits && max_payload == fits - 1
+        ));
+        assert!(matches!(
+            check_job_message(id, "bad type", 0, usize::MAX),
+            Err(QueueError::InvalidJobType { .. })
+        ));
+    }
 
     #[test]
     fn job_types_must_fit_in_a_subject() {

@@ -52,6 +52,11 @@ pub enum MySqlFenceError {
         /// What the server reports as `VERSION()`.
         version: String,
     },
+    /// A password would be sent without verified TLS to a server that is not
+    /// on loopback (see [`MySqlFence::connect`](super::MySqlFence::connect)):
+    /// nothing was sent.
+    #[error(transparent)]
+    InsecureTransport(#[from] crate::security::InsecureTransport),
     /// A step context without a fencing owner (detached for tests).
     #[error("no fencing owner in this context")]
     Detached,

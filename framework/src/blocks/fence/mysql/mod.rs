@@ -68,7 +68,8 @@
 //! # async fn demo() -> Result<(), tenure::MySqlFenceError> {
 //! use tenure::MySqlFence;
 //! let url = "mysql://root@127.0.0.1:3306/bank";
-//! let bank = MySqlFence::connect("bank", url, std::time::Duration::from_secs(5)).await?;
+//! let cfg = tenure::Config::new("payments");
+//! let bank = MySqlFence::connect("bank", url, &cfg).await?;
 //! bank.migrate().await?;
 //! bank.install_guard("accounts").await?;
 //! # Ok(()) }
@@ -89,6 +90,7 @@ use sqlx::{ConnectOptions, Connection};
 pub use error::{MYSQL_GUARD_SQLSTATE, MySqlFenceError, is_mysql_guard_refusal};
 pub use tx::MySqlFencedTx;
 
+use crate::config::Config;
 use crate::types::{FencingToken, JobId, ObservedFence};
 use session::{Bounds, SetupError};
 
@@ -107,11 +109,23 @@ impl MySqlFence {
     /// Connects a pool to `url` (`mysql://user:password@host:port/database`);
     /// `name` names this database in errors and in
     /// [`StepCtx::mysql`](crate::StepCtx::mysql). Every connection ends an
-    /// idle transaction after `lease_ttl` (`idle_transaction_timeout`) and
+    /// idle transaction after [`Config::lease_ttl`] (`idle_transaction_timeout`) and
     /// waits at most 2 x `lease_ttl` for a row lock
     /// (`innodb_lock_wait_timeout`), as Tenure's PostgreSQL connections do: a
     /// paused owner's open transaction must not hold the job's fence row for
     /// as long as the pause lasts.
+    ///
+    /// TLS (rustls) is what the URL says, as the MySQL and MariaDB clients
+    /// read it: `ssl-mode` (`DISABLED`, `PREFERRED` (the default: TLS if the
+    /// server offers it, any certificate accepted, else plaintext),
+    /// `REQUIRED` (TLS, any certificate accepted), `VERIFY_CA` (the
+    /// certificate must chain to `ssl-ca`), `VERIFY_IDENTITY` (and name this
+    /// host)), `ssl-ca`, `ssl-cert` and `ssl-key` (a client certificate).
+    /// `REQUIRED` with `ssl-ca` verifies as `VERIFY_CA` does, as those clients
+    /// do. A password to a server that is not on loopback (127.0.0.0/8,
+    /// `::1`, `localhost`, a Unix socket) without `VERIFY_CA` or
+    /// `VERIFY_IDENTITY` is refused, before anything is sent, unless
+    /// [`Config::allow_insecure_transport`].
     ///
     /// Supported servers: MariaDB 10.11 (the tests run on it; other MariaDB
     /// releases from 10.3 on have the setting but are not tested). MySQL 8.0
@@ -121,18 +135,21 @@ impl MySqlFence {
     /// REPLACE` for the guard.
     ///
     /// # Errors
+    /// [`MySqlFenceError::InsecureTransport`] (nothing sent);
     /// [`MySqlFenceError::UnsupportedServer`] if the server answers and has
     /// no `idle_transaction_timeout` (this connect opens one connection, for
     /// at most `lease_ttl`, to ask); [`MySqlFenceError::Db`] if the URL is
     /// malformed. A server that does not answer is not an error here: the
     /// pool connects lazily and reports it at first use (as
     /// [`begin`](Self::begin) reports a server found unsupported then).
-    pub async fn connect(
-        name: &str,
-        url: &str,
-        lease_ttl: Duration,
-    ) -> Result<Self, MySqlFenceError> {
-        let options = MySqlConnectOptions::from_str(url)?;
+    pub async fn connect(name: &str, url: &str, cfg: &Config) -> Result<Self, MySqlFenceError> {
+        use crate::security::transport;
+        let options = transport::mysql_verifying(MySqlConnectOptions::from_str(url)?);
+        transport::check(
+            &transport::mysql_link(&options),
+            cfg.allow_insecure_transport,
+        )?;
+        let lease_ttl = cfg.lease_ttl;
         let bounds = Bounds::for_ttl(lease_ttl);
         probe(&options, bounds, lease_ttl).await?;
         let unsupported = Arc::new(OnceLock::new());
