@@ -361,7 +361,9 @@ async fn worker_process(id: String) -> anyhow::Result<()> {
             let _ = std::io::stdout().flush();
         }
     }
-    let cfg = Config::from_env()?;
+    let mut cfg = Config::from_env()?;
+    // The service verifies tokens against the job rows (see `demo`).
+    cfg.tuning.commit_claim_first = true;
     let subject = std::env::var(SUBJECT_ENV).context(SUBJECT_ENV)?;
     let crash = std::env::var(CRASH_ENV).is_ok_and(|v| v == "1");
     let nats = async_nats::connect(&cfg.nats_url).await?;

@@ -231,6 +231,8 @@ pub mod guide {
     pub mod protocol {}
     #[doc = include_str!("docs/production.md")]
     pub mod production {}
+    #[doc = include_str!("docs/security.md")]
+    pub mod security {}
     #[doc = include_str!("docs/testing.md")]
     #[doc = "```rust,ignore"]
     #[doc = include_str!("docs/testing_example.rs")]

@@ -183,7 +183,9 @@ impl LockRunner {
     }
 
     /// Step `k`'s write: the account, the history row (token 0: there is none)
-    /// and the job's progress, with no predicate on who writes.
+    /// and the job's progress, with no predicate on who writes. (A `done` row
+    /// stays `done`: the walls on `jobs`, migration 0015, refuse a reopen even
+    /// from the owner, and that refusal is not the lock's merit.)
     async fn write(&self, id: Uuid, k: i32, x: &Xfer) -> anyhow::Result<()> {
         let s = &self.schema;
         let (account, delta) = match k {
@@ -214,7 +216,8 @@ impl LockRunner {
         .await?;
         sqlx::query(&format!(
             "UPDATE {s}.jobs SET step = $2, checkpoint = input, updated_at = now(), \
-             status = CASE WHEN $2 >= $3 THEN 'done' ELSE 'running' END WHERE id = $1"
+             status = CASE WHEN $2 >= $3 OR status = 'done' THEN 'done' ELSE 'running' END \
+             WHERE id = $1"
         ))
         .bind(id)
         .bind(k + 1)

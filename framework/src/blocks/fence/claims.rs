@@ -118,9 +118,11 @@ impl FenceStore {
     }
 
     /// Opens step `step`'s fenced transaction under `token`: `BEGIN`, then
-    /// `SELECT .. FROM jobs WHERE id = $id AND fence = $token AND step = $step AND
-    /// status = 'running' AND NOT released FOR UPDATE` and `SET LOCAL tenure.job_id /
-    /// tenure.fence` (via `set_config(.., true)` with bound parameters).
+    /// `tenure_admit($id, $token, $step)` (`SECURITY DEFINER`, migration 0015),
+    /// which locks the row `FOR UPDATE` where `fence = $token AND step = $step
+    /// AND status = 'running' AND NOT released`, and records the transaction's
+    /// admission for the guard (`guard_admissions`; the settings
+    /// `tenure.job_id` / `tenure.fence` are set too, for information only).
     ///
     /// # Errors
     /// Zero rows, before any user write: [`FenceError::FencedOut`] (a newer token

@@ -303,6 +303,11 @@ impl PgFenceMarks {
         let Some(jobs) = &self.jobs else {
             return Ok(());
         };
+        // Below the mark is stale whatever the row says: say so (the more
+        // telling verdict: a newer owner has written here).
+        if let Some(raw) = self.locked(tx, job).await? {
+            decide(ObservedFence::new(raw), token)?;
+        }
         let row: Option<(i64, String, String)> = sqlx::query_as(&format!(
             "SELECT fence, status, compensation FROM {jobs} WHERE id = $1"
         ))

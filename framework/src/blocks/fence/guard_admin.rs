@@ -15,10 +15,12 @@ impl FenceStore {
     /// Guards one of your tables: a statement-level trigger (`BEFORE INSERT OR
     /// UPDATE OR DELETE OR TRUNCATE`) that lets a statement through only when
     ///
-    /// * it runs inside a fenced transaction ([`FencedTx::conn`]) whose
-    ///   `tenure.job_id` / `tenure.fence` name a `running`, unreleased job row of this
-    ///   store whose fence equals `tenure.fence` right now (read `FOR SHARE`, so a
-    ///   takeover cannot slip in while the statement runs), or
+    /// * it runs inside a fenced transaction ([`FencedTx::conn`]) that a
+    ///   definer function admitted (its row in `guard_admissions`, migration
+    ///   0015; settings any code can set open nothing), for a `running`,
+    ///   unreleased job row of this store whose fence equals the admitted one
+    ///   right now (read `FOR SHARE`, so a takeover cannot slip in while the
+    ///   statement runs), or
     /// * the transaction switched the guard off for itself with
     ///   [`bypass_guard`](Self::bypass_guard) (migrations, operators).
     ///
