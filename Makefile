@@ -10,8 +10,8 @@ setup:
 check-fresh: setup
 	bash scripts/check-fresh.sh
 
-# Fails if tenure's test-only `testing` feature reaches the CLI or a plain
-# `cargo build --release` of the workspace.
+# Fails if tenure's test-only `testing` or `devstack` feature reaches the CLI,
+# a plain `cargo build --release` or a `cargo build --workspace`.
 check-features:
 	bash scripts/check-features.sh
 
@@ -29,4 +29,4 @@ bench: setup
 	cargo bench -p tenure-benches --bench pipeline
 
 torture: setup
-	cargo run --release -p tenure-tests --bin torture -- --jobs 2000 --workers 3 --faults 100 --seed 1
+	cargo run --release -p tenure-tests --features harness --bin torture -- --jobs 2000 --workers 3 --faults 100 --seed 1

@@ -1,5 +1,9 @@
 //! Helpers shared by the runnable examples under `examples/` (`cargo run --example
 //! ledger`, `cargo run --example provisioning`).
+//!
+//! Built with feature `harness` only (the dev stack the demos start): the
+//! examples and their tests turn it on, a plain `cargo build --release` does not.
+#![cfg(feature = "harness")]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

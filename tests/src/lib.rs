@@ -1,5 +1,9 @@
 //! Shared pieces of the integration and torture tests: the test job types, the
 //! schema they write to, and helpers to configure workers against a dev stack.
+//!
+//! Built with feature `harness` only (tenure's dev stack and testing kit): this
+//! package's tests turn it on, `cargo build --workspace` does not.
+#![cfg(feature = "harness")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
