@@ -397,36 +397,26 @@ impl FenceError {
     /// Use it on errors of a step's own writes (made through
     /// [`FencedTx::conn`](super::FencedTx::conn)); `From<sqlx::Error>` does the same.
     pub fn from_sqlx(err: sqlx::Error) -> Self {
-        match classify(&err) {
-            PgFailure::GuardRefused => {
-                let message = err
-                    .as_database_error()
-                    .map(|d| d.message().to_string())
-                    .unwrap_or_default();
-                FenceError::GuardRefused {
-                    message,
-                    source: err,
-                }
-            }
+        let failure = classify(&err);
+        let message = err
+            .as_database_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_default();
+        match failure {
+            PgFailure::GuardRefused => FenceError::GuardRefused {
+                message,
+                source: err,
+            },
             PgFailure::ArgumentRefused => FenceError::ArgumentRefused {
-                message: err
-                    .as_database_error()
-                    .map(|d| d.message().to_string())
-                    .unwrap_or_default(),
+                message,
+                source: err,
+            },
+            PgFailure::WallRefused => FenceError::ProtocolRefused {
+                message,
                 source: err,
             },
             PgFailure::Refused { step, detail } => {
                 FenceError::Access(super::access::refusal(step, detail))
-            }
-            PgFailure::WallRefused => {
-                let message = err
-                    .as_database_error()
-                    .map(|d| d.message().to_string())
-                    .unwrap_or_default();
-                FenceError::ProtocolRefused {
-                    message,
-                    source: err,
-                }
             }
             PgFailure::CasRefused | PgFailure::Other => FenceError::Db(err),
         }
