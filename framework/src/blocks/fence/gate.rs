@@ -303,11 +303,6 @@ impl PgFenceMarks {
         let Some(jobs) = &self.jobs else {
             return Ok(());
         };
-        // Below the mark is stale whatever the row says: say so (the more
-        // telling verdict: a newer owner has written here).
-        if let Some(raw) = self.locked(tx, job).await? {
-            decide(ObservedFence::new(raw), token)?;
-        }
         let row: Option<(i64, String, String)> = sqlx::query_as(&format!(
             "SELECT fence, status, compensation FROM {jobs} WHERE id = $1"
         ))
@@ -429,11 +424,17 @@ impl FenceMarks for PgFenceMarks {
         job: JobId,
         token: ObservedFence,
     ) -> Result<Admitted, GateError> {
-        self.verify(tx, job, token).await?;
         for _ in 0..FIRST_SIGHT_RETRIES {
             // The mark's row lock is held until the service's transaction ends.
             let current = self.locked(tx, job).await?;
-            let Some(raw) = current else {
+            // Below the mark is stale whatever the job row says (the more
+            // telling verdict: a newer owner has written here); the row is
+            // checked after, and before anything is written.
+            let seen = current
+                .map(|raw| decide(ObservedFence::new(raw), token))
+                .transpose()?;
+            self.verify(tx, job, token).await?;
+            let Some(admitted) = seen else {
                 let inserted = sqlx::query(&format!(
                     "INSERT INTO {} (job_id, token) VALUES ($1, $2) ON CONFLICT (job_id) DO NOTHING",
                     self.table
@@ -448,7 +449,6 @@ impl FenceMarks for PgFenceMarks {
                 // A concurrent first sight committed: read its mark under the lock.
                 continue;
             };
-            let admitted = decide(ObservedFence::new(raw), token)?;
             if let Admitted::Raised { .. } = admitted {
                 sqlx::query(&format!(
                     "UPDATE {} SET token = $2, updated_at = now() WHERE job_id = $1 AND token <= $2",
