@@ -343,21 +343,9 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION tenure_claim_leader(text, bigint, text) FROM PUBLIC;
 
--- A leader's write opens with this in its transaction: the role's fence is
--- still `p_token`; locks it, so a successor's claim waits for the write.
-CREATE FUNCTION tenure_admit_leader(p_role text, p_token bigint) RETURNS SETOF boolean
-LANGUAGE sql
-SECURITY DEFINER
-SET search_path FROM CURRENT
-AS $$
-    SELECT true FROM leader_fences WHERE role = p_role AND fence = p_token FOR UPDATE
-$$;
-REVOKE ALL ON FUNCTION tenure_admit_leader(text, bigint) FROM PUBLIC;
-
--- Whether `p_role` is still held under `p_token` and locked by this
--- transaction's admission (a leader write without `tenure_admit_leader` first
--- finds the row unlocked by it and waits for nobody; checking the fence under
--- FOR UPDATE again is idempotent and cheap).
+-- Whether `p_role` is still held under `p_token`; locks its fence row FOR
+-- UPDATE for this transaction, so a successor's claim waits for the write.
+-- Every leader write checks it itself (a caller may skip the admission below).
 CREATE FUNCTION tenure_leader_holds(p_role text, p_token bigint) RETURNS boolean
 LANGUAGE sql
 SECURITY DEFINER
@@ -366,6 +354,17 @@ AS $$
     SELECT EXISTS (SELECT 1 FROM leader_fences WHERE role = p_role AND fence = p_token FOR UPDATE)
 $$;
 REVOKE ALL ON FUNCTION tenure_leader_holds(text, bigint) FROM PUBLIC;
+
+-- A leader's write opens with this in its transaction (`begin_leader`): one
+-- row when the role is still held under `p_token`, none otherwise.
+CREATE FUNCTION tenure_admit_leader(p_role text, p_token bigint) RETURNS SETOF boolean
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+    SELECT true WHERE tenure_leader_holds(p_role, p_token)
+$$;
+REVOKE ALL ON FUNCTION tenure_admit_leader(text, bigint) FROM PUBLIC;
 
 -- The leader marks published delayed jobs (its fence checked here).
 CREATE FUNCTION tenure_mark_published(p_role text, p_token bigint, p_ids uuid[]) RETURNS bigint
