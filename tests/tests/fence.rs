@@ -445,6 +445,19 @@ async fn admit_by_hand(
     .unwrap()
 }
 
+/// In a fresh transaction, `job` at step 1 under `fence` is not admitted,
+/// and `insert` (for ledger row `row`) is refused by the guard.
+async fn refused_unadmitted(s: &FenceStore, insert: &str, job: JobId, row: JobId, fence: i64) {
+    let mut plain = s.pool().begin().await.unwrap();
+    assert!(!admit_by_hand(&mut plain, s, job, fence, 1).await);
+    assert_guard_refused(
+        sqlx::query(insert)
+            .bind(row.as_uuid())
+            .execute(&mut *plain)
+            .await,
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_refuses_plain_sql_and_stale_generations_and_the_escape_works() {
     let s = store("guard").await;
@@ -540,28 +553,11 @@ async fn guard_refuses_plain_sql_and_stale_generations_and_the_escape_works() {
 
     // A stale generation (41 after 42 claimed) is not admitted, and its write
     // is refused...
-    let mut plain = s.pool().begin().await.unwrap();
-    assert!(!admit_by_hand(&mut plain, &s, id, 41, 1).await);
-    assert_guard_refused(
-        sqlx::query(&insert)
-            .bind(id.as_uuid())
-            .execute(&mut *plain)
-            .await,
-    );
-    drop(plain);
+    refused_unadmitted(&s, &insert, id, id, 41).await;
     // ...and so is a generation that released the job, and a job that does not exist.
     s.record_release(id, tok(42)).await.unwrap();
-    for (job, fence) in [(id, 42), (JobId::from_key("test.job", "nope"), 42)] {
-        let mut plain = s.pool().begin().await.unwrap();
-        assert!(!admit_by_hand(&mut plain, &s, job, fence, 1).await);
-        assert_guard_refused(
-            sqlx::query(&insert)
-                .bind(id.as_uuid())
-                .execute(&mut *plain)
-                .await,
-        );
-        drop(plain);
-    }
+    refused_unadmitted(&s, &insert, id, id, 42).await;
+    refused_unadmitted(&s, &insert, JobId::from_key("test.job", "nope"), id, 42).await;
 
     // The escape hatch: explicit, for this transaction only.
     let mut ops = s.pool().begin().await.unwrap();

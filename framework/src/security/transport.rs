@@ -227,17 +227,8 @@ pub(crate) fn pg_link(options: &PgConnectOptions) -> Link {
         PgSslMode::Allow => Protection::Unverified("sslmode=allow is plaintext"),
         PgSslMode::Disable => Protection::Unverified("sslmode=disable is plaintext"),
     };
-    let (host, address) = match options.get_socket() {
-        Some(socket) => (String::new(), socket.display().to_string()),
-        None => {
-            let host = options.get_host().to_string();
-            let address = format!("{host}:{}", options.get_port());
-            (
-                host.trim_start_matches('[').trim_end_matches(']').into(),
-                address,
-            )
-        }
-    };
+    let (host, address) =
+        host_and_address(options.get_socket(), options.get_host(), options.get_port());
     Link {
         server: Server::Postgres,
         address,
@@ -245,6 +236,22 @@ pub(crate) fn pg_link(options: &PgConnectOptions) -> Link {
         protection,
         credential: has_password.then_some("a password"),
         fix: "use sslmode=verify-full with sslrootcert=<CA file> (or verify-ca)",
+    }
+}
+
+/// The host (without IPv6 brackets; empty for a Unix socket) and the address
+/// to name of a SQL server's connect options.
+fn host_and_address(
+    socket: Option<&std::path::PathBuf>,
+    host: &str,
+    port: u16,
+) -> (String, String) {
+    match socket {
+        Some(socket) => (String::new(), socket.display().to_string()),
+        None => (
+            host.trim_start_matches('[').trim_end_matches(']').into(),
+            format!("{host}:{port}"),
+        ),
     }
 }
 
@@ -284,17 +291,8 @@ mod mysql {
             ),
             MySqlSslMode::Disabled => Protection::Unverified("ssl-mode=DISABLED is plaintext"),
         };
-        let (host, address) = match options.get_socket() {
-            Some(socket) => (String::new(), socket.display().to_string()),
-            None => {
-                let host = options.get_host().to_string();
-                let address = format!("{host}:{}", options.get_port());
-                (
-                    host.trim_start_matches('[').trim_end_matches(']').into(),
-                    address,
-                )
-            }
-        };
+        let (host, address) =
+            super::host_and_address(options.get_socket(), options.get_host(), options.get_port());
         Link {
             server: Server::MySql,
             address,

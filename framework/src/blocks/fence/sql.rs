@@ -95,6 +95,13 @@ fn unfenced_claim_sql(t: &str) -> String {
     )
 }
 
+/// A call of one of `schema`'s SECURITY DEFINER functions, its rows as the
+/// statement's: every change of a row's status or fence is one (migration
+/// 0015), so these statements only call them.
+fn definer_call(schema: &str, call: &str) -> String {
+    format!("SELECT * FROM \"{schema}\".{call}")
+}
+
 #[derive(Debug)]
 pub(crate) struct Sql {
     /// Partition mode ([`Sql::partitioned`]): a claim accepts the row's own
@@ -137,9 +144,7 @@ impl Sql {
     pub(crate) fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".jobs");
         let k = format!("\"{schema}\".job_tombstones");
-        // Every change of a row's status or fence is a SECURITY DEFINER
-        // function (migration 0015); these statements only call them.
-        let f = |call: &str| format!("SELECT * FROM \"{schema}\".{call}");
+        let f = |call: &str| definer_call(schema, call);
         Sql {
             partitioned: false,
             insert: format!(
@@ -232,9 +237,8 @@ impl Sql {
     /// token on the row is the same owner (its earlier attempt of the job);
     /// two owners never share a token (`FenceStore::claim_partition`).
     pub(crate) fn partitioned(mut self, schema: &str) -> Self {
-        self.claim = format!("SELECT * FROM \"{schema}\".tenure_claim($1, $2, true, false)");
-        self.claim_and_begin =
-            format!("SELECT * FROM \"{schema}\".tenure_claim($1, $2, true, true)");
+        self.claim = definer_call(schema, "tenure_claim($1, $2, true, false)");
+        self.claim_and_begin = definer_call(schema, "tenure_claim($1, $2, true, true)");
         self.partitioned = true;
         self
     }
