@@ -193,15 +193,19 @@ fn partition_mode_unfenced_run_is_caught() {
     assert_eq!(s.get("faults"), 38, "{all}");
 }
 
-/// MariaDB as the fenced resource: the transfers' accounts and history in
+/// MariaDB as the fenced resource, with the five-step transfer (`--steps 5`,
+/// the long run's shape): the transfers' accounts and history in
 /// MariaDB (`StepCtx::mysql`), the job rows in PostgreSQL, the same faults
 /// (`postgres_restart` restarts MariaDB too). No violation; every re-run
 /// after a crash between the two commits absorbed by the idempotency key.
 #[test]
 fn mariadb_target_fenced_run_has_no_violation() {
-    let (ok, s, all) = run(&[&SHORT[..], &["--target", "mariadb"]].concat());
+    let (ok, s, all) = run(&[&SHORT[..], &["--target", "mariadb", "--steps", "5"]].concat());
     assert!(ok, "the fenced MariaDB run failed\n{all}");
-    assert!(all.contains("torture: mode=fenced target=mariadb"), "{all}");
+    assert!(
+        all.contains("torture: mode=fenced target=mariadb partitions=0 steps=5"),
+        "{all}"
+    );
     assert_eq!(s.get("jobs"), 120, "{all}");
     assert_eq!(s.get("lost"), 0, "{all}");
     assert_eq!(s.get("double_commits"), 0, "{all}");
@@ -217,7 +221,7 @@ fn mariadb_target_fenced_run_has_no_violation() {
 /// lose updates.
 #[test]
 fn redis_lock_run_is_caught() {
-    let (ok, s, all) = run(&[&SHORT[..], &["--mode", "redis-lock"]].concat());
+    let (ok, s, all) = run(&[&SHORT[..], &["--mode", "redis-lock", "--steps", "5"]].concat());
     assert!(
         ok,
         "the Redis-lock run found no violation: the negative control has no teeth\n{all}"

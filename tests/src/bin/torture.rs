@@ -87,8 +87,45 @@ use tenure::MySqlFence;
 const ACCOUNTS: i32 = 16;
 /// Initial balance of each account.
 const INITIAL: i64 = 1_000_000;
-/// Steps of a transfer.
-const STEPS: i64 = 3;
+/// Steps of a transfer (`--steps`, 3 or 5): set once at start, in the parent
+/// and in every worker (which gets `--steps` from the parent).
+static STEPS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(3);
+
+/// The steps of a transfer in this run.
+fn steps() -> i64 {
+    STEPS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sets the run's steps from `--steps` (3 or 5).
+fn set_steps(n: i64) -> anyhow::Result<()> {
+    if n != 3 && n != 5 {
+        bail!(
+            "--steps must be 3 (debit, credit, settle) or 5 (debit, hold, credit, confirm, settle)"
+        );
+    }
+    STEPS.store(n, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// The job type of this run's transfers.
+fn transfer_type() -> &'static str {
+    if steps() == 5 {
+        "torture.transfer5"
+    } else {
+        "torture.transfer"
+    }
+}
+
+/// The account step `k` moves money on, and by how much (`None`: a step
+/// that writes only its history row): the debit first, the credit at the
+/// middle step.
+fn leg(k: i64, x: &Xfer) -> (Option<i32>, i64) {
+    match k {
+        0 => (Some(x.from), -x.amount),
+        k if k == steps() / 2 => (Some(x.to), x.amount),
+        _ => (None, 0),
+    }
+}
 
 // ---------------------------------------------------------------------------
 // The job.
@@ -205,6 +242,45 @@ impl Transfer {
     }
 }
 
+/// The five-step transfer of `--steps 5` (the long run's shape): debit,
+/// hold, credit, confirm, settle; the two new steps write only their history
+/// row, like `settle`.
+#[derive(Debug, Clone)]
+struct Transfer5(Transfer);
+
+#[tenure::job(name = "torture.transfer5", max_takeovers = 20, retries = 20)]
+impl Transfer5 {
+    #[step]
+    async fn debit(&self, ctx: &mut StepCtx, x: Xfer) -> Result<Xfer, StepError> {
+        self.0.apply(ctx, &x, Some(x.from), -x.amount).await?;
+        Ok(x)
+    }
+
+    #[step]
+    async fn hold(&self, ctx: &mut StepCtx, x: Xfer) -> Result<Xfer, StepError> {
+        self.0.apply(ctx, &x, None, 0).await?;
+        Ok(x)
+    }
+
+    #[step]
+    async fn credit(&self, ctx: &mut StepCtx, x: Xfer) -> Result<Xfer, StepError> {
+        self.0.apply(ctx, &x, Some(x.to), x.amount).await?;
+        Ok(x)
+    }
+
+    #[step]
+    async fn confirm(&self, ctx: &mut StepCtx, x: Xfer) -> Result<Xfer, StepError> {
+        self.0.apply(ctx, &x, None, 0).await?;
+        Ok(x)
+    }
+
+    #[step]
+    async fn settle(&self, ctx: &mut StepCtx, x: Xfer) -> Result<i64, StepError> {
+        self.0.apply(ctx, &x, None, 0).await?;
+        Ok(x.amount)
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Arguments.
 
@@ -271,6 +347,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--cancel" => a.cancel = val()?.parse()?,
             "--partitions" => a.partitions = Some(val()?.parse()?),
             "--cut-faults" => a.cut_faults = true,
+            "--steps" => set_steps(val()?.parse()?)?,
             other => bail!("unknown argument {other:?}"),
         }
     }
@@ -432,6 +509,9 @@ fn flag_value(args: &[String], name: &str) -> anyhow::Result<String> {
 }
 
 async fn worker_main(args: &[String]) -> anyhow::Result<()> {
+    if let Ok(n) = flag_value(args, "--steps") {
+        set_steps(n.parse()?)?;
+    }
     let id = flag_value(args, "--id")?;
     let log = flag_value(args, "--log")?;
     let recorder = Arc::new(Recorder {
@@ -526,7 +606,8 @@ async fn tenure_worker(
             schema: ns.clone(),
         };
         match Worker::builder(cfg.clone())
-            .register(job)
+            .register(job.clone())
+            .register(Transfer5(job))
             .register(tick)
             .schedule_with::<cron::Tick>(cron::schedule(), &())
             .observer(recorder.clone())
@@ -893,7 +974,9 @@ impl Run {
             .arg("--db")
             .arg(&slot.pg_url)
             .arg("--mode")
-            .arg(self.args.mode.name());
+            .arg(self.args.mode.name())
+            .arg("--steps")
+            .arg(steps().to_string());
         if self.args.unsafe_no_fencing {
             cmd.arg("--unsafe-no-fencing");
         }
@@ -1333,7 +1416,13 @@ async fn enqueue_batch(client: &Client, batch: &[(String, Xfer)]) -> anyhow::Res
         .map(|(key, x)| async move {
             retry("enqueue", || {
                 let (key, x) = (key.clone(), x.clone());
-                async move { Ok(client.enqueue::<Transfer>(&key, &x).await?.job_id) }
+                async move {
+                    Ok(if steps() == 5 {
+                        client.enqueue::<Transfer5>(&key, &x).await?.job_id
+                    } else {
+                        client.enqueue::<Transfer>(&key, &x).await?.job_id
+                    })
+                }
             })
             .await
         })
@@ -1604,8 +1693,9 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             async move {
                 Ok(sqlx::query_scalar(&format!(
                     "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead', 'cancelled') \
-                       AND job_type = 'torture.transfer'"
+                       AND job_type = $1"
                 ))
+                .bind(transfer_type())
                 .fetch_one(client.store().pool())
                 .await?)
             }
@@ -1673,10 +1763,11 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     );
     println!("{}", cron.line());
     println!(
-        "torture: mode={} target={} partitions={}",
+        "torture: mode={} target={} partitions={} steps={}",
         args.mode.name(),
         args.target.name(),
-        args.partitions.unwrap_or(0)
+        args.partitions.unwrap_or(0),
+        steps()
     );
     println!(
         "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \
@@ -1753,8 +1844,9 @@ async fn check(
     let pool = client.store().pool();
     let mut v = Verdict::default();
     let rows: Vec<(sqlx::types::Uuid, String, Option<String>)> = sqlx::query_as(&format!(
-        "SELECT id, status, last_error FROM {s}.jobs WHERE job_type = 'torture.transfer'"
+        "SELECT id, status, last_error FROM {s}.jobs WHERE job_type = $1"
     ))
+    .bind(transfer_type())
     .fetch_all(pool)
     .await?;
     let rows: HashMap<_, _> = rows.into_iter().map(|(id, st, e)| (id, (st, e))).collect();

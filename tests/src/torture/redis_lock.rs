@@ -24,7 +24,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{PauseArm, Recorder, STEPS, Xfer};
+use super::{PauseArm, Recorder, Xfer, leg, steps};
 
 /// How many jobs one worker runs at once (as `max_in_flight` in the other modes).
 const IN_FLIGHT: usize = 16;
@@ -151,7 +151,7 @@ impl LockRunner {
                 .fetch_one(&self.pool)
                 .await?;
         let x: Xfer = serde_json::from_value(input)?;
-        for k in step..i32::try_from(STEPS)? {
+        for k in step..i32::try_from(steps())? {
             let ms = rand::rng().random_range(0..=x.delay_ms);
             tokio::time::sleep(Duration::from_millis(ms)).await;
             if !self.still_held(held).await {
@@ -188,11 +188,7 @@ impl LockRunner {
     /// from the owner, and that refusal is not the lock's merit.)
     async fn write(&self, id: Uuid, k: i32, x: &Xfer) -> anyhow::Result<()> {
         let s = &self.schema;
-        let (account, delta) = match k {
-            0 => (Some(x.from), -x.amount),
-            1 => (Some(x.to), x.amount),
-            _ => (None, 0),
-        };
+        let (account, delta) = leg(i64::from(k), x);
         let mut tx = self.pool.begin().await?;
         if let Some(a) = account {
             sqlx::query(&format!(
@@ -221,7 +217,7 @@ impl LockRunner {
         ))
         .bind(id)
         .bind(k + 1)
-        .bind(i32::try_from(STEPS)?)
+        .bind(i32::try_from(steps())?)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

@@ -12,7 +12,7 @@ use tenure::testing::{StepRecord, Violation, judge_commits};
 use tenure::{JobId, StepIndex};
 use tenure::{StepCtx, StepError};
 
-use super::{ACCOUNTS, INITIAL, STEPS};
+use super::{ACCOUNTS, INITIAL, steps};
 
 /// One accepted write, in commit order per job (`seq`).
 #[derive(Debug, Clone)]
@@ -244,7 +244,7 @@ fn ledger_violations(
     bad_accounts + bad_transfers + i64::from(!conserved)
 }
 
-/// Every step of a done job applied once: `STEPS` distinct applied steps.
+/// Every step of a done job applied once: `steps()` distinct applied steps.
 pub(crate) fn complete(v: &HistoryVerdict, job: &Uuid) -> bool {
-    v.steps.get(job).copied().unwrap_or(0) == STEPS
+    v.steps.get(job).copied().unwrap_or(0) == steps()
 }
