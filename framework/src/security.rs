@@ -351,6 +351,31 @@ mod tests {
     }
 
     #[test]
+    fn secrets_in_the_query_and_token_user_parts_are_redacted() {
+        for (url, want) in [
+            (
+                "postgres://db/app?password=pw",
+                "postgres://db/app?password=***",
+            ),
+            (
+                "postgres://db/app?sslpassword=pw&sslmode=require",
+                "postgres://db/app?sslpassword=***&sslmode=require",
+            ),
+            ("nats://h:4222?token=t0ken", "nats://h:4222?token=***"),
+            (
+                "postgres://db/app?sslkey=/k.pem",
+                "postgres://db/app?sslkey=/k.pem",
+            ),
+        ] {
+            assert_eq!(redact_url(url, true), want);
+        }
+        assert_eq!(
+            redact_url("nats://t0ken@h:4222", false),
+            "nats://***@h:4222"
+        );
+    }
+
+    #[test]
     fn addresses_are_host_and_port() {
         assert_eq!(address_of("postgres://w:pw@db:5432/app?x=1"), "db:5432");
         assert_eq!(address_of("https://127.0.0.1:2379"), "127.0.0.1:2379");
