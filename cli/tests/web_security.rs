@@ -72,7 +72,11 @@ async fn errors_show_a_reference_not_the_servers_urls() {
     let (mut cfg, client) = setup("websec-leak").await;
     // Credentials the servers ignore (no auth on the plain dev stack) but the
     // URLs carry: a NATS token in the user part, a password in the query.
-    let sep = if cfg.database_url.contains('?') { '&' } else { '?' };
+    let sep = if cfg.database_url.contains('?') {
+        '&'
+    } else {
+        '?'
+    };
     cfg.database_url = format!("{}{sep}password=pg-secret-in-query", cfg.database_url);
     cfg.nats_url = cfg
         .nats_url
@@ -125,7 +129,10 @@ async fn errors_show_a_reference_not_the_servers_urls() {
     b.goto(&format!("{}/jobs", serve.base)).await.unwrap();
     let page = body(&b).await;
     assert!(page.contains("Reference"), "{page}");
-    assert!(!page.contains("pg-secret-in-query") && !page.contains("://"), "{page}");
+    assert!(
+        !page.contains("pg-secret-in-query") && !page.contains("://"),
+        "{page}"
+    );
     b.close().await.unwrap();
 }
 
@@ -195,10 +202,14 @@ async fn a_rebound_name_in_chromium_shows_nothing() {
     let serve = Serve::start(&cfg, &[], &[]);
     let port = serve.addr().rsplit(':').next().unwrap().to_string();
     let (_driver, b) = browser_with(&["--host-resolver-rules=MAP rebind.test 127.0.0.1"]).await;
-    b.goto(&format!("http://rebind.test:{port}/jobs")).await.unwrap();
+    b.goto(&format!("http://rebind.test:{port}/jobs"))
+        .await
+        .unwrap();
     let page = body(&b).await;
     assert!(!page.contains(&id.to_string()), "{page}");
-    b.goto(&format!("http://localhost:{port}/jobs")).await.unwrap();
+    b.goto(&format!("http://localhost:{port}/jobs"))
+        .await
+        .unwrap();
     assert!(body(&b).await.contains(&id.to_string()));
     b.close().await.unwrap();
 }
@@ -217,11 +228,17 @@ fn a_non_loopback_bind_needs_tls() {
             .args(args)
             .output()
             .unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     };
     let (code, err) = run(&["--bind", "0.0.0.0:0"]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("--tls-cert") && err.contains("--insecure-http"), "{err}");
+    assert!(
+        err.contains("--tls-cert") && err.contains("--insecure-http"),
+        "{err}"
+    );
     let (code, err) = run(&["--bind", "[::]:0"]);
     assert_eq!(code, Some(2), "{err}");
     let (code, err) = run(&["--bind", "127.0.0.1:0", "--tls-cert", "/nonexistent.pem"]);
@@ -231,8 +248,8 @@ fn a_non_loopback_bind_needs_tls() {
 
 /// A self-signed certificate for 127.0.0.1 and localhost: (dir, cert, key, DER).
 fn self_signed() -> (tempfile::TempDir, String, String, Vec<u8>) {
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
-        .unwrap();
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cert = dir.path().join("web.pem");
     let key = dir.path().join("web.key");
@@ -358,7 +375,17 @@ async fn reads_need_the_read_token_when_one_is_set() {
     let addr = serve.addr();
     let job = format!("/jobs/{id}");
     let api = format!("/api/jobs/{id}");
-    for path in ["/", "/jobs", job.as_str(), "/api/jobs", api.as_str(), "/dlq", "/api/dlq", "/workers", "/events/overview"] {
+    for path in [
+        "/",
+        "/jobs",
+        job.as_str(),
+        "/api/jobs",
+        api.as_str(),
+        "/dlq",
+        "/api/dlq",
+        "/workers",
+        "/events/overview",
+    ] {
         let a = get(&addr, path);
         assert_eq!(a.status, 401, "{path}: {a:?}");
         assert!(!a.body.contains(&id.to_string()), "{path}");
@@ -371,7 +398,12 @@ async fn reads_need_the_read_token_when_one_is_set() {
     let a = get_with(&addr, &api, &format!("Authorization: Bearer {READER}\r\n"));
     assert_eq!(a.status, 200, "{a:?}");
     assert!(a.body.contains(&id.to_string()));
-    let login = post(&addr, "/login", "Accept: application/json\r\n", &format!("token={READER}"));
+    let login = post(
+        &addr,
+        "/login",
+        "Accept: application/json\r\n",
+        &format!("token={READER}"),
+    );
     assert_eq!(login.status, 200, "{login:?}");
     let cookie = login.cookie();
     let a = get_with(&addr, "/api/jobs", &format!("Cookie: {cookie}\r\n"));
@@ -395,7 +427,12 @@ async fn reads_need_the_read_token_when_one_is_set() {
     log_in(&b, &serve.base, READER).await;
     b.goto(&format!("{}{job}", serve.base)).await.unwrap();
     assert!(body(&b).await.contains(&id.to_string()));
-    assert!(b.find_all(Locator::Css("button.cancel")).await.unwrap().is_empty());
+    assert!(
+        b.find_all(Locator::Css("button.cancel"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     b.close().await.unwrap();
 }
 
@@ -413,7 +450,10 @@ fn tokens_on_the_command_line_are_refused() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
-        assert!(err.contains("-file") && err.contains("TENURE_"), "{flag}: {err}");
+        assert!(
+            err.contains("-file") && err.contains("TENURE_"),
+            "{flag}: {err}"
+        );
         assert!(!err.contains("argv-secret-token-value"), "{flag}: {err}");
     }
 }
@@ -449,11 +489,16 @@ async fn every_response_carries_the_security_headers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_and_surplus_connections_are_cut_off() {
     let (cfg, _client) = setup("websec-slow").await;
-    let serve = Serve::start(&cfg, &["--header-timeout", "1", "--max-connections", "2"], &[]);
+    let serve = Serve::start(
+        &cfg,
+        &["--header-timeout", "1", "--max-connections", "2"],
+        &[],
+    );
     let addr = serve.addr();
     let started = Instant::now();
     let mut slow = std::net::TcpStream::connect(&addr).unwrap();
-    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     write!(slow, "GET / HTTP/1.1\r\nHost: {addr}\r\n").unwrap();
     let mut idle = std::net::TcpStream::connect(&addr).unwrap();
     std::thread::sleep(Duration::from_millis(200));
@@ -467,7 +512,8 @@ async fn slow_and_surplus_connections_are_cut_off() {
         started.elapsed()
     );
     let mut rest = Vec::new();
-    idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let _ = idle.read_to_end(&mut rest);
     assert_eq!(get(&addr, "/api/jobs").status, 200, "served again");
 }
@@ -484,11 +530,23 @@ async fn streams_and_bodies_are_bounded() {
     let addr = serve.addr();
     let big = format!("token={}", "x".repeat(1 << 20));
     let a = post(&addr, "/login", "", &big);
-    assert_eq!(a.status, 413, "{} {}", a.status, a.header("content-length").unwrap_or_default());
+    assert_eq!(
+        a.status,
+        413,
+        "{} {}",
+        a.status,
+        a.header("content-length").unwrap_or_default()
+    );
     let mut first = std::net::TcpStream::connect(&addr).unwrap();
-    write!(first, "GET /events/overview HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    write!(
+        first,
+        "GET /events/overview HTTP/1.1\r\nHost: {addr}\r\n\r\n"
+    )
+    .unwrap();
     let mut buf = [0u8; 512];
-    first.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    first
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     assert!(first.read(&mut buf).unwrap() > 0);
     let second = get(&addr, "/events/overview");
     assert_eq!(second.status, 503, "{second:?}");
@@ -515,8 +573,14 @@ async fn failed_logins_are_throttled_and_logged() {
     assert_eq!(locked.status, 429, "{locked:?}");
     assert!(locked.header("retry-after").is_some(), "{locked:?}");
     let log = serve.log();
-    assert!(log.contains("failed login") && log.contains("127.0.0.1"), "{log}");
-    assert!(!log.contains("guess-number"), "the log shows a tried token: {log}");
+    assert!(
+        log.contains("failed login") && log.contains("127.0.0.1"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("guess-number"),
+        "the log shows a tried token: {log}"
+    );
 }
 
 /// A session ends after `--session-ttl`: its cookie and CSRF token act no more.
@@ -586,7 +650,11 @@ async fn a_job_page_finds_its_dlq_entry_behind_ten_thousand_others() {
         for i in 0..500 {
             let other = JobId::from_key("websec.filler", &format!("{chunk}-{i}"));
             let (subject, h) = entry(other, "permanent_error: filler");
-            acks.push(js.publish_with_headers(subject, h, "{}".into()).await.unwrap());
+            acks.push(
+                js.publish_with_headers(subject, h, "{}".into())
+                    .await
+                    .unwrap(),
+            );
         }
         for a in acks {
             a.await.unwrap();
@@ -645,7 +713,10 @@ async fn flash_text_never_comes_from_the_query() {
     let serve = Serve::start(&cfg, &[], &[("TENURE_OPERATOR_TOKEN", OPERATOR)]);
     let addr = serve.addr();
     let planted = "Call%20the%20hotline%20and%20read%20out%20your%20token";
-    for path in [format!("/dlq?done={planted}"), format!("/jobs/{id}?done={planted}")] {
+    for path in [
+        format!("/dlq?done={planted}"),
+        format!("/jobs/{id}?done={planted}"),
+    ] {
         let a = get(&addr, &path);
         assert_eq!(a.status, 200, "{path}");
         assert!(!a.body.contains("hotline"), "{path}: {}", a.body);

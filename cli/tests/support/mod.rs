@@ -243,7 +243,11 @@ pub fn post(addr: &str, path: &str, headers: &str, form: &str) -> Answer {
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: {{host}}\r\n{headers}Content-Type: application/x-www-form-urlencoded"
     );
-    let body = if form.is_empty() { b"".as_slice() } else { form.as_bytes() };
+    let body = if form.is_empty() {
+        b"".as_slice()
+    } else {
+        form.as_bytes()
+    };
     if body.is_empty() {
         return raw(addr, &format!("{head}\r\nContent-Length: 0"), b"");
     }
