@@ -518,6 +518,35 @@ async fn slow_and_surplus_connections_are_cut_off() {
     assert_eq!(get(&addr, "/api/jobs").status, 200, "served again");
 }
 
+/// A request that takes longer than `--request-timeout` (its table locked by
+/// another session) is answered 503 then, not after the servers' own bound
+/// (`--timeout`, 5 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_request_is_cut_off() {
+    use sqlx::Connection;
+    let (cfg, _client) = setup("websec-reqto").await;
+    let serve = Serve::start(&cfg, &["--request-timeout", "1"], &[]);
+    // A connection of its own: the pool's sessions end idle transactions.
+    let mut locker = sqlx::PgConnection::connect(&cfg.database_url)
+        .await
+        .unwrap();
+    let mut tx = locker.begin().await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE {}.jobs IN ACCESS EXCLUSIVE MODE",
+        cfg.schema
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let a = get(&serve.addr(), "/api/jobs");
+    let took = started.elapsed();
+    tx.rollback().await.unwrap();
+    assert_eq!(a.status, 503, "{a:?}");
+    assert!(took < Duration::from_secs(4), "answered after {took:?}");
+    assert_eq!(get(&serve.addr(), "/api/jobs").status, 200);
+}
+
 /// Live streams are capped by `--max-streams`; a request body above the cap is 413.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_and_bodies_are_bounded() {
