@@ -65,6 +65,9 @@ fn start_serve(cfg: &Config) -> Result<(Serve, String)> {
         .args(["--namespace", &cfg.namespace, "--schema", &cfg.schema])
         .args(["serve", "--bind", "127.0.0.1:0"])
         .env_remove("TENURE_OPERATOR_TOKEN")
+        .env_remove("TENURE_OPERATOR_TOKEN_FILE")
+        .env_remove("TENURE_READ_TOKEN")
+        .env_remove("TENURE_READ_TOKEN_FILE")
         .stdout(Stdio::piped())
         .spawn()
         .context("starting tenure serve")?;

@@ -7,6 +7,7 @@ use anyhow::anyhow;
 use serde::Serialize;
 use tenure::blocks::fence::FenceStore;
 use tenure::blocks::queue::Queue;
+use tenure::security::redact_url as redact;
 use tenure::{Client, Config};
 
 /// The servers and the bound on each call.
@@ -119,18 +120,4 @@ pub fn describe(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
-}
-
-/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else {
-        return url.to_string();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
-    }
 }

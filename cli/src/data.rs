@@ -23,8 +23,11 @@ pub const WINDOW: Duration = Duration::from_secs(3600);
 /// DLQ entries scanned per page.
 const DLQ_PAGE: usize = 500;
 
-/// DLQ entries scanned at most for one job's page.
+/// DLQ entries scanned at most when looking for a reason.
 const DLQ_SCAN_MAX: usize = 10_000;
+
+/// DLQ entries of one job shown at most (read by the job's subject).
+const DLQ_OF_JOB_MAX: usize = 100;
 
 /// One job row as printed.
 #[derive(Debug, Clone, Serialize)]
@@ -338,7 +341,13 @@ async fn dead_letters_of(
     queue: &Queue,
     id: JobId,
 ) -> anyhow::Result<Vec<DeadLetterView>> {
-    let found = scan_dlq(ctx, queue, |d| d.job_id == Some(id)).await?;
+    let found = ctx
+        .call(
+            &ctx.nats(),
+            "reading the job's DLQ entries",
+            queue.dead_letters_of(id, DLQ_OF_JOB_MAX),
+        )
+        .await?;
     Ok(found.iter().map(DeadLetterView::from).collect())
 }
 

@@ -9,7 +9,7 @@
 //! tenure cancel <ID> [--reason TEXT]                              cancel a job (its running step stops, it never runs again; a dead one leaves the DLQ)
 //! tenure overview                                                 counts per status and type, last hour's rates
 //! tenure workers                                                  workers seen in the job history
-//! tenure serve [--bind 127.0.0.1:8023] [--operator-token T]       the web view (see `web`)
+//! tenure serve [--bind 127.0.0.1:8023] [--operator-token-file F]  the web view (see `web`)
 //! ```
 //!
 //! Servers come from `--etcd/--nats/--database-url/--namespace/--schema` or the
@@ -282,7 +282,7 @@ enum Command {
     /// Cron schedules (expression, time zone, missed-ticks policy, last and
     /// next tick, ticks enqueued and skipped) and the scheduler leader.
     Schedules,
-    /// Serve the operator's web view (read-only without --operator-token).
+    /// Serve the operator's web view (read-only without --operator-token-file or TENURE_OPERATOR_TOKEN).
     Serve(web::ServeArgs),
 }
 
@@ -338,7 +338,21 @@ pub(crate) fn parse_secs(s: &str) -> Result<f64, String> {
 }
 
 fn main() -> ExitCode {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+    if let Some(msg) = web::token_on_argv(std::env::args_os().skip(1)) {
+        Cli::command()
+            .error(ErrorKind::ArgumentConflict, msg)
+            .exit();
+    }
     let cli = Cli::parse();
+    let serve = match &cli.command {
+        Command::Serve(args) => match args.prepare() {
+            Ok(p) => Some(p),
+            Err(msg) => Cli::command().error(ErrorKind::ValueValidation, msg).exit(),
+        },
+        _ => None,
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -349,16 +363,20 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, serve)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // An error may quote a server's URL: never with its credentials.
+            eprintln!(
+                "error: {}",
+                tenure::security::redact_text(&format!("{e:#}"))
+            );
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli, serve: Option<web::Prepared>) -> anyhow::Result<()> {
     let timeout = Duration::from_secs_f64(cli.timeout);
     let cfg = Config::new(cli.namespace)
         .with_schema(cli.schema)
@@ -378,7 +396,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         json: cli.json,
     };
     match cli.command {
-        Command::Serve(args) => web::serve(ctx, args).await,
+        Command::Serve(_) => match serve {
+            Some(p) => web::serve(ctx, p).await,
+            None => Err(anyhow!("serve: settings not checked")),
+        },
         command => run_command(&ctx, command).await,
     }
 }
@@ -768,16 +789,21 @@ fn plural(n: usize) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ctx::redact;
 
     #[test]
-    fn redacts_passwords_only() {
+    fn servers_are_named_without_credentials() {
+        let ctx = Ctx {
+            cfg: Config::new("t")
+                .with_nats_url("nats://t0ken@h:4222")
+                .with_database_url("postgres://u:secret@h:5432/db?sslpassword=k"),
+            timeout: Duration::from_secs(1),
+            json: false,
+        };
+        assert_eq!(ctx.nats(), "NATS at nats://***@h:4222");
         assert_eq!(
-            redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
+            ctx.postgres(),
+            "PostgreSQL at postgres://u:***@h:5432/db?sslpassword=***"
         );
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact("nats://h:4222"), "nats://h:4222");
     }
 
     #[test]

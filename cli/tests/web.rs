@@ -5,19 +5,21 @@
 //! Screenshots of each page go to `<target>/screenshots/`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use fantoccini::{Client as Browser, ClientBuilder, Locator};
+use fantoccini::{Client as Browser, Locator};
 use tenure::Worker;
 use tenure::blocks::fence::JobStatus;
 use tenure::devstack::DevStack;
 use tenure::{Client, Config, JobId, StepCtx, StepError};
 use tenure_tests::{ThreeStep, Work, config_for, prepare_schema, wait_until};
+
+mod support;
+use support::{Proc, browser, lines_of, wait_line};
 
 /// Set in the child process that plays the worker that freezes.
 const CHILD_ENV: &str = "TENURE_WEB_CHILD";
@@ -39,56 +41,8 @@ impl Flaky {
     }
 }
 
-/// A child process killed (by its pid) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.0.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(ok.success());
-    }
-}
-
-/// The lines a child prints, as they come.
-fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
-    let out = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// The first line containing `prefix`, from `prefix` on.
-fn wait_line(rx: &mpsc::Receiver<String>, prefix: &str, within: Duration) -> String {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            // libtest prints `test child_worker ... ` before the test's own output.
-            Ok(l) if l.contains(prefix) => return l[l.find(prefix).unwrap_or(0)..].to_string(),
-            Ok(_) => {}
-            Err(e) => panic!("no line {prefix:?} within {within:?}: {e}"),
-        }
-    }
-}
-
 /// The worker that freezes: this test binary again, running only `child_worker`.
-fn spawn_frozen_worker(cfg: &Config) -> (Proc, mpsc::Receiver<String>) {
+fn spawn_frozen_worker(cfg: &Config) -> (Proc, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_worker", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "A")
@@ -175,45 +129,6 @@ fn spawn_serve(cfg: &Config, token: &str) -> (Proc, String) {
     assert!(url.starts_with("http://127.0.0.1:"), "{line}");
     assert!(line.contains("(operator)"), "{line}");
     (Proc(child), url)
-}
-
-/// chromedriver on a free loopback port, and a headless chromium session.
-async fn browser() -> (Proc, Browser) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let driver = Proc(
-        Command::new("chromedriver")
-            .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".into()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver (scripts/setup.sh installs chromium-driver)"),
-    );
-    let profile = tempfile::tempdir().unwrap().keep();
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        serde_json::json!({
-            "binary": "/usr/bin/chromium",
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1280,900", format!("--user-data-dir={}", profile.display())],
-        }),
-    );
-    let url = format!("http://127.0.0.1:{port}");
-    let mut last = None;
-    for _ in 0..50 {
-        let mut builder =
-            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
-        match builder.capabilities(caps.clone()).connect(&url).await {
-            Ok(c) => return (driver, c),
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("no WebDriver session from chromedriver at {url}: {last:?}");
 }
 
 fn screenshots_dir() -> PathBuf {

@@ -556,7 +556,7 @@ impl Config {
         crate::security::transport::pg_options(&self.database_url, self.database_password.as_ref())
             .map_err(|e| ConfigError::Invalid {
                 name: "database_url",
-                reason: crate::security::redact_url(&e.to_string(), true),
+                reason: crate::security::redact_text(&e.to_string()),
             })
     }
 
@@ -741,13 +741,10 @@ impl std::fmt::Debug for Config {
         d.field("namespace", &self.namespace)
             .field("schema", &self.schema)
             .field("etcd_endpoints", &self.etcd_endpoints)
-            .field(
-                "nats_url",
-                &crate::security::redact_url(&self.nats_url, false),
-            )
+            .field("nats_url", &crate::security::redact_url(&self.nats_url))
             .field(
                 "database_url",
-                &crate::security::redact_url(&self.database_url, true),
+                &crate::security::redact_url(&self.database_url),
             )
             .field("database_password", &self.database_password)
             .field(

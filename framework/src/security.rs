@@ -289,29 +289,90 @@ pub(crate) fn address_of(url: &str) -> String {
     rest.to_string()
 }
 
-/// `url` with its password (`user:password@`, `?password=`) replaced by `***`;
-/// with `keep_user` false the whole user part goes (a NATS URL's lone user part
-/// may be a token).
-pub(crate) fn redact_url(url: &str, keep_user: bool) -> String {
+/// URL schemes whose lone user part (`postgres://alice@db`) is a user name;
+/// in any other scheme it may be a token (`nats://t0ken@host`) and is redacted.
+const USER_NAMING_SCHEMES: [&str; 4] = ["postgres", "postgresql", "mysql", "mariadb"];
+
+/// Query keys whose values are secrets: any key containing one of these
+/// (ASCII case-insensitive): `password`, `sslpassword`, `passwd`, `token`,
+/// `auth_token`, `secret`, `nkey`, `jwt`, ...
+const SECRET_QUERY_KEYS: [&str; 8] = [
+    "pass", "pwd", "token", "secret", "nkey", "seed", "jwt", "key",
+];
+
+/// Query keys containing `key` that name a file, not a secret (kept).
+const FILE_QUERY_KEYS: [&str; 2] = ["sslkey", "tls_key"];
+
+/// `url` with every credential replaced by `***`: the password of
+/// `user:password@`, a lone user part (a token: `nats://t0ken@host`) unless
+/// the scheme names users that way (`postgres`, `mysql`, `mariadb`), and the
+/// value of every secret query parameter (`?password=`, `?sslpassword=`,
+/// `?token=`, ...), with or without a user part.
+///
+/// ```
+/// use tenure::security::redact_url;
+/// assert_eq!(redact_url("postgres://w:pw@db/app"), "postgres://w:***@db/app");
+/// assert_eq!(redact_url("postgres://db/app?password=pw&sslmode=require"), "postgres://db/app?password=***&sslmode=require");
+/// assert_eq!(redact_url("nats://t0ken@h:4222"), "nats://***@h:4222");
+/// assert_eq!(redact_url("postgres://alice@db/app"), "postgres://alice@db/app");
+/// ```
+pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_string();
-    };
-    let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-    let userinfo = match (keep_user, userinfo.contains(':')) {
-        (false, _) => "***".to_string(),
-        (true, true) => format!("{user}:***"),
-        (true, false) => userinfo.to_string(),
-    };
     let tail = redact_query(tail);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return format!("{scheme}://{authority}{tail}");
+    };
+    let names_users = USER_NAMING_SCHEMES
+        .iter()
+        .any(|s| s.eq_ignore_ascii_case(scheme));
+    let userinfo = match userinfo.split_once(':') {
+        Some((user, _)) if names_users => format!("{user}:***"),
+        None if names_users => userinfo.to_string(),
+        _ => "***".to_string(),
+    };
     format!("{scheme}://{userinfo}@{host}{tail}")
 }
 
-/// A URL tail with `password=` query values replaced by `***`.
+/// `text` with every URL in it (`scheme://...` up to a space or a quote)
+/// passed through [`redact_url`]: for error messages and log lines that
+/// may quote a URL.
+///
+/// ```
+/// use tenure::security::redact_text;
+/// assert_eq!(
+///     redact_text("cannot connect to \"nats://t0ken@h:4222\": refused"),
+///     "cannot connect to \"nats://***@h:4222\": refused"
+/// );
+/// ```
+pub fn redact_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let start = rest[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "+.-".contains(c)))
+            .map_or(0, |i| i + 1);
+        let end = rest[at..]
+            .find(|c: char| c.is_whitespace() || "\"'<>`".contains(c))
+            .map_or(rest.len(), |i| at + i);
+        out.push_str(&rest[..start]);
+        out.push_str(&redact_url(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether query key `k` names a secret.
+fn secret_query_key(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    !FILE_QUERY_KEYS.contains(&k.as_str()) && SECRET_QUERY_KEYS.iter().any(|s| k.contains(s))
+}
+
+/// A URL tail with the values of secret query keys replaced by `***`.
 fn redact_query(tail: &str) -> String {
     let Some((path, query)) = tail.split_once('?') else {
         return tail.to_string();
@@ -319,7 +380,7 @@ fn redact_query(tail: &str) -> String {
     let pairs: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            Some((k, _)) if secret_query_key(k) => format!("{k}=***"),
             _ => pair.to_string(),
         })
         .collect();
@@ -333,21 +394,37 @@ mod tests {
     #[test]
     fn urls_lose_their_passwords() {
         assert_eq!(
-            redact_url("postgres://w:pw@db:5432/app?sslmode=verify-full", true),
+            redact_url("postgres://w:pw@db:5432/app?sslmode=verify-full"),
             "postgres://w:***@db:5432/app?sslmode=verify-full"
         );
         assert_eq!(
-            redact_url("postgres://w@db/app?password=pw&sslmode=require", true),
+            redact_url("postgres://w@db/app?password=pw&sslmode=require"),
             "postgres://w@db/app?password=***&sslmode=require"
         );
-        assert_eq!(
-            redact_url("nats://t0ken@h:4222", false),
-            "nats://***@h:4222"
-        );
-        assert_eq!(
-            redact_url("nats://127.0.0.1:4222", false),
-            "nats://127.0.0.1:4222"
-        );
+        assert_eq!(redact_url("nats://t0ken@h:4222"), "nats://***@h:4222");
+        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
+
+    #[test]
+    fn secrets_in_the_query_and_token_user_parts_are_redacted() {
+        for (url, want) in [
+            (
+                "postgres://db/app?password=pw",
+                "postgres://db/app?password=***",
+            ),
+            (
+                "postgres://db/app?sslpassword=pw&sslmode=require",
+                "postgres://db/app?sslpassword=***&sslmode=require",
+            ),
+            ("nats://h:4222?token=t0ken", "nats://h:4222?token=***"),
+            (
+                "postgres://db/app?sslkey=/k.pem",
+                "postgres://db/app?sslkey=/k.pem",
+            ),
+        ] {
+            assert_eq!(redact_url(url), want);
+        }
+        assert_eq!(redact_url("nats://t0ken@h:4222"), "nats://***@h:4222");
     }
 
     #[test]

@@ -8,34 +8,44 @@
 //! prints (`crate::data`). Everything is read through `tenure::blocks::fence` and
 //! `tenure::blocks::queue`; actions go through `tenure::Client`.
 //!
-//! Safe by default: binds 127.0.0.1 unless `--bind` says otherwise, and is
-//! read-only unless started with `--operator-token` (`TENURE_OPERATOR_TOKEN`);
-//! then actions are POSTs that need a logged-in session and its CSRF token
-//! ([`auth`]). Its own connections use the CLI's settings, TLS and credentials.
+//! Safe by default: binds 127.0.0.1 unless `--bind` says otherwise (an
+//! address off loopback needs `--tls-cert`/`--tls-key`, or `--insecure-http`);
+//! answers only to its own `Host` names (`--allow-host` adds more); sends a
+//! strict content policy and no-framing headers on every answer; is read-only
+//! unless given an operator token (`--operator-token-file` or
+//! `TENURE_OPERATOR_TOKEN`, never on the command line), and then actions are
+//! POSTs that need a logged-in session and its CSRF token ([`auth`]). A read
+//! token (`--read-token-file` or `TENURE_READ_TOKEN`) closes the pages too.
+//! Visitors see a reference for a server error; the detail, redacted, goes to
+//! the log (standard error). Its own connections use the CLI's settings, TLS
+//! and credentials.
 
 mod auth;
+mod guard;
 mod overview;
 mod pages;
+mod server;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Form, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Json, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::Utc;
-use futures::Stream;
 use serde::Deserialize;
 use tenure::blocks::fence::{FenceStore, JobFilter, JobStatus};
 use tenure::blocks::queue::Queue;
-use tenure::security::Secret;
+use tenure::security::{Secret, redact_text};
 use tenure::{Client, JobId};
+use tokio::sync::Semaphore;
 
 use crate::ctx::Ctx;
 use crate::data;
@@ -46,24 +56,146 @@ use pages::{JobsQuery, Viewer};
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Address to listen on (port 0: any free port; the address is printed).
+    /// Off loopback it needs --tls-cert/--tls-key, or --insecure-http.
     #[arg(long, default_value = "127.0.0.1:8023")]
     bind: SocketAddr,
-    /// Allow actions (redrive) after logging in with this token (12 characters or more).
-    #[arg(long, env = "TENURE_OPERATOR_TOKEN", hide_env_values = true, value_parser = operator_token)]
-    operator_token: Option<Secret>,
+    /// Another `Host` name this server answers to (repeatable), e.g. the name
+    /// of a proxy in front; without a port it is allowed with and without the
+    /// bound port. Other names are refused with 421 (DNS rebinding).
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_host: Vec<String>,
+    /// PEM certificate chain: serve HTTPS only (with --tls-key).
+    #[arg(long, requires = "tls_key", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Allow plain HTTP on an address off loopback (tokens and cookies cross
+    /// the network in the clear).
+    #[arg(long)]
+    insecure_http: bool,
+    /// File holding the operator token (12 characters or more) that allows
+    /// actions after logging in; or `TENURE_OPERATOR_TOKEN`. Never on the command line.
+    #[arg(long, env = "TENURE_OPERATOR_TOKEN_FILE", value_name = "FILE")]
+    operator_token_file: Option<PathBuf>,
+    /// File holding a read token: without it (or the operator token) nothing
+    /// but the login page is served; or `TENURE_READ_TOKEN`.
+    #[arg(long, env = "TENURE_READ_TOKEN_FILE", value_name = "FILE")]
+    read_token_file: Option<PathBuf>,
+    /// Seconds a login session lasts.
+    #[arg(long, default_value_t = 8 * 3600, value_parser = clap::value_parser!(u64).range(1..=7 * 86_400))]
+    session_ttl: u64,
+    /// Seconds a client has to send a request's headers (and finish TLS).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    header_timeout: u64,
+    /// Seconds to answer a request (its head; live streams run on).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=600))]
+    request_timeout: u64,
+    /// Open connections at most; the next one is answered 503.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    max_connections: u64,
+    /// Live-update streams (server-sent events) at most; the next one is 503.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    max_streams: u64,
     /// Seconds between live updates of the overview.
     #[arg(long, default_value_t = 2.0, value_parser = crate::parse_secs)]
     refresh: f64,
 }
 
-fn operator_token(s: &str) -> Result<Secret, String> {
-    if s.chars().count() < auth::MIN_TOKEN_LEN {
+/// The flags that would put a token on the command line (seen by every
+/// local user in `ps`), refused before parsing: the message names the
+/// alternatives and never repeats the value.
+pub fn token_on_argv(args: impl IntoIterator<Item = std::ffi::OsString>) -> Option<String> {
+    let flags = [("--operator-token", "OPERATOR"), ("--read-token", "READ")];
+    for arg in args {
+        let arg = arg.to_string_lossy().to_string();
+        for (flag, var) in flags {
+            if arg == flag || arg.starts_with(&format!("{flag}=")) {
+                return Some(format!(
+                    "{flag} is not accepted: a token on the command line is visible to every \
+                     local user; give it in a file ({flag}-file) or the environment (TENURE_{var}_TOKEN)"
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// A token from `file` or the environment variable `var` (not both), checked.
+fn token_from(file: Option<&FsPath>, var: &str, flag: &str) -> Result<Option<Secret>, String> {
+    let env = std::env::var(var).ok().filter(|v| !v.is_empty());
+    let raw = match (file, env) {
+        (Some(_), Some(_)) => return Err(format!("give {flag} or {var}, not both")),
+        (Some(f), None) => std::fs::read_to_string(f)
+            .map_err(|e| format!("cannot read {flag} {}: {e}", f.display()))?
+            .trim_end_matches(['\r', '\n'])
+            .to_string(),
+        (None, Some(v)) => v,
+        (None, None) => return Ok(None),
+    };
+    if raw.chars().count() < auth::MIN_TOKEN_LEN {
         return Err(format!(
-            "the operator token must have at least {} characters",
+            "the token of {flag} / {var} must have at least {} characters",
             auth::MIN_TOKEN_LEN
         ));
     }
-    Ok(Secret::new(s))
+    Ok(Some(Secret::new(raw)))
+}
+
+/// `tenure serve`'s settings, checked before any server is contacted.
+pub struct Prepared {
+    bind: SocketAddr,
+    allow_host: Vec<String>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    auth: Auth,
+    limits: server::Limits,
+    request_timeout: Duration,
+    max_streams: usize,
+    refresh: Duration,
+}
+
+impl ServeArgs {
+    /// Checks the flags, reads the tokens and the TLS files.
+    ///
+    /// # Errors
+    /// A message for a bad combination or an unreadable file (exit code 2).
+    pub fn prepare(&self) -> Result<Prepared, String> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => Some(server::tls_acceptor(c, k).map_err(|e| format!("{e:#}"))?),
+            _ => None,
+        };
+        if !self.bind.ip().is_loopback() && tls.is_none() && !self.insecure_http {
+            return Err(format!(
+                "--bind {} is off loopback: give --tls-cert and --tls-key to serve HTTPS, \
+                 or --insecure-http to send tokens and cookies in the clear",
+                self.bind
+            ));
+        }
+        let operator = token_from(
+            self.operator_token_file.as_deref(),
+            "TENURE_OPERATOR_TOKEN",
+            "--operator-token-file",
+        )?;
+        let reader = token_from(
+            self.read_token_file.as_deref(),
+            "TENURE_READ_TOKEN",
+            "--read-token-file",
+        )?;
+        let ttl = Duration::from_secs(self.session_ttl);
+        Ok(Prepared {
+            bind: self.bind,
+            allow_host: self.allow_host.clone(),
+            tls,
+            auth: Auth::new(operator, reader, ttl),
+            limits: server::Limits {
+                header_timeout: Duration::from_secs(self.header_timeout),
+                max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            },
+            request_timeout: Duration::from_secs(self.request_timeout),
+            max_streams: usize::try_from(self.max_streams).unwrap_or(usize::MAX),
+            refresh: Duration::from_secs_f64(self.refresh),
+        })
+    }
 }
 
 /// Rows per job-list page by default, and at most.
@@ -73,13 +205,22 @@ const PAGE_MAX: u32 = 500;
 /// DLQ entries shown.
 const DLQ_LIMIT: usize = 500;
 
+/// Request bodies (forms) above this are refused with 413.
+const BODY_LIMIT: usize = 16 * 1024;
+
 struct App {
     ctx: Ctx,
     store: FenceStore,
     queue: Queue,
     /// Operator mode only: what a redrive needs.
     client: Option<Client>,
-    auth: Option<Auth>,
+    auth: Auth,
+    /// Serving HTTPS: cookies are `Secure`.
+    tls: bool,
+    hosts: guard::AllowedHosts,
+    request_timeout: Duration,
+    /// One permit per live-update stream.
+    streams: Arc<Semaphore>,
     refresh: Duration,
     /// The overview's last numbers, shared by every viewer.
     overview: overview::OverviewCache,
@@ -105,17 +246,62 @@ impl WebError {
         match self {
             WebError::BadRequest(_) => StatusCode::BAD_REQUEST,
             WebError::NotFound(_) => StatusCode::NOT_FOUND,
+            WebError::Refused(Refused::LockedOut(_)) => StatusCode::TOO_MANY_REQUESTS,
             WebError::Refused(_) => StatusCode::FORBIDDEN,
             WebError::Server(_) => StatusCode::BAD_GATEWAY,
         }
     }
+
+    /// What a visitor may see: the message of a bad request or a refusal; for
+    /// a server error only a reference, the detail (redacted) logged under it.
+    fn public(&self) -> (String, Option<String>) {
+        match self {
+            WebError::Server(e) => {
+                let reference = logged(&format!("{e:#}"));
+                (
+                    format!(
+                        "The servers behind this view failed to answer. Reference {reference}: \
+                         the detail is in the log of tenure serve."
+                    ),
+                    Some(reference),
+                )
+            }
+            other => (other.to_string(), None),
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            WebError::Refused(Refused::LockedOut(d)) => Some(d.as_secs().max(1)),
+            _ => None,
+        }
+    }
+}
+
+/// Logs `detail` (redacted) under a fresh reference, and returns the reference.
+fn logged(detail: &str) -> String {
+    let reference = format!("ref-{}", &auth::random_hex()[..12]);
+    tracing::error!(reference = %reference, error = %redact_text(detail), "request failed");
+    reference
+}
+
+fn with_retry_after(mut resp: Response, secs: Option<u64>) -> Response {
+    if let Some(s) = secs {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    resp
 }
 
 impl IntoResponse for WebError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let page = pages::error(status.as_u16(), &self.to_string());
-        (status, Html(page.into_string())).into_response()
+        let (message, _) = self.public();
+        let page = pages::error(status.as_u16(), &message);
+        with_retry_after(
+            (status, Html(page.into_string())).into_response(),
+            self.retry_after(),
+        )
     }
 }
 
@@ -130,8 +316,12 @@ impl From<WebError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "error": self.0.to_string() });
-        (self.0.status(), Json(body)).into_response()
+        let (message, reference) = self.0.public();
+        let body = serde_json::json!({ "error": message, "reference": reference });
+        with_retry_after(
+            (self.0.status(), Json(body)).into_response(),
+            self.0.retry_after(),
+        )
     }
 }
 
@@ -139,36 +329,49 @@ impl IntoResponse for ApiError {
 ///
 /// # Errors
 /// A server that cannot be reached, an address that cannot be bound.
-pub async fn serve(ctx: Ctx, args: ServeArgs) -> anyhow::Result<()> {
+pub async fn serve(ctx: Ctx, p: Prepared) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TENURE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init()
+        .map_err(|e| anyhow!("cannot start logging: {e}"))?;
     let store = ctx.store().await?;
     let queue = ctx.queue().await?;
-    let client = match &args.operator_token {
-        Some(_) => Some(ctx.client().await?),
-        None => None,
+    let client = match p.auth.operator_mode() {
+        true => Some(ctx.client().await?),
+        false => None,
     };
+    let listener = tokio::net::TcpListener::bind(p.bind)
+        .await
+        .with_context(|| format!("cannot listen on {}", p.bind))?;
+    let addr = listener.local_addr()?;
     let app = Arc::new(App {
         ctx,
         store,
         queue,
         client,
-        auth: args.operator_token.map(Auth::new),
-        refresh: Duration::from_secs_f64(args.refresh),
+        tls: p.tls.is_some(),
+        hosts: guard::AllowedHosts::new(addr, &p.allow_host),
+        request_timeout: p.request_timeout,
+        streams: Arc::new(Semaphore::new(p.max_streams)),
+        auth: p.auth,
+        refresh: p.refresh,
         overview: overview::OverviewCache::default(),
     });
-    let listener = tokio::net::TcpListener::bind(args.bind)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.bind))?;
-    let addr = listener.local_addr()?;
-    let mode = if app.auth.is_some() {
-        "operator"
-    } else {
-        "read-only"
+    let mode = match (app.auth.operator_mode(), app.auth.reads_need_token()) {
+        (true, false) => "operator",
+        (true, true) => "operator, reads need a token",
+        (false, true) => "read-only, reads need a token",
+        (false, false) => "read-only",
     };
-    println!("listening on http://{addr} ({mode})");
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown())
-        .await
-        .context("serving")
+    let scheme = if app.tls { "https" } else { "http" };
+    println!("listening on {scheme}://{addr} ({mode})");
+    server::run(listener, p.tls, router(app), p.limits, shutdown()).await;
+    Ok(())
 }
 
 async fn shutdown() {
@@ -187,6 +390,7 @@ async fn shutdown() {
 }
 
 fn router(app: Shared) -> Router {
+    use axum::middleware::from_fn_with_state as with;
     Router::new()
         .route("/", get(overview_page))
         .route("/api/overview", get(overview_api))
@@ -205,13 +409,21 @@ fn router(app: Shared) -> Router {
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/app.js", get(app_js))
+        .route("/app.css", get(app_css))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(with(app.clone(), guard::timeout))
+        .layer(with(app.clone(), guard::check_read))
+        .layer(with(app.clone(), guard::check_host))
+        .layer(axum::middleware::from_fn(guard::security_headers))
         .with_state(app)
 }
 
 fn viewer(app: &App, headers: &HeaderMap) -> Viewer {
     Viewer {
-        operator_mode: app.auth.is_some(),
-        csrf: app.auth.as_ref().and_then(|a| a.csrf_of(headers)),
+        operator_mode: app.auth.operator_mode(),
+        csrf: app.auth.csrf_of(headers),
+        logged_in: app.auth.role_of_session(headers).is_some(),
+        login: app.auth.operator_mode() || app.auth.reads_need_token(),
     }
 }
 
@@ -223,6 +435,14 @@ async fn app_js() -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         pages::APP_JS,
+    )
+        .into_response()
+}
+
+async fn app_css() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        pages::CSS,
     )
         .into_response()
 }
@@ -247,23 +467,47 @@ async fn overview_api(State(app): State<Shared>) -> Result<Json<data::OverviewVi
     Ok(Json(overview_data(&app).await?))
 }
 
-/// The overview's numbers every `refresh`, as `overview` events (the first at once).
-async fn overview_events(
-    State(app): State<Shared>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+/// The overview's numbers every `refresh`, as `overview` events (the first
+/// at once); at most `--max-streams` at a time (503 beyond). A failure is an
+/// `error` event with a reference only.
+async fn overview_events(State(app): State<Shared>) -> Response {
+    let Ok(permit) = app.streams.clone().try_acquire_owned() else {
+        tracing::warn!("live stream refused: --max-streams reached");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            "too many live streams",
+        )
+            .into_response();
+    };
     let ticks = tokio::time::interval(app.refresh);
-    let stream = futures::stream::unfold((app, ticks), |(app, mut ticks)| async move {
-        ticks.tick().await;
-        let event = match overview_data(&app).await {
-            Ok(v) => Event::default()
-                .event("overview")
-                .json_data(&v)
-                .unwrap_or_else(|e| Event::default().event("error").data(e.to_string())),
-            Err(e) => Event::default().event("error").data(e.to_string()),
-        };
-        Some((Ok(event), (app, ticks)))
-    });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    let stream = futures::stream::unfold(
+        (app, ticks, permit),
+        |(app, mut ticks, permit)| async move {
+            ticks.tick().await;
+            let event = overview_event(&app).await;
+            Some((Ok::<_, Infallible>(event), (app, ticks, permit)))
+        },
+    );
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn overview_event(app: &Shared) -> Event {
+    let failed = |detail: String| {
+        let reference = logged(&detail);
+        Event::default().event("error").data(format!(
+            "the servers behind this view failed; reference {reference}"
+        ))
+    };
+    match overview_data(app).await {
+        Ok(v) => Event::default()
+            .event("overview")
+            .json_data(&v)
+            .unwrap_or_else(|e| failed(e.to_string())),
+        Err(e) => failed(e.to_string()),
+    }
 }
 
 /// "30m", "2h", "7d", "45s" as a duration.
@@ -273,7 +517,9 @@ fn parse_age(s: &str) -> Result<chrono::Duration, WebError> {
             "bad age {s:?}: expected a number and s, m, h or d (e.g. 30m)"
         ))
     };
-    let (num, unit) = s.split_at(s.len().saturating_sub(1));
+    // The unit is the last character, which may be more than one byte.
+    let cut = s.char_indices().last().map_or(0, |(i, _)| i);
+    let (num, unit) = s.split_at(cut);
     let n: i64 = num.parse().map_err(|_| bad())?;
     let secs = match unit {
         "s" => n,
@@ -383,11 +629,14 @@ async fn job_page(
     State(app): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(q): Query<FlashQuery>,
 ) -> Result<Response, WebError> {
     let d = job_data(&app, &id).await?;
-    let flash = q.done.as_deref();
-    Ok(page(pages::job(&d, flash, &viewer(&app, &headers))))
+    let flash = app.auth.take_flash(&headers);
+    Ok(page(pages::job(
+        &d,
+        flash.as_deref(),
+        &viewer(&app, &headers),
+    )))
 }
 
 async fn job_api(
@@ -397,19 +646,9 @@ async fn job_api(
     Ok(Json(job_data(&app, &id).await?))
 }
 
-/// `?done=...`: what the action that redirected here did.
-#[derive(Debug, Deserialize)]
-struct FlashQuery {
-    done: Option<String>,
-}
-
-async fn dlq_page(
-    State(app): State<Shared>,
-    headers: HeaderMap,
-    Query(q): Query<FlashQuery>,
-) -> Result<Response, WebError> {
+async fn dlq_page(State(app): State<Shared>, headers: HeaderMap) -> Result<Response, WebError> {
     let entries = data::dlq(&app.ctx, &app.queue, DLQ_LIMIT).await?;
-    let flash = q.done.map(|n| format!("Redriven: {n}"));
+    let flash = app.auth.take_flash(&headers);
     Ok(page(pages::dlq(
         &entries,
         flash.as_deref(),
@@ -454,11 +693,8 @@ fn allowed<'a>(
     headers: &HeaderMap,
     csrf: Option<&str>,
 ) -> Result<&'a Client, WebError> {
-    let (Some(auth), Some(client)) = (&app.auth, &app.client) else {
-        return Err(Refused::ReadOnly.into());
-    };
-    auth.allow(headers, csrf)?;
-    Ok(client)
+    app.auth.allow(headers, csrf)?;
+    app.client.as_ref().ok_or(Refused::ReadOnly.into())
 }
 
 /// The job id an action's form names.
@@ -468,7 +704,13 @@ fn form_job_id(raw: Option<String>) -> Result<JobId, WebError> {
         .map_err(|e| WebError::BadRequest(format!("not a job id {raw:?}: {e}")))
 }
 
-async fn redrive_ids(app: &App, client: &Client, ids: Vec<JobId>) -> Result<Response, WebError> {
+/// Redrives `ids`; what happened is the session's flash on `/dlq`.
+async fn redrive_ids(
+    app: &App,
+    headers: &HeaderMap,
+    client: &Client,
+    ids: Vec<JobId>,
+) -> Result<Response, WebError> {
     let mut skipped = Vec::new();
     let done = data::redrive(&app.ctx, client, ids, &mut skipped).await?;
     let mut note = done
@@ -482,7 +724,8 @@ async fn redrive_ids(app: &App, client: &Client, ids: Vec<JobId>) -> Result<Resp
     if !skipped.is_empty() {
         note.push_str(&format!("; skipped: {}", skipped.join("; ")));
     }
-    Ok(Redirect::to(&format!("/dlq?done={}", pages::urlencode(&note))).into_response())
+    app.auth.set_flash(headers, format!("Redriven: {note}"));
+    Ok(Redirect::to("/dlq").into_response())
 }
 
 async fn redrive_one(
@@ -492,7 +735,7 @@ async fn redrive_one(
 ) -> Result<Response, WebError> {
     let client = allowed(&app, &headers, f.csrf.as_deref())?;
     let id = form_job_id(f.job_id)?;
-    redrive_ids(&app, client, vec![id]).await
+    redrive_ids(&app, &headers, client, vec![id]).await
 }
 
 async fn redrive_reason(
@@ -506,7 +749,7 @@ async fn redrive_reason(
         .filter(|r| !r.trim().is_empty())
         .ok_or_else(|| WebError::BadRequest("give a reason".into()))?;
     let ids = data::jobs_with_reason(&app.ctx, client.queue(), &reason).await?;
-    redrive_ids(&app, client, ids).await
+    redrive_ids(&app, &headers, client, ids).await
 }
 
 /// Cancels one job (`Client::cancel`: pending, running or dead), then shows
@@ -524,10 +767,13 @@ async fn cancel_job(
         .unwrap_or_else(|| "cancelled by an operator".into());
     let note = match data::cancel(&app.ctx, client, id, &reason).await {
         Ok(v) => v.outcome.to_string(),
-        Err(e) => format!("not cancelled: {e}"),
+        Err(e) => {
+            let reference = logged(&format!("cancelling {id}: {e:#}"));
+            format!("not cancelled: the servers failed (reference {reference})")
+        }
     };
-    let to = format!("/jobs/{id}?done={}", pages::urlencode(&note));
-    Ok(Redirect::to(&to).into_response())
+    app.auth.set_flash(&headers, note);
+    Ok(Redirect::to(&format!("/jobs/{id}")).into_response())
 }
 
 async fn login_page(State(app): State<Shared>, headers: HeaderMap) -> Response {
@@ -541,35 +787,42 @@ struct LoginForm {
 
 /// Checks the token (form field or `Authorization: Bearer`), sets the session
 /// cookie, and answers with a redirect (a browser) or the CSRF token as JSON
-/// (a script, which sends `Accept: application/json`).
+/// (a script, which sends `Accept: application/json`). A wrong token is 403
+/// (and counts towards the address's lockout, 429).
 async fn login(
     State(app): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Form(f): Form<LoginForm>,
 ) -> Result<Response, WebError> {
-    let auth = app.auth.as_ref().ok_or(Refused::ReadOnly)?;
+    if !app.auth.operator_mode() && !app.auth.reads_need_token() {
+        return Err(Refused::ReadOnly.into());
+    }
     let given = auth::bearer(&headers).or(f.token).unwrap_or_default();
-    let (session, csrf) = match auth.login(&given) {
+    let (session, csrf) = match app.auth.login(client_ip(peer), &given) {
         Ok(s) => s,
-        Err(e) => {
-            let html = pages::login(Some(&e.to_string()), &viewer(&app, &headers));
+        Err(Refused::WrongToken) => {
+            let v = viewer(&app, &headers);
+            let html = pages::login(Some(&Refused::WrongToken.to_string()), &v);
             return Ok((StatusCode::FORBIDDEN, Html(html.into_string())).into_response());
         }
+        Err(e) => return Err(e.into()),
     };
+    let secure = if app.tls { "; Secure" } else { "" };
     let cookie = format!(
-        "{}={session}; HttpOnly; SameSite=Strict; Path=/",
-        auth::COOKIE
+        "{}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{secure}",
+        auth::COOKIE,
+        app.auth.ttl().as_secs()
     );
     let wants_json = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/json"));
-    let body = if wants_json {
+    let mut resp = if wants_json {
         Json(serde_json::json!({ "csrf": csrf })).into_response()
     } else {
         Redirect::to("/dlq").into_response()
     };
-    let mut resp = body;
     resp.headers_mut().insert(
         header::SET_COOKIE,
         cookie
@@ -579,10 +832,16 @@ async fn login(
     Ok(resp)
 }
 
-async fn logout(State(app): State<Shared>, headers: HeaderMap) -> Response {
-    if let Some(auth) = &app.auth {
-        auth.logout(&headers);
+/// The address failures are counted by (an IPv4-mapped IPv6 address as IPv4).
+fn client_ip(peer: SocketAddr) -> IpAddr {
+    match peer.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
     }
+}
+
+async fn logout(State(app): State<Shared>, headers: HeaderMap) -> Response {
+    app.auth.logout(&headers);
     Redirect::to("/").into_response()
 }
 

@@ -81,7 +81,8 @@ impl OverviewCache {
         let app = app.clone();
         tokio::spawn(async move {
             if let Err(e) = app.overview.count(&app).await {
-                eprintln!("warning: refreshing the overview failed: {e}");
+                let detail = tenure::security::redact_text(&e.to_string());
+                tracing::warn!(error = %detail, "refreshing the overview failed");
             }
             app.overview.refreshing.store(false, Ordering::Release);
         });

@@ -4,7 +4,7 @@
 //! `textContent`.
 
 use chrono::{DateTime, Utc};
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{DOCTYPE, Markup, html};
 use tenure::blocks::fence::{JobEvent, WorkerSeen};
 
 use crate::data::{DeadLetterView, JobDetail, JobView, JobsPage, OverviewView};
@@ -14,8 +14,22 @@ use crate::data::{DeadLetterView, JobDetail, JobView, JobsPage, OverviewView};
 pub struct Viewer {
     /// The server has an operator token.
     pub operator_mode: bool,
-    /// This browser is logged in: the session's CSRF token.
+    /// This browser holds an operator's session: its CSRF token.
     pub csrf: Option<String>,
+    /// This browser holds a session (an operator's or a reader's).
+    pub logged_in: bool,
+    /// The server has a token to log in with (operator or read token).
+    pub login: bool,
+}
+
+impl Viewer {
+    /// The login page's view before logging in.
+    pub fn login() -> Self {
+        Viewer {
+            login: true,
+            ..Viewer::default()
+        }
+    }
 }
 
 /// The filters of the job list as given (echoed into the form).
@@ -30,7 +44,8 @@ pub struct JobsQuery {
     pub limit: Option<String>,
 }
 
-const CSS: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}\
+/// The style sheet, served as `/app.css` (the content policy allows no inline style).
+pub const CSS: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}\
 header{background:#1d2330;color:#fff;padding:.6rem 1.2rem;display:flex;gap:1.2rem;align-items:center}\
 header a{color:#cfe0ff;text-decoration:none}header .who{margin-left:auto;font-size:.85rem}\
 main{padding:1rem 1.2rem}table{border-collapse:collapse;background:#fff;margin:.5rem 0 1.2rem}\
@@ -65,7 +80,7 @@ fn layout(title: &str, viewer: &Viewer, body: Markup) -> Markup {
             head {
                 meta charset="utf-8";
                 title { (title) " · tenure" }
-                style { (PreEscaped(CSS)) }
+                link rel="stylesheet" href="/app.css";
             }
             body {
                 header {
@@ -75,10 +90,10 @@ fn layout(title: &str, viewer: &Viewer, body: Markup) -> Markup {
                     a href="/dlq" { "DLQ" }
                     a href="/workers" { "Workers" }
                     span.who {
-                        @if viewer.csrf.is_some() {
-                            "operator · "
+                        @if viewer.logged_in {
+                            @if viewer.csrf.is_some() { "operator · " } @else { "reader · " }
                             form.inline method="post" action="/logout" { button { "Log out" } }
-                        } @else if viewer.operator_mode {
+                        } @else if viewer.login {
                             a href="/login" { "Log in to act" }
                         } @else {
                             "read-only"
@@ -332,7 +347,7 @@ pub fn dlq(entries: &[DeadLetterView], flash: Option<&str>, viewer: &Viewer) -> 
     }
     let body = html! {
         @if let Some(f) = flash { p.flash #flash { (f) } }
-        @if !viewer.operator_mode { p.note { "Read-only: start `tenure serve` with --operator-token to redrive or cancel." } }
+        @if !viewer.operator_mode { p.note { "Read-only: start `tenure serve` with --operator-token-file (or TENURE_OPERATOR_TOKEN) to redrive or cancel." } }
         p.note { "Cancel gives a dead job up: its row becomes cancelled and its entries leave the DLQ; it is never redriven." }
         h2 { "By reason" }
         table #reasons {
@@ -380,12 +395,12 @@ pub fn workers(ws: &[WorkerSeen], viewer: &Viewer) -> Markup {
 pub fn login(error: Option<&str>, viewer: &Viewer) -> Markup {
     let body = html! {
         @if let Some(e) = error { p.flash #flash { (e) } }
-        @if viewer.operator_mode {
+        @if viewer.login {
             form #login method="post" action="/login" {
-                label { "operator token " input type="password" name="token" autocomplete="off"; }
+                label { "token " input type="password" name="token" autocomplete="off"; }
                 " " button { "Log in" }
             }
-        } @else { p { "This server is read-only: it was started without an operator token." } }
+        } @else { p { "This server is read-only: it was started without an operator or read token." } }
     };
     layout("Log in", viewer, body)
 }

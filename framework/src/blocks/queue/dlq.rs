@@ -348,6 +348,32 @@ impl Queue {
         Ok(out)
     }
 
+    /// Reads up to `limit` DLQ entries of `job_id`, oldest first: direct gets
+    /// by the job's DLQ subject, so other jobs' entries are never read, however
+    /// many come before them.
+    ///
+    /// # Errors
+    /// [`QueueError::Read`].
+    pub async fn dead_letters_of(
+        &self,
+        job_id: JobId,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        let subject = self.inner.names.dlq_subject(Some(job_id));
+        let mut out = Vec::new();
+        let mut seq = 1;
+        while out.len() < limit {
+            match self.next_dead_letter(&subject, seq).await? {
+                Some(m) => {
+                    seq = m.sequence.saturating_add(1);
+                    out.push(DeadLetter::from_stored(m));
+                }
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
     /// The first DLQ entry on `subject` at or after `seq`.
     async fn next_dead_letter(
         &self,

@@ -153,7 +153,7 @@ async fn connect_nats(
         .map_err(|source| match super::access::refusal(cfg, &source) {
             Some(refusal) => QueueError::Access(refusal),
             None => QueueError::Connect {
-                url: crate::security::redact_url(&cfg.nats_url, false),
+                url: crate::security::redact_url(&cfg.nats_url),
                 source,
             },
         })?;
