@@ -164,7 +164,7 @@ pub enum FenceError {
     /// A wall on `jobs` refused a write that breaks the protocol, whoever made
     /// it (SQLSTATE `TF004`, migration 0015): a fence that goes down, a `done`
     /// or `cancelled` row that reopens, a `dead` row reopened other than by
-    /// [`FenceStore::redrive`](super::FenceStore::redrive), a new job that is
+    /// [`FenceStore::reset_for_redrive`](super::FenceStore::reset_for_redrive), a new job that is
     /// not `pending` with fence 0. Nothing of the statement was written.
     #[error("refused by the protocol: {message}")]
     ProtocolRefused {

@@ -97,7 +97,7 @@ impl FenceStore {
     /// [`Client::enqueue_in`](crate::Client::enqueue_in) on the application's
     /// connection): `USAGE` on the schema, `SELECT` on `jobs` and
     /// `job_tombstones` (a key's dedup), `INSERT` on `jobs` limited to
-    /// [`INSERT_COLUMNS`] (so a new row is `pending` with fence 0), and
+    /// the columns an enqueue writes (`INSERT_COLUMNS`; so a new row is `pending` with fence 0), and
     /// `EXECUTE` on `tenure_hand_to_publisher` (a failed publish's hand-over).
     /// Idempotent; run it as the migrator.
     ///
