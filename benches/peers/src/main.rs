@@ -8,12 +8,15 @@
 //! ```
 //!
 //! Knobs: `PEERS_JOBS` (5000), `PEERS_CONCURRENCY` (`8,32`), `PEERS_PARTITIONS`
-//! (8). One line per concurrency:
+//! (8), `PEERS_STATEMENTS=1` (statements per job: `statements.rs`). One line
+//! per concurrency:
 //! `peers: c=C apalis_jobs_per_s=A tenure_locks_jobs_per_s=L tenure_partitions_jobs_per_s=P ratio_partitions_vs_apalis=R`.
 
 mod apalis_run;
 mod shape;
+mod statements;
 mod tenure_run;
+mod trips;
 
 use anyhow::{Context, Result};
 use tenure::devstack::DevStack;
@@ -24,6 +27,7 @@ struct Opts {
     jobs: usize,
     concurrency: Vec<usize>,
     partitions: u32,
+    statements: bool,
 }
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
@@ -50,6 +54,7 @@ fn opts() -> Result<Opts> {
         jobs: env("PEERS_JOBS", 5000)?,
         concurrency,
         partitions: env("PEERS_PARTITIONS", 8)?,
+        statements: std::env::var("PEERS_STATEMENTS").is_ok_and(|v| v == "1"),
     })
 }
 
@@ -68,21 +73,85 @@ fn load() -> String {
         .unwrap_or_default()
 }
 
+/// One run of `system` at concurrency `c` in a fresh namespace, its line
+/// printed (and its statements, with `PEERS_STATEMENTS=1`).
+async fn measured(s: &Servers<'_>, o: &Opts, system: &str, c: usize) -> Result<Figure> {
+    let ns = DevStack::unique_namespace(&format!("peers_{}", &system[..1]));
+    let (stack, n) = (s.stack, o.jobs);
+    if let Some(proxy) = &s.proxy {
+        statements::reset(stack).await?;
+        proxy.take();
+    }
+    let partitions = (system == "tenure_partitions").then_some(o.partitions);
+    let db = &s.db;
+    let figure = match system {
+        "apalis" => apalis_run::run(db, &ns, c, n).await?,
+        _ => {
+            tenure_run::run(tenure_run::Run {
+                stack,
+                db,
+                ns: &ns,
+                c,
+                n,
+                partitions,
+            })
+            .await?
+        }
+    };
+    line(system, c, figure);
+    if let Some(proxy) = &s.proxy {
+        let trips = proxy.take() as f64 / n as f64;
+        println!("peers.round_trips system={system} c={c} per_job={trips:.2}");
+        statements::print(stack, system, c, n).await?;
+    }
+    Ok(figure)
+}
+
+/// The servers every run uses: with `PEERS_STATEMENTS=1`, PostgreSQL through
+/// a counting proxy.
+struct Servers<'a> {
+    stack: &'a DevStack,
+    db: String,
+    proxy: Option<trips::Proxy>,
+}
+
+impl<'a> Servers<'a> {
+    async fn new(stack: &'a DevStack, count: bool) -> Result<Servers<'a>> {
+        let db = stack.database_url();
+        if !count {
+            return Ok(Servers {
+                stack,
+                db,
+                proxy: None,
+            });
+        }
+        statements::enable(stack).await?;
+        // postgres://user@host:port/db?..: the host and port sit between '@' and '/'.
+        let at = db.find('@').context("the stack's URL has no user")? + 1;
+        let end = at
+            + db[at..]
+                .find('/')
+                .context("the stack's URL has no database")?;
+        let proxy = trips::Proxy::start(db[at..end].to_string()).await?;
+        let db = format!("{}{}{}", &db[..at], proxy.addr, &db[end..]);
+        Ok(Servers {
+            stack,
+            db,
+            proxy: Some(proxy),
+        })
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let o = opts()?;
     let stack = DevStack::start().await?;
     let mut lines = Vec::new();
+    let servers = Servers::new(&stack, o.statements).await?;
     for &c in &o.concurrency {
-        let ns = DevStack::unique_namespace("peers_apalis");
-        let apalis = apalis_run::run(&stack.database_url(), &ns, c, o.jobs).await?;
-        line("apalis", c, apalis);
-        let ns = DevStack::unique_namespace("peers_locks");
-        let locks = tenure_run::run(&stack, &ns, c, o.jobs, None).await?;
-        line("tenure_locks", c, locks);
-        let ns = DevStack::unique_namespace("peers_parts");
-        let parts = tenure_run::run(&stack, &ns, c, o.jobs, Some(o.partitions)).await?;
-        line("tenure_partitions", c, parts);
+        let apalis = measured(&servers, &o, "apalis", c).await?;
+        let locks = measured(&servers, &o, "tenure_locks", c).await?;
+        let parts = measured(&servers, &o, "tenure_partitions", c).await?;
         lines.push(format!(
             "peers: c={c} apalis_jobs_per_s={:.0} tenure_locks_jobs_per_s={:.0} tenure_partitions_jobs_per_s={:.0} ratio_partitions_vs_apalis={:.2}",
             apalis.jobs_per_s,

@@ -59,26 +59,44 @@ impl WorkerObserver for Done {
     }
 }
 
-fn config(stack: &DevStack, ns: &str, partitions: Option<u32>) -> Config {
+fn config(stack: &DevStack, db: &str, ns: &str, partitions: Option<u32>) -> Config {
     let mut cfg = Config::new(ns)
         .with_schema(ns)
         .with_etcd_endpoints(stack.etcd_endpoints())
         .with_nats_url(stack.nats_url())
-        .with_database_url(stack.database_url());
+        .with_database_url(db);
     cfg.partitions = partitions;
     cfg
 }
 
-/// One Tenure run of `n` jobs at concurrency `c` in a fresh namespace `ns`;
-/// `partitions`: partition mode with that many partitions.
-pub async fn run(
-    stack: &DevStack,
-    ns: &str,
-    c: usize,
-    n: usize,
-    partitions: Option<u32>,
-) -> Result<Figure> {
-    let cfg = config(stack, ns, partitions);
+/// What a Tenure run is: the servers, the database URL (the stack's, or a
+/// counting proxy's), the namespace, the concurrency, the jobs, the mode.
+pub struct Run<'a> {
+    /// The dev stack (etcd, NATS).
+    pub stack: &'a DevStack,
+    /// The PostgreSQL URL.
+    pub db: &'a str,
+    /// A fresh namespace.
+    pub ns: &'a str,
+    /// `max_in_flight`.
+    pub c: usize,
+    /// Jobs.
+    pub n: usize,
+    /// Partition mode with that many partitions; `None`: one lock per job.
+    pub partitions: Option<u32>,
+}
+
+/// One Tenure run.
+pub async fn run(r: Run<'_>) -> Result<Figure> {
+    let Run {
+        stack,
+        db,
+        ns,
+        c,
+        n,
+        partitions,
+    } = r;
+    let cfg = config(stack, db, ns, partitions);
     let client = Client::connect(&cfg).await?;
     client.migrate().await?;
     for sql in [shape::create_rows_sql(ns), shape::insert_rows_sql(ns, n)] {
