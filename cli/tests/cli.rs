@@ -435,7 +435,7 @@ async fn tls_and_credential_flags_reach_a_secured_stack() {
     ];
     let with_password = |args: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
-        cmd.env("TENURE_NATS_PASSWORD", auth.nats_password.expose())
+        cmd.env("TENURE_NATS_PASSWORD", auth.nats.worker.password.expose())
             .args(["--nats", &cfg.nats_url, "--database-url", &cfg.database_url])
             .args(["--namespace", "clisec", "--schema", "clisec", "--json"])
             .args(args);
@@ -448,7 +448,7 @@ async fn tls_and_credential_flags_reach_a_secured_stack() {
     let err = failed(&with_password(&["dlq"]));
     eprintln!("{err}");
     assert!(err.contains("nats") && err.contains("TLS"), "{err}");
-    assert!(!err.contains(auth.nats_password.expose()), "{err}");
+    assert!(!err.contains(auth.nats.worker.password.expose()), "{err}");
     let plain = stack
         .database_url()
         .replace("sslmode=verify-full", "sslmode=disable");

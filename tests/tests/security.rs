@@ -321,7 +321,7 @@ async fn a_wrong_password_is_refused_by_each_server() {
         etcd_refusal(worker_cfg(stack).with_etcd_user(&auth.etcd_user, wrong.clone())).await;
     assert_refused(&r, Server::Etcd, AccessStep::Authenticate, t);
     let nats = NatsAuth::UserPassword {
-        user: auth.nats_user.clone(),
+        user: auth.nats.worker.user.clone(),
         password: wrong.clone(),
     };
     let (r, t) = nats_refusal(worker_cfg(stack).with_nats_auth(nats)).await;

@@ -42,7 +42,7 @@ use std::time::Duration;
 pub use process::ServerProcess;
 use process::Spec;
 use ready::{Probe, free_ports, poll_ready};
-pub use secure::{DevAuth, DevTls};
+pub use secure::{DevAuth, DevNatsRoles, DevNatsUser, DevTls};
 
 /// Errors of the dev stack.
 #[derive(Debug, thiserror::Error)]
@@ -166,8 +166,10 @@ pub struct DevStackOptions {
     /// `hostssl` connections only.
     pub tls: bool,
     /// Authentication on every server ([`DevStack::auth`]): etcd `auth enable`
-    /// with `root` and a `tenure` user limited to `<namespace>/`; NATS users, one
-    /// limited to the namespace's subjects and JetStream API calls; PostgreSQL
+    /// with `root` and a `tenure` user limited to `<namespace>/`; NATS `admin`
+    /// and an operator, a producer and a worker of the namespace and of a second
+    /// one ([`DevAuth::other_namespace`]), each limited to its role's subjects
+    /// and JetStream API calls (`NatsPermissions`); PostgreSQL
     /// SCRAM passwords and the roles `tenure_migrator`, `tenure_worker`,
     /// `tenure_admin`.
     pub auth: bool,
@@ -742,7 +744,7 @@ impl DevStack {
         }
         if let Some(auth) = &self.auth {
             options =
-                options.user_and_password("admin".into(), auth.etcd_root_password.expose().into());
+                options.user_and_password("admin".into(), auth.nats_admin_password.expose().into());
         }
         options
     }

@@ -70,6 +70,7 @@ mod delivery;
 mod dlq;
 mod finished;
 pub mod headers;
+mod permissions;
 mod pull;
 mod routes;
 mod setup;
@@ -91,6 +92,7 @@ pub use cancel::CancelNotices;
 pub use delivery::{BadMessage, Delivery, HandedBack};
 pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, GaveUpNotice, reasons};
 pub use finished::FinishedNotices;
+pub use permissions::{NatsPermissions, NatsRole};
 
 /// A boxed error from the NATS client, kept as the `source` of a [`QueueError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
