@@ -147,14 +147,13 @@ impl DevAuth {
     pub(crate) fn new(namespace: &str) -> Self {
         let pw = || Secret::new(format!("pw-{:016x}", rand::random::<u64>()));
         let other_namespace = format!("{namespace}_dlq");
-        let etcd_root_password = pw();
         DevAuth {
             namespace: namespace.to_string(),
             nats: DevNatsRoles::new(namespace, "tenure", &pw),
             other_nats: DevNatsRoles::new(&other_namespace, "other", &pw),
             other_namespace,
-            nats_admin_password: etcd_root_password.clone(),
-            etcd_root_password,
+            nats_admin_password: pw(),
+            etcd_root_password: pw(),
             etcd_user: "tenure".into(),
             etcd_password: pw(),
             postgres_password: pw(),
@@ -220,7 +219,7 @@ fn leaf(
         dir.join(format!("{name}.key")),
     );
     write(&cert_path, &cert.pem())?;
-    write(&key_path, &key.serialize_pem())?;
+    super::write_private(&key_path, key.serialize_pem().as_bytes())?;
     Ok((cert_path, key_path))
 }
 
