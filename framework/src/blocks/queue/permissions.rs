@@ -46,25 +46,62 @@ pub struct NatsPermissions {
 }
 
 impl NatsPermissions {
-    /// The permissions of a `role` user of `namespace`: its own subjects, the
-    /// JetStream API calls on its three streams, acks, inboxes.
+    /// The permissions of a `role` user of `namespace`, as measured against
+    /// nats-server 2.9 with async-nats (each JetStream API call Tenure makes,
+    /// by verb, on the namespace's three streams, each named exactly: no
+    /// wildcard stands where a stream name goes, so `TENURE_A_DLQ` never
+    /// matches namespace `a_dlq`'s `TENURE_A_DLQ_DLQ`).
+    ///
+    /// - every role: its own inbox prefix `_INBOX_<ns>.>` only
+    ///   ([`QueueNames::inbox_prefix`]), `$JS.API.INFO`, stream and
+    ///   consumer info;
+    /// - the worker: publish work (due jobs), dead letters and completion
+    ///   notices; create, pull from and ack the consumers of the work and
+    ///   advisory streams; remove the legacy consumer; read the DLQ by
+    ///   subject; subscribe to cancel and completion notices. No stream
+    ///   create, update, delete or purge, no cancel notices;
+    /// - the producer: publish work and cancel notices, subscribe to
+    ///   completion notices;
+    /// - the operator: every subject of the namespace, and every verb on
+    ///   its streams and their consumers (provision, read and redrive the DLQ).
     pub fn for_role(namespace: &str, role: NatsRole) -> Self {
-        let _ = role;
-        let names = QueueNames::new(namespace);
-        let mut publish = vec![format!("{namespace}.>"), "$JS.API.INFO".to_string()];
-        for stream in [&names.stream, &names.dlq_stream, &names.advisory_stream] {
+        let n = QueueNames::new(namespace);
+        let streams = [&n.stream, &n.dlq_stream, &n.advisory_stream];
+        let mut publish = vec!["$JS.API.INFO".to_string()];
+        for s in streams {
             publish.extend([
-                format!("$JS.API.STREAM.*.{stream}"),
-                format!("$JS.API.STREAM.MSG.*.{stream}"),
-                format!("$JS.API.CONSUMER.*.{stream}"),
-                format!("$JS.API.CONSUMER.*.{stream}.>"),
-                format!("$JS.API.CONSUMER.*.*.{stream}.>"),
-                format!("$JS.API.DIRECT.GET.{stream}"),
-                format!("$JS.API.DIRECT.GET.{stream}.>"),
-                format!("$JS.ACK.{stream}.>"),
+                format!("$JS.API.STREAM.INFO.{s}"),
+                format!("$JS.API.CONSUMER.INFO.{s}.>"),
+                format!("$JS.API.CONSUMER.LIST.{s}"),
+                format!("$JS.API.CONSUMER.NAMES.{s}"),
             ]);
         }
-        let subscribe = vec!["_INBOX.>".to_string(), format!("{namespace}.>")];
+        let mut subscribe = vec![format!("{}.>", n.inbox_prefix)];
+        let own = |suffix: &str| format!("{namespace}.{suffix}");
+        match role {
+            NatsRole::Operator => {
+                publish.push(own(">"));
+                streams.iter().for_each(|s| publish.extend(operator_api(s)));
+                subscribe.push(own(">"));
+            }
+            NatsRole::Producer => {
+                publish.extend([own("jobs.>"), own("cancel.>")]);
+                subscribe.push(own("finished.>"));
+            }
+            NatsRole::Worker => {
+                publish.extend([own("jobs.>"), own("dlq.>"), own("finished.>")]);
+                for s in [&n.stream, &n.advisory_stream] {
+                    publish.extend(consume(s));
+                }
+                publish.extend([
+                    format!("$JS.API.CONSUMER.DELETE.{}.{}", n.stream, n.legacy_consumer),
+                    format!("$JS.API.DIRECT.GET.{}", n.dlq_stream),
+                    format!("$JS.API.DIRECT.GET.{}.>", n.dlq_stream),
+                    format!("$JS.API.STREAM.MSG.GET.{}", n.dlq_stream),
+                ]);
+                subscribe.extend([own("cancel.*"), own("finished.>")]);
+            }
+        }
         NatsPermissions { publish, subscribe }
     }
 
@@ -82,5 +119,69 @@ impl NatsPermissions {
             quoted(&self.publish),
             quoted(&self.subscribe)
         )
+    }
+}
+
+/// Creating, pulling from and acking the consumers of `stream`.
+fn consume(stream: &str) -> [String; 5] {
+    [
+        format!("$JS.API.CONSUMER.CREATE.{stream}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+        format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.>"),
+        format!("$JS.ACK.{stream}.>"),
+    ]
+}
+
+/// Every verb on `stream` and its consumers (the operator's).
+fn operator_api(stream: &str) -> Vec<String> {
+    let mut api: Vec<String> = [
+        "CREATE",
+        "UPDATE",
+        "DELETE",
+        "PURGE",
+        "MSG.GET",
+        "MSG.DELETE",
+    ]
+    .iter()
+    .map(|verb| format!("$JS.API.STREAM.{verb}.{stream}"))
+    .collect();
+    api.extend(consume(stream));
+    api.extend([
+        format!("$JS.API.CONSUMER.DELETE.{stream}.>"),
+        format!("$JS.API.DIRECT.GET.{stream}"),
+        format!("$JS.API.DIRECT.GET.{stream}.>"),
+    ]);
+    api
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No rule has a wildcard where a stream name goes: each names one of
+    /// the namespace's streams exactly.
+    #[test]
+    fn no_rule_reaches_another_namespaces_streams() {
+        for role in NatsRole::ALL {
+            let p = NatsPermissions::for_role("a", role);
+            for rule in p.publish.iter().filter(|r| r.starts_with("$JS.")) {
+                let tokens: Vec<&str> = rule.split('.').collect();
+                let named = tokens.iter().position(|t| t.starts_with("TENURE_A_"));
+                let before = named.map_or(&tokens[..], |i| &tokens[..i]);
+                assert!(
+                    !before.contains(&"*") && !before.contains(&">"),
+                    "{role:?}: {rule}"
+                );
+            }
+            assert_eq!(p.subscribe[0], "_INBOX_a.>");
+            assert!(!p.subscribe.iter().any(|s| s.starts_with("_INBOX.")));
+        }
+        let worker = NatsPermissions::for_role("a", NatsRole::Worker).publish;
+        assert!(!worker.iter().any(|r| r.contains("DELETE.TENURE_A_DLQ")
+            || r.contains("PURGE")
+            || r.contains("STREAM.CREATE")
+            || r.contains("STREAM.UPDATE")
+            || r.starts_with("a.cancel")));
     }
 }
