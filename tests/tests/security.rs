@@ -51,9 +51,12 @@ fn worker_cfg(stack: &DevStack) -> Config {
     secured(stack, "tenure_worker", &auth.worker_password)
 }
 
+/// The operator's deployment step: the migrator's PostgreSQL role and the
+/// namespace's NATS operator (only it may create the streams).
 fn migrator_cfg(stack: &DevStack) -> Config {
     let auth = stack.auth().expect("auth");
     secured(stack, "tenure_migrator", &auth.migrator_password)
+        .with_nats_auth(auth.nats.operator.auth())
 }
 
 /// Asserts `refusal` is about `server` at `step`, came within [`FAST`], and
