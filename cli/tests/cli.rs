@@ -414,7 +414,9 @@ async fn tls_and_credential_flags_reach_a_secured_stack() {
         .with_etcd_endpoints(stack.etcd_endpoints())
         .with_nats_url(stack.nats_url())
         .with_nats_tls(tls.client())
-        .with_nats_auth(auth.nats_auth())
+        // The operator's tool, as the namespace's NATS operator (only it may
+        // create the streams).
+        .with_nats_auth(auth.nats.operator.auth())
         .with_database_url(stack.database_url());
     Client::connect(&cfg)
         .await
@@ -431,11 +433,11 @@ async fn tls_and_credential_flags_reach_a_secured_stack() {
         "--nats-key-file",
         tls.client_key.to_str().unwrap(),
         "--nats-user",
-        "tenure",
+        &auth.nats.operator.user,
     ];
     let with_password = |args: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
-        cmd.env("TENURE_NATS_PASSWORD", auth.nats_password.expose())
+        cmd.env("TENURE_NATS_PASSWORD", auth.nats.operator.password.expose())
             .args(["--nats", &cfg.nats_url, "--database-url", &cfg.database_url])
             .args(["--namespace", "clisec", "--schema", "clisec", "--json"])
             .args(args);
@@ -448,7 +450,7 @@ async fn tls_and_credential_flags_reach_a_secured_stack() {
     let err = failed(&with_password(&["dlq"]));
     eprintln!("{err}");
     assert!(err.contains("nats") && err.contains("TLS"), "{err}");
-    assert!(!err.contains(auth.nats_password.expose()), "{err}");
+    assert!(!err.contains(auth.nats.operator.password.expose()), "{err}");
     let plain = stack
         .database_url()
         .replace("sslmode=verify-full", "sslmode=disable");

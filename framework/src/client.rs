@@ -588,8 +588,15 @@ impl Client {
             }
             JobStatus::Pending | JobStatus::Running => {}
         }
+        // The cancel key, held until the row update committed, confirms the
+        // notice to the worker that hears it (`FenceStore::cancel_confirmed`).
+        let key = self.store.cancel_key(job_id).await?;
         self.queue.publish_cancel(job_id).await?;
-        self.cancel_row(job_id, reason).await
+        let cancelled = self.cancel_row(job_id, reason).await;
+        if let Err(e) = key.release().await {
+            tracing::debug!(%job_id, error = %e, "releasing the cancel key failed (it went with the session)");
+        }
+        cancelled
     }
 
     /// The fenced part of [`Client::cancel`]: the row update.

@@ -51,9 +51,12 @@ fn worker_cfg(stack: &DevStack) -> Config {
     secured(stack, "tenure_worker", &auth.worker_password)
 }
 
+/// The operator's deployment step: the migrator's PostgreSQL role and the
+/// namespace's NATS operator (only it may create the streams).
 fn migrator_cfg(stack: &DevStack) -> Config {
     let auth = stack.auth().expect("auth");
     secured(stack, "tenure_migrator", &auth.migrator_password)
+        .with_nats_auth(auth.nats.operator.auth())
 }
 
 /// Asserts `refusal` is about `server` at `step`, came within [`FAST`], and
@@ -321,7 +324,7 @@ async fn a_wrong_password_is_refused_by_each_server() {
         etcd_refusal(worker_cfg(stack).with_etcd_user(&auth.etcd_user, wrong.clone())).await;
     assert_refused(&r, Server::Etcd, AccessStep::Authenticate, t);
     let nats = NatsAuth::UserPassword {
-        user: auth.nats_user.clone(),
+        user: auth.nats.worker.user.clone(),
         password: wrong.clone(),
     };
     let (r, t) = nats_refusal(worker_cfg(stack).with_nats_auth(nats)).await;

@@ -42,7 +42,7 @@ use std::time::Duration;
 pub use process::ServerProcess;
 use process::Spec;
 use ready::{Probe, free_ports, poll_ready};
-pub use secure::{DevAuth, DevTls};
+pub use secure::{DevAuth, DevNatsRoles, DevNatsUser, DevTls};
 
 /// Errors of the dev stack.
 #[derive(Debug, thiserror::Error)]
@@ -166,8 +166,10 @@ pub struct DevStackOptions {
     /// `hostssl` connections only.
     pub tls: bool,
     /// Authentication on every server ([`DevStack::auth`]): etcd `auth enable`
-    /// with `root` and a `tenure` user limited to `<namespace>/`; NATS users, one
-    /// limited to the namespace's subjects and JetStream API calls; PostgreSQL
+    /// with `root` and a `tenure` user limited to `<namespace>/`; NATS `admin`
+    /// and an operator, a producer and a worker of the namespace and of a second
+    /// one ([`DevAuth::other_namespace`]), each limited to its role's subjects
+    /// and JetStream API calls (`NatsPermissions`); PostgreSQL
     /// SCRAM passwords and the roles `tenure_migrator`, `tenure_worker`,
     /// `tenure_admin`.
     pub auth: bool,
@@ -688,11 +690,8 @@ impl DevStack {
         let mut spec = spec;
         if self.tls.is_some() || self.auth.is_some() {
             let conf = self.dir().join("nats.conf");
-            std::fs::write(
-                &conf,
-                secure::nats_conf(self.tls.as_ref(), self.auth.as_ref()),
-            )
-            .map_err(|e| DevStackError::io("write nats.conf", e))?;
+            let text = secure::nats_conf(self.tls.as_ref(), self.auth.as_ref());
+            write_private(&conf, text.as_bytes())?;
             spec.args.extend(["-c".into(), conf.display().to_string()]);
         }
         self.nats = Some(ServerProcess::start(spec)?);
@@ -742,7 +741,7 @@ impl DevStack {
         }
         if let Some(auth) = &self.auth {
             options =
-                options.user_and_password("admin".into(), auth.etcd_root_password.expose().into());
+                options.user_and_password("admin".into(), auth.nats_admin_password.expose().into());
         }
         options
     }
@@ -782,8 +781,7 @@ impl DevStack {
             .env("LC_ALL", "C");
         if let Some(auth) = &self.auth {
             let pwfile = pg_dir.join("pwfile");
-            std::fs::write(&pwfile, auth.postgres_password.expose())
-                .map_err(|e| DevStackError::io("write pwfile", e))?;
+            write_private(&pwfile, auth.postgres_password.expose().as_bytes())?;
             chown_to(&pwfile, run_as)?;
             cmd.arg(format!("--pwfile={}", pwfile.display()));
         }
@@ -1042,6 +1040,25 @@ fn chown_to(path: &Path, owner: Option<(u32, u32)>) -> Result<(), DevStackError>
             .map_err(|e| DevStackError::io(format!("chown {}", path.display()), e)),
         None => Ok(()),
     }
+}
+
+/// Writes `bytes` to `path`, readable and writable by its owner only (0600)
+/// from the moment the file exists: private keys and every file that carries
+/// a password. An existing file is truncated and its mode set to 0600 too.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), DevStackError> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let fail = |e| DevStackError::io(format!("write {}", path.display()), e);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(fail)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(fail)?;
+    file.write_all(bytes).map_err(fail)
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), DevStackError> {

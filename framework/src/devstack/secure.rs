@@ -10,6 +10,7 @@ use rcgen::{
 };
 
 use super::DevStackError;
+use crate::blocks::queue::{NatsPermissions, NatsRole};
 use crate::security::{NatsAuth, Secret, TlsFiles};
 
 /// The certificates of a secured dev stack, as PEM files in its directory.
@@ -40,21 +41,100 @@ impl DevTls {
     }
 }
 
+/// A NATS user of a secured dev stack: a role of one namespace.
+#[derive(Debug, Clone)]
+pub struct DevNatsUser {
+    /// The namespace it belongs to.
+    pub namespace: String,
+    /// What it may do there ([`NatsPermissions::for_role`]).
+    pub role: NatsRole,
+    /// Its user name.
+    pub user: String,
+    /// Its password.
+    pub password: Secret,
+}
+
+impl DevNatsUser {
+    /// Its credentials for [`Config::with_nats_auth`](crate::Config::with_nats_auth).
+    pub fn auth(&self) -> NatsAuth {
+        NatsAuth::UserPassword {
+            user: self.user.clone(),
+            password: self.password.clone(),
+        }
+    }
+}
+
+/// The NATS users of one namespace of a secured dev stack, one per role.
+#[derive(Debug, Clone)]
+pub struct DevNatsRoles {
+    /// Provisions the streams, reads and redrives the DLQ, cancels.
+    pub operator: DevNatsUser,
+    /// Enqueues, waits for results, sends cancel notices.
+    pub producer: DevNatsUser,
+    /// Runs jobs.
+    pub worker: DevNatsUser,
+}
+
+impl DevNatsRoles {
+    fn new(namespace: &str, user_prefix: &str, pw: &impl Fn() -> Secret) -> Self {
+        let user = |role: NatsRole, name: String| DevNatsUser {
+            namespace: namespace.to_string(),
+            role,
+            user: name,
+            password: pw(),
+        };
+        DevNatsRoles {
+            operator: user(NatsRole::Operator, format!("{user_prefix}_operator")),
+            producer: user(NatsRole::Producer, format!("{user_prefix}_producer")),
+            worker: user(
+                NatsRole::Worker,
+                match user_prefix {
+                    // The first namespace's worker keeps its old name.
+                    "tenure" => "tenure".into(),
+                    p => format!("{p}_worker"),
+                },
+            ),
+        }
+    }
+
+    /// The user of `role`.
+    pub fn get(&self, role: NatsRole) -> &DevNatsUser {
+        match role {
+            NatsRole::Operator => &self.operator,
+            NatsRole::Producer => &self.producer,
+            NatsRole::Worker => &self.worker,
+        }
+    }
+
+    fn all(&self) -> [&DevNatsUser; 3] {
+        [&self.operator, &self.producer, &self.worker]
+    }
+}
+
 /// The users and passwords of a secured dev stack (`auth: true`).
 #[derive(Debug, Clone)]
 pub struct DevAuth {
     /// The namespace the limited users may use (etcd prefix `<ns>/`, NATS subjects).
     pub namespace: String,
+    /// A second namespace with NATS users of its own, for the tests that one
+    /// namespace cannot reach another: `<namespace>_dlq`, so its stream names
+    /// (`TENURE_<NS>_DLQ_JOBS`, ...) begin with the first namespace's DLQ
+    /// stream name and a rule that is not exact shows.
+    pub other_namespace: String,
     /// etcd `root` password.
     pub etcd_root_password: Secret,
     /// etcd user limited to the namespace's prefix: `tenure`.
     pub etcd_user: String,
     /// Its password.
     pub etcd_password: Secret,
-    /// NATS user limited to the namespace's subjects and JetStream API calls.
-    pub nats_user: String,
-    /// Its password.
-    pub nats_password: Secret,
+    /// NATS `admin` password (every permission; the stack's own readiness probe).
+    pub nats_admin_password: Secret,
+    /// The NATS users of [`DevAuth::namespace`]: `tenure_operator`,
+    /// `tenure_producer`, `tenure` (the worker).
+    pub nats: DevNatsRoles,
+    /// The NATS users of [`DevAuth::other_namespace`]: `other_operator`,
+    /// `other_producer`, `other_worker`.
+    pub other_nats: DevNatsRoles,
     /// PostgreSQL superuser (`postgres`) password.
     pub postgres_password: Secret,
     /// PostgreSQL migrator role (owns Tenure's schema): `tenure_migrator`.
@@ -66,25 +146,30 @@ pub struct DevAuth {
 impl DevAuth {
     pub(crate) fn new(namespace: &str) -> Self {
         let pw = || Secret::new(format!("pw-{:016x}", rand::random::<u64>()));
+        let other_namespace = format!("{namespace}_dlq");
         DevAuth {
             namespace: namespace.to_string(),
+            nats: DevNatsRoles::new(namespace, "tenure", &pw),
+            other_nats: DevNatsRoles::new(&other_namespace, "other", &pw),
+            other_namespace,
+            nats_admin_password: pw(),
             etcd_root_password: pw(),
             etcd_user: "tenure".into(),
             etcd_password: pw(),
-            nats_user: "tenure".into(),
-            nats_password: pw(),
             postgres_password: pw(),
             migrator_password: pw(),
             worker_password: pw(),
         }
     }
 
-    /// NATS user and password of the limited user.
+    /// NATS credentials of the namespace's worker (`tenure`).
     pub fn nats_auth(&self) -> NatsAuth {
-        NatsAuth::UserPassword {
-            user: self.nats_user.clone(),
-            password: self.nats_password.clone(),
-        }
+        self.nats.worker.auth()
+    }
+
+    /// Every limited NATS user, of both namespaces.
+    pub fn nats_users(&self) -> impl Iterator<Item = &DevNatsUser> {
+        self.nats.all().into_iter().chain(self.other_nats.all())
     }
 }
 
@@ -134,7 +219,7 @@ fn leaf(
         dir.join(format!("{name}.key")),
     );
     write(&cert_path, &cert.pem())?;
-    write(&key_path, &key.serialize_pem())?;
+    super::write_private(&key_path, key.serialize_pem().as_bytes())?;
     Ok((cert_path, key_path))
 }
 
@@ -188,47 +273,21 @@ pub(crate) fn nats_conf(tls: Option<&DevTls>, auth: Option<&DevAuth>) -> String 
         );
     }
     if let Some(a) = auth {
-        conf += &format!(
-            "authorization {{\n  users = [\n    {{ user: \"admin\", password: \"{admin}\" }}\n    {{ user: \"{user}\", password: \"{pw}\", permissions: {perms} }}\n  ]\n}}\n",
-            admin = a.etcd_root_password.expose(),
-            user = a.nats_user,
-            pw = a.nats_password.expose(),
-            perms = nats_permissions(&a.namespace),
+        let mut users = format!(
+            "    {{ user: \"admin\", password: \"{}\" }}\n",
+            a.nats_admin_password.expose()
         );
+        for u in a.nats_users() {
+            users += &format!(
+                "    {{ user: \"{}\", password: \"{}\", permissions: {} }}\n",
+                u.user,
+                u.password.expose(),
+                NatsPermissions::for_role(&u.namespace, u.role).to_conf(),
+            );
+        }
+        conf += &format!("authorization {{\n  users = [\n{users}  ]\n}}\n");
     }
     conf
-}
-
-/// What a Tenure worker of `namespace` publishes and subscribes to: its own
-/// subjects, the JetStream API calls on its three streams, acks, inboxes.
-fn nats_permissions(namespace: &str) -> String {
-    let upper = namespace.to_ascii_uppercase();
-    let mut publish = vec![format!("{namespace}.>"), "$JS.API.INFO".to_string()];
-    for kind in ["JOBS", "DLQ", "ADVISORIES"] {
-        let stream = format!("TENURE_{upper}_{kind}");
-        publish.extend([
-            format!("$JS.API.STREAM.*.{stream}"),
-            format!("$JS.API.STREAM.MSG.*.{stream}"),
-            format!("$JS.API.CONSUMER.*.{stream}"),
-            format!("$JS.API.CONSUMER.*.{stream}.>"),
-            format!("$JS.API.CONSUMER.*.*.{stream}.>"),
-            format!("$JS.API.DIRECT.GET.{stream}"),
-            format!("$JS.API.DIRECT.GET.{stream}.>"),
-            format!("$JS.ACK.{stream}.>"),
-        ]);
-    }
-    let quoted = |v: &[String]| {
-        v.iter()
-            .map(|s| format!("\"{s}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let subscribe = ["_INBOX.>".to_string(), format!("{namespace}.>")];
-    format!(
-        "{{ publish: [{}], subscribe: [{}] }}",
-        quoted(&publish),
-        quoted(&subscribe)
-    )
 }
 
 /// etcd: `root` (role root) and `tenure` (role `tenure`: read-write on the

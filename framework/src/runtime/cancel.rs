@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use crate::JobId;
+use crate::blocks::fence::FenceStore;
 use crate::queue::CancelNotices;
+use crate::telemetry::Metrics;
 
 /// The jobs in flight in this worker that a cancel notice can reach.
 #[derive(Clone, Default)]
@@ -44,6 +46,11 @@ impl Cancels {
             job_id,
             token,
         }
+    }
+
+    /// Whether a delivery of `job_id` here watches for cancels.
+    fn watched(&self, job_id: JobId) -> bool {
+        self.0.lock().is_ok_and(|m| m.contains_key(&job_id))
     }
 
     /// Fires the cancellation of `job_id`'s deliveries here; whether any watched.
@@ -87,8 +94,16 @@ impl Drop for CancelWatch {
 }
 
 /// The worker's listener: fires the watch of each job a notice names, until
-/// `stop` or the subscription ends.
-pub(crate) async fn listen(mut notices: CancelNotices, cancels: Cancels, stop: CancellationToken) {
+/// `stop` or the subscription ends; only once the cancel is confirmed through
+/// PostgreSQL ([`FenceStore::cancel_confirmed`]: its cancel key is held or
+/// its row is `cancelled`). An unconfirmed notice (forged by anyone who may
+/// publish on the subject) is counted and logged, and the step goes on.
+pub(crate) async fn listen(
+    mut notices: CancelNotices,
+    cancels: Cancels,
+    confirm: Confirm,
+    stop: CancellationToken,
+) {
     loop {
         let next = tokio::select! {
             () = stop.cancelled() => return,
@@ -98,9 +113,36 @@ pub(crate) async fn listen(mut notices: CancelNotices, cancels: Cancels, stop: C
             tracing::warn!("the cancel notice subscription ended");
             return;
         };
-        if cancels.notify(job_id) {
-            tracing::info!(%job_id, "operator cancel notice: cancelling the job's running step");
+        if !cancels.watched(job_id) {
+            continue;
         }
+        // Checked apart from the loop: a slow check delays no other notice.
+        let (cancels, confirm) = (cancels.clone(), confirm.clone());
+        tokio::spawn(async move {
+            if confirm.confirmed(job_id).await && cancels.notify(job_id) {
+                tracing::info!(%job_id, "operator cancel notice: cancelling the job's running step");
+            }
+        });
+    }
+}
+
+/// What confirms a cancel notice: the store, and where an unconfirmed one is counted.
+#[derive(Clone)]
+pub(crate) struct Confirm {
+    pub(crate) store: FenceStore,
+    pub(crate) metrics: Metrics,
+}
+
+impl Confirm {
+    async fn confirmed(&self, job_id: JobId) -> bool {
+        let why = match self.store.cancel_confirmed(job_id).await {
+            Ok(true) => return true,
+            Ok(false) => "no cancel holds its key and its row is not cancelled".to_string(),
+            Err(e) => format!("the check failed: {e}"),
+        };
+        self.metrics.cancel_unconfirmed();
+        tracing::warn!(%job_id, why, "cancel notice not confirmed, ignored: the step goes on");
+        false
     }
 }
 

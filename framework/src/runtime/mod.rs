@@ -412,9 +412,14 @@ impl WorkerBuilder {
         // Subscribed before the first fetch: a cancel notice for any job this
         // worker runs finds the subscription in place.
         let notices = shared.queue.cancel_notices().await?;
+        let confirm = cancel::Confirm {
+            store: shared.store.clone(),
+            metrics: shared.metrics.clone(),
+        };
         tasks.spawn(cancel::listen(
             notices,
             shared.cancels.clone(),
+            confirm,
             stop_all.clone(),
         ));
         let slots = Slots::new(&cfg);

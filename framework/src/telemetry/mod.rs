@@ -25,6 +25,7 @@
 //! | `tenure.jobs.completed` | counter | job_type |
 //! | `tenure.jobs.unrouted` | gauge (messages waiting in the work stream of a type no live worker registers; every worker records it with each report) | job_type |
 //! | `tenure.jobs.cancelled` | counter | job_type (deliveries ended, acked, because an operator cancelled the job) |
+//! | `tenure.cancel.unconfirmed` | counter | worker (cancel notices for a job running here that no cancel confirmed: forged, or a failed check; the step went on) |
 //!
 //! # Exporting
 //!
@@ -150,6 +151,7 @@ pub(crate) struct Metrics {
     completed: Counter<u64>,
     unrouted: Gauge<i64>,
     cancelled: Counter<u64>,
+    unconfirmed: Counter<u64>,
     partitions: Counter<u64>,
 }
 
@@ -246,6 +248,12 @@ impl Metrics {
             cancelled: meter
                 .u64_counter("tenure.jobs.cancelled")
                 .with_description("deliveries ended (acked) because an operator cancelled the job")
+                .build(),
+            unconfirmed: meter
+                .u64_counter("tenure.cancel.unconfirmed")
+                .with_description(
+                    "cancel notices for a running job that no cancel confirmed (the step went on)",
+                )
                 .build(),
             partitions: meter
                 .u64_counter("tenure.partitions.changes")
@@ -388,6 +396,10 @@ impl Metrics {
     pub fn cancelled(&self, job_type: &str) {
         self.cancelled
             .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
+    /// A cancel notice for a job running here that no cancel confirmed.
+    pub fn cancel_unconfirmed(&self) {
+        self.unconfirmed.add(1, std::slice::from_ref(&self.worker));
     }
 }
 

@@ -61,7 +61,7 @@ impl FenceStore {
     /// Grants `role` what running jobs needs on this store's schema, and nothing
     /// more: what [`grant_producer`](Self::grant_producer) grants (a worker
     /// enqueues too), `SELECT` on `schedules`, `leader_fences`,
-    /// `partition_fences`, `SELECT, INSERT` on `partitioning`, and `EXECUTE` on
+    /// `partition_fences`, and `EXECUTE` on
     /// the definer functions a worker calls (claims, admissions, the step CAS,
     /// hand-backs, dead-marking, compensation, leader and partition fences,
     /// schedules, refusal notes, reports, retention). No `UPDATE` or `DELETE` on
@@ -86,9 +86,6 @@ impl FenceStore {
             "GRANT SELECT ON \"{s}\".schedules, \"{s}\".leader_fences, \"{s}\".partition_fences \
              TO {role}"
         ));
-        stmts.push(format!(
-            "GRANT SELECT, INSERT ON \"{s}\".partitioning TO {role}"
-        ));
         stmts.extend(self.execute_grants(WORKER_FUNCTIONS, &role));
         self.run_grants(&stmts).await
     }
@@ -97,7 +94,10 @@ impl FenceStore {
     /// [`Client::enqueue_in`](crate::Client::enqueue_in) on the application's
     /// connection): `USAGE` on the schema, `SELECT` on `jobs` and
     /// `job_tombstones` (a key's dedup), `INSERT` on `jobs` limited to
-    /// the columns an enqueue writes (`INSERT_COLUMNS`; so a new row is `pending` with fence 0), and
+    /// the columns an enqueue writes (`INSERT_COLUMNS`; so a new row is
+    /// `pending` with fence 0), `SELECT, INSERT` on `partitioning` (the
+    /// namespace's way of owning jobs, checked at connect, recorded once by
+    /// whoever comes first), and
     /// `EXECUTE` on `tenure_hand_to_publisher` (a failed publish's hand-over).
     /// Idempotent; run it as the migrator.
     ///
@@ -136,6 +136,9 @@ impl FenceStore {
             format!("GRANT USAGE ON SCHEMA \"{s}\" TO {role}"),
             format!("GRANT SELECT ON \"{s}\".jobs, \"{s}\".job_tombstones TO {role}"),
             format!("GRANT INSERT ({INSERT_COLUMNS}) ON \"{s}\".jobs TO {role}"),
+            // `Client::connect` checks the namespace's way of owning jobs; the
+            // first enqueue records it if nothing did.
+            format!("GRANT SELECT, INSERT ON \"{s}\".partitioning TO {role}"),
         ];
         stmts.extend(self.execute_grants(PRODUCER_FUNCTIONS, &role));
         Ok(stmts)

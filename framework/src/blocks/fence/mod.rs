@@ -77,6 +77,7 @@
 
 mod access;
 mod bookkeeping;
+mod cancel_key;
 mod claims;
 mod compensation;
 mod error;
@@ -100,6 +101,7 @@ mod store;
 mod tx;
 
 pub use access::{connect_options, pool_options};
+pub use cancel_key::CancelKey;
 pub use compensation::DeadRow;
 pub use error::{ARGUMENT_REFUSED_SQLSTATE, FenceError, GUARD_SQLSTATE, is_guard_refusal};
 pub use gate::{

@@ -70,6 +70,7 @@ mod delivery;
 mod dlq;
 mod finished;
 pub mod headers;
+mod permissions;
 mod pull;
 mod routes;
 mod setup;
@@ -91,6 +92,7 @@ pub use cancel::CancelNotices;
 pub use delivery::{BadMessage, Delivery, HandedBack};
 pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, GaveUpNotice, reasons};
 pub use finished::FinishedNotices;
+pub use permissions::{NatsPermissions, NatsRole};
 
 /// A boxed error from the NATS client, kept as the `source` of a [`QueueError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -306,6 +308,11 @@ pub struct QueueNames {
     pub cancel_subject_prefix: String,
     /// Completion notices (core NATS, no stream) are `<ns>.finished.<job_id>`.
     pub finished_subject_prefix: String,
+    /// The inbox prefix of every NATS connection Tenure makes for the
+    /// namespace, `_INBOX_<ns>`: replies and pull deliveries come to
+    /// `_INBOX_<ns>.<id>`, and a namespace's users may subscribe to their own
+    /// prefix only ([`NatsPermissions`]), not to another namespace's.
+    pub inbox_prefix: String,
 }
 
 /// The last token of DLQ subjects of messages without a valid job id.
@@ -328,6 +335,7 @@ impl QueueNames {
             advisory_consumer: format!("{namespace}_advisories"),
             cancel_subject_prefix: format!("{namespace}.cancel."),
             finished_subject_prefix: format!("{namespace}.finished."),
+            inbox_prefix: format!("_INBOX_{namespace}"),
         }
     }
 

@@ -6,10 +6,18 @@
 //! |---|---|---|
 //! | [`Queue::connect`] (tools, the CLI) | [`QueueError::NotProvisioned`] | left as it is |
 //! | [`Queue::connect_or_create`] (the `Client`) | created with the caller's `Config` | left as it is |
-//! | [`Queue::provision`] (workers) | created | updated to the caller's `Config` |
+//! | [`Queue::provision`] (workers, the operator's deployment) | created | updated to the caller's `Config` |
 //!
 //! So a read-only tool with a default `Config` pointed at a namespace whose
 //! workers run 3 replicas and another TTL changes nothing on the server.
+//!
+//! [`Queue::provision`] sends a stream create or update only when the stream
+//! is missing or a setting Tenure owns differs (subjects, retention, storage,
+//! replicas, direct get, `max_age`, duplicate window): a worker whose NATS
+//! user may not create or update streams (only the operator may: a stream's
+//! configuration can source or capture any subject of the account, see
+//! [`NatsPermissions`](super::NatsPermissions)) starts on streams its
+//! operator provisioned with the same `Config`.
 
 use std::sync::Arc;
 
@@ -20,7 +28,7 @@ use async_nats::jetstream::{self, consumer, stream};
 use async_nats::{ConnectOptions, Event};
 use tokio::sync::watch;
 
-use super::{Inner, Queue, QueueError, QueueNames, Settings, setup};
+use super::{Inner, Queue, QueueError, QueueNames, Settings, boxed, setup};
 use crate::Config;
 
 /// What opening a queue may do to the server's streams and consumers.
@@ -76,7 +84,7 @@ impl Queue {
     async fn open(cfg: &Config, mode: Provisioning) -> Result<Queue, QueueError> {
         cfg.validate()?;
         let names = QueueNames::new(&cfg.namespace);
-        let (client, connected) = connect_nats(cfg).await?;
+        let (client, connected) = connect_nats(cfg, &names).await?;
         let js = jetstream::ContextBuilder::new()
             .timeout(cfg.nats_request_timeout)
             .ack_timeout(cfg.nats_request_timeout)
@@ -122,12 +130,14 @@ impl Queue {
 /// The NATS connection, and a watch of whether it is up.
 async fn connect_nats(
     cfg: &Config,
+    names: &QueueNames,
 ) -> Result<(async_nats::Client, watch::Receiver<bool>), QueueError> {
     let (state_tx, state_rx) = watch::channel(false);
     let state_tx = Arc::new(state_tx);
     let events_tx = Arc::clone(&state_tx);
     let options = ConnectOptions::new()
         .name(format!("tenure-{}", cfg.worker_id))
+        .custom_inbox_prefix(names.inbox_prefix.clone())
         .connection_timeout(cfg.nats_request_timeout)
         .request_timeout(Some(cfg.nats_request_timeout))
         .event_callback(move |event| {
@@ -231,13 +241,73 @@ async fn ensure_stream(
         Provisioning::CreateMissing => {
             js.get_or_create_stream(spec).await.map_err(setup(&name))?;
         }
-        Provisioning::Apply => {
-            js.create_or_update_stream(spec)
-                .await
-                .map_err(setup(&name))?;
-        }
+        Provisioning::Apply => apply_stream(js, spec).await?,
     }
     js.get_stream_no_info(&name).await.map_err(setup(&name))
+}
+
+/// Creates the stream `spec` names, or updates it when a setting Tenure owns
+/// ([`differing`]) is not `spec`'s; one that matches gets no create and no
+/// update. So a worker whose NATS user may not create or update streams
+/// (`guide::production`: only the operator may) starts on streams the
+/// operator provisioned with the same settings.
+async fn apply_stream(js: &jetstream::Context, spec: stream::Config) -> Result<(), QueueError> {
+    let name = spec.name.clone();
+    let (verb, changes) = match js.get_stream(&name).await {
+        Ok(stream) => {
+            let changes = differing(&spec, &stream.cached_info().config);
+            if changes.is_empty() {
+                return Ok(());
+            }
+            ("UPDATE", changes.join(", "))
+        }
+        Err(e) => match e.kind() {
+            GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {
+                ("CREATE", "it does not exist".to_string())
+            }
+            _ => return Err(setup(&name)(e)),
+        },
+    };
+    tracing::info!(stream = %name, verb, changes, "provisioning the stream");
+    let what = format!(
+        "{verb} stream {name} ({changes}; a NATS user without $JS.API.STREAM.{verb}.{name} \
+         is not answered: provision the namespace as its operator, see guide::production)"
+    );
+    let done = match verb {
+        "CREATE" => js.create_stream(spec).await.map(drop).map_err(boxed),
+        _ => js.update_stream(spec).await.map(drop).map_err(boxed),
+    };
+    done.map_err(|source| QueueError::Setup { what, source })
+}
+
+/// The settings Tenure sets on a stream (`stream_configs`) in which `have`
+/// is not `want`, by name. The description and the settings Tenure leaves
+/// at the server's default are not compared (an operator may tune them).
+fn differing(want: &stream::Config, have: &stream::Config) -> Vec<&'static str> {
+    let mut subjects = (want.subjects.clone(), have.subjects.clone());
+    subjects.0.sort();
+    subjects.1.sort();
+    let replicas = |n: usize| n.max(1);
+    let checks = [
+        ("subjects", subjects.0 == subjects.1),
+        ("retention", want.retention == have.retention),
+        ("storage", want.storage == have.storage),
+        (
+            "num_replicas",
+            replicas(want.num_replicas) == replicas(have.num_replicas),
+        ),
+        ("allow_direct", want.allow_direct == have.allow_direct),
+        ("max_age", want.max_age == have.max_age),
+        (
+            "duplicate_window",
+            want.duplicate_window.is_zero() || want.duplicate_window == have.duplicate_window,
+        ),
+    ];
+    checks
+        .into_iter()
+        .filter(|(_, same)| !same)
+        .map(|(name, _)| name)
+        .collect()
 }
 
 fn stream_missing_or(e: GetStreamError, name: &str) -> QueueError {
