@@ -38,9 +38,6 @@ pub fn connect_options(cfg: &Config) -> Result<PgConnectOptions, super::FenceErr
     )?)
 }
 
-/// How long a pooled connection may sit idle before a checkout pings it.
-const PING_IDLE: Duration = Duration::from_secs(1);
-
 /// Pool options with Tenure's per-connection settings applied in `after_connect`:
 /// `idle_in_transaction_session_timeout` = [`Config::idle_in_transaction_timeout`]
 /// and `lock_timeout` = [`Config::lock_timeout`], and `max_in_flight + 4`
@@ -61,19 +58,6 @@ pub fn pool_options(cfg: &Config) -> PgPoolOptions {
         + &application_name(&cfg.worker_id);
     PgPoolOptions::new()
         .max_connections(max)
-        // A checkout pings (one round trip) only a connection idle for
-        // `PING_IDLE` or more: one in steady use is known alive, and a
-        // ping per checkout was a round trip per enqueue, per claim and
-        // per step transaction (BENCHMARKS.md, round trips per job).
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for >= PING_IDLE {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
-            })
-        })
         .after_connect(move |conn, _meta| {
             let settings = settings.clone();
             Box::pin(async move {
