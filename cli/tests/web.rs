@@ -19,7 +19,7 @@ use tenure::{Client, Config, JobId, StepCtx, StepError};
 use tenure_tests::{ThreeStep, Work, config_for, prepare_schema, wait_until};
 
 mod support;
-use support::{Proc, browser, lines_of, wait_line};
+use support::{Proc, browser, lines_of, log_in, wait_line};
 
 /// Set in the child process that plays the worker that freezes.
 const CHILD_ENV: &str = "TENURE_WEB_CHILD";
@@ -404,19 +404,7 @@ async fn redrive_from_the_dlq_page(
             .is_empty()
     );
     assert!(text(b, "#reasons").await.contains("permanent_error"));
-    b.goto(&format!("{base}/login")).await.unwrap();
-    b.find(Locator::Css("#login input[name=token]"))
-        .await
-        .unwrap()
-        .send_keys(token)
-        .await
-        .unwrap();
-    b.find(Locator::Css("#login button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    log_in(b, base, token).await;
     let button = format!("button.redrive[data-job='{dead}']");
     let shown = wait_until(Duration::from_secs(5), || async {
         b.find(Locator::Css(&button)).await.is_ok()

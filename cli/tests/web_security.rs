@@ -14,7 +14,7 @@ use tenure::{Client, Config, JobId};
 use tenure_tests::{config_for, prepare_schema, wait_until};
 
 mod support;
-use support::{Serve, browser_with, get, get_with, post, raw, tenure_cmd};
+use support::{Serve, browser_with, get, get_with, log_in, post, raw, tenure_cmd};
 
 const OPERATOR: &str = "operator-token-for-web-tests";
 const READER: &str = "reader-token-for-web-tests";
@@ -334,23 +334,6 @@ async fn chromium_logs_in_over_tls() {
     assert_eq!(c.http_only(), Some(true));
     assert!(body(&b).await.contains("Log out"));
     b.close().await.unwrap();
-}
-
-async fn log_in(b: &Browser, base: &str, token: &str) {
-    b.goto(&format!("{base}/login")).await.unwrap();
-    b.find(Locator::Css("#login input[name=token]"))
-        .await
-        .unwrap()
-        .send_keys(token)
-        .await
-        .unwrap();
-    b.find(Locator::Css("#login button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
 /// With a read token, nothing but the login page and the static files is

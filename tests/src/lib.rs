@@ -6,6 +6,8 @@
 #![cfg(feature = "harness")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod metered;
+
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};

@@ -5,14 +5,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tenure::blocks::fence::JobStatus;
 use tenure::blocks::lease::{Acquire, Session};
 use tenure::devstack::{DevStack, DevStackOptions};
 use tenure::{Cancelled, Client, Config, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
+use tenure_tests::metered::cancellable_worker;
 use tenure_tests::{
     CancelProbe, Cancellable, ChildWorker, Hold, ThreeStep, Work, config_for, double_commits,
     fresh_namespace, prepare_schema, three_step_worker, wait_until,
@@ -920,45 +918,6 @@ async fn a_worker_reports_its_lease_health_through_a_quorum_loss_and_its_stop() 
     await_report(&client, &["stopped"]).await;
 }
 
-/// A worker `id` running [`Cancellable`] on `cfg`'s schema `ns`, with `probe`,
-/// its metrics read into the returned exporter.
-async fn cancellable_worker(
-    cfg: &tenure::Config,
-    ns: &str,
-    id: &str,
-    probe: &Arc<CancelProbe>,
-) -> (Worker, InMemoryMetricExporter, SdkMeterProvider) {
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
-    let worker = Worker::builder(cfg.clone().with_worker_id(id))
-        .meter(provider.meter("tenure"))
-        .register(Cancellable {
-            schema: ns.to_string(),
-            probe: probe.clone(),
-        })
-        .start()
-        .await
-        .expect("worker");
-    (worker, exporter, provider)
-}
-
-/// The total of counter `name` in the exporter's last reading.
-fn counted(provider: &SdkMeterProvider, exporter: &InMemoryMetricExporter, name: &str) -> u64 {
-    provider.force_flush().unwrap();
-    let exported = exporter.get_finished_metrics().unwrap();
-    let Some(rm) = exported.last() else { return 0 };
-    rm.scope_metrics()
-        .flat_map(|s| s.metrics())
-        .filter(|m| m.name() == name)
-        .map(|m| match m.data() {
-            AggregatedMetrics::U64(MetricData::Sum(s)) => s.data_points().map(|p| p.value()).sum(),
-            _ => 0,
-        })
-        .sum()
-}
-
 /// `step_log` rows of `job` (committed writes of its steps).
 async fn logged(client: &Client, ns: &str, job: JobId) -> i64 {
     sqlx::query_scalar(&format!(
@@ -993,7 +952,7 @@ async fn work_stream_empty_within(client: &Client, within: Duration) -> bool {
 async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs() {
     let (ns, cfg, client) = fresh_namespace("rt_cancel_mid", Duration::from_secs(5)).await;
     let probe = Arc::new(CancelProbe::default());
-    let (worker, exporter, provider) = cancellable_worker(&cfg, &ns, "c1", &probe).await;
+    let (worker, metered) = cancellable_worker(cfg.clone().with_worker_id("c1"), &ns, &probe).await;
     let hold = Hold { hold_ms: 20_000 };
     let job = client
         .enqueue::<Cancellable>("mid", &hold)
@@ -1037,8 +996,8 @@ async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs() {
         cancel_events(&client, &ns, job).await,
         vec![serde_json::json!("operator: wrong account")]
     );
-    assert_eq!(counted(&provider, &exporter, "tenure.jobs.cancelled"), 1);
-    assert_eq!(counted(&provider, &exporter, "tenure.job.retries"), 0);
+    assert_eq!(metered.counted("tenure.jobs.cancelled"), 1);
+    assert_eq!(metered.counted("tenure.job.retries"), 0);
 
     // Twice: a no-op.
     let again = client.cancel(job, "again").await.unwrap();
@@ -1066,14 +1025,14 @@ async fn cancel_of_a_pending_job_acks_its_message_and_never_runs_it() {
     );
     assert_eq!(client.queue().stats().await.unwrap().work_messages, 1);
 
-    let (worker, exporter, provider) = cancellable_worker(&cfg, &ns, "c2", &probe).await;
+    let (worker, metered) = cancellable_worker(cfg.clone().with_worker_id("c2"), &ns, &probe).await;
     assert!(
         work_stream_empty_within(&client, Duration::from_secs(30)).await,
         "the worker acked the cancelled job's message"
     );
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            counted(&provider, &exporter, "tenure.jobs.cancelled") == 1
+            metered.counted("tenure.jobs.cancelled") == 1
         })
         .await
     );
@@ -1101,7 +1060,8 @@ async fn cancel_of_an_unknown_or_finished_job_is_a_typed_error_and_changes_nothi
     assert!(cancel_events(&client, &ns, unknown).await.is_empty());
 
     let probe = Arc::new(CancelProbe::default());
-    let (worker, _exporter, _provider) = cancellable_worker(&cfg, &ns, "c3", &probe).await;
+    let (worker, _metered) =
+        cancellable_worker(cfg.clone().with_worker_id("c3"), &ns, &probe).await;
     let job = client
         .enqueue::<Cancellable>("finished", &Hold { hold_ms: 0 })
         .await

@@ -16,14 +16,12 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use futures::StreamExt;
-use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tenure::blocks::fence::JobStatus;
 use tenure::blocks::queue::{NatsRole, Queue};
 use tenure::devstack::{DevNatsUser, DevStack, DevStackOptions};
 use tenure::security::Secret;
 use tenure::{Client, Config, JobId, Worker};
+use tenure_tests::metered::cancellable_worker;
 use tenure_tests::{
     CancelProbe, Cancellable, Hold, ThreeStep, Work, create_test_tables, init_logs, wait_until,
 };
@@ -544,43 +542,6 @@ async fn only_the_operator_and_producer_publish_cancel_notices() {
 /// job type's consumer).
 static CANCELLABLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A worker running [`Cancellable`] as `nsa`'s worker user and role, its
-/// metrics in the returned exporter.
-async fn cancellable_worker(
-    id: &str,
-    probe: &Arc<CancelProbe>,
-) -> (Worker, InMemoryMetricExporter, SdkMeterProvider) {
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
-    let worker = Worker::builder(worker_cfg(id))
-        .meter(provider.meter("tenure"))
-        .register(Cancellable {
-            schema: NS.to_string(),
-            probe: probe.clone(),
-        })
-        .start()
-        .await
-        .expect("worker as the worker user");
-    (worker, exporter, provider)
-}
-
-/// The total of counter `name` in the exporter's last reading.
-fn counted(provider: &SdkMeterProvider, exporter: &InMemoryMetricExporter, name: &str) -> u64 {
-    provider.force_flush().unwrap();
-    let exported = exporter.get_finished_metrics().unwrap();
-    let Some(rm) = exported.last() else { return 0 };
-    rm.scope_metrics()
-        .flat_map(|s| s.metrics())
-        .filter(|m| m.name() == name)
-        .map(|m| match m.data() {
-            AggregatedMetrics::U64(MetricData::Sum(s)) => s.data_points().map(|p| p.value()).sum(),
-            _ => 0,
-        })
-        .sum()
-}
-
 /// A [`Cancellable`] job enqueued by the producer, once its step 0 wrote
 /// (in its open transaction) and waits for a cancellation.
 async fn holding_job(producer: &Client, probe: &CancelProbe, key: &str, hold_ms: u64) -> JobId {
@@ -606,7 +567,7 @@ async fn a_forged_cancel_notice_does_not_stop_a_running_job() {
     deployed().await;
     let _one = CANCELLABLE.lock().await;
     let probe = Arc::new(CancelProbe::default());
-    let (worker, exporter, provider) = cancellable_worker("forged-w", &probe).await;
+    let (worker, metered) = cancellable_worker(worker_cfg("forged-w"), NS, &probe).await;
     let producer = Client::connect(&producer_cfg()).await.expect("producer");
     let key = format!("forged-{}", rand::random::<u32>());
     let job = holding_job(&producer, &probe, &key, 2500).await;
@@ -639,7 +600,7 @@ async fn a_forged_cancel_notice_does_not_stop_a_running_job() {
         attempts, 1,
         "step 0 ran again: the forged notice aborted it"
     );
-    let unconfirmed = counted(&provider, &exporter, "tenure.cancel.unconfirmed");
+    let unconfirmed = metered.counted("tenure.cancel.unconfirmed");
     assert!(
         unconfirmed >= 1,
         "unconfirmed notices counted: {unconfirmed}"
@@ -656,7 +617,7 @@ async fn an_operators_cancel_still_aborts_a_running_step() {
     let operator = deployed().await;
     let _one = CANCELLABLE.lock().await;
     let probe = Arc::new(CancelProbe::default());
-    let (worker, exporter, provider) = cancellable_worker("cancel-w", &probe).await;
+    let (worker, metered) = cancellable_worker(worker_cfg("cancel-w"), NS, &probe).await;
     let producer = Client::connect(&producer_cfg()).await.expect("producer");
     let key = format!("cancelled-{}", rand::random::<u32>());
     let job = holding_job(&producer, &probe, &key, 20_000).await;
@@ -680,15 +641,12 @@ async fn an_operators_cancel_still_aborts_a_running_step() {
     );
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            counted(&provider, &exporter, "tenure.jobs.cancelled") == 1
+            metered.counted("tenure.jobs.cancelled") == 1
         })
         .await,
         "the delivery did not end cancelled"
     );
-    assert_eq!(
-        counted(&provider, &exporter, "tenure.cancel.unconfirmed"),
-        0
-    );
+    assert_eq!(metered.counted("tenure.cancel.unconfirmed"), 0);
     worker.shutdown().await.expect("shutdown");
 }
 

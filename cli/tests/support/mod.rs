@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fantoccini::{Client as Browser, ClientBuilder};
+use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use tenure::Config;
 
 /// A child process killed (by its pid) when dropped.
@@ -305,4 +305,23 @@ pub async fn browser_with(args: &[&str]) -> (Proc, Browser) {
 /// A headless chromium session with the default arguments.
 pub async fn browser() -> (Proc, Browser) {
     browser_with(&[]).await
+}
+
+/// Logs `b` in on `base`'s login form with `token`, then gives the redirect
+/// half a second.
+pub async fn log_in(b: &Browser, base: &str, token: &str) {
+    b.goto(&format!("{base}/login")).await.unwrap();
+    b.find(Locator::Css("#login input[name=token]"))
+        .await
+        .unwrap()
+        .send_keys(token)
+        .await
+        .unwrap();
+    b.find(Locator::Css("#login button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
 }
