@@ -334,18 +334,8 @@ impl Queue {
         limit: usize,
     ) -> Result<Vec<DeadLetter>, QueueError> {
         let all = format!("{}>", self.inner.names.dlq_subject_prefix);
-        let mut out = Vec::new();
-        let mut seq = after.saturating_add(1);
-        while out.len() < limit {
-            match self.next_dead_letter(&all, seq).await? {
-                Some(m) => {
-                    seq = m.sequence.saturating_add(1);
-                    out.push(DeadLetter::from_stored(m));
-                }
-                None => break,
-            }
-        }
-        Ok(out)
+        self.dead_letters_on(&all, after.saturating_add(1), limit)
+            .await
     }
 
     /// Reads up to `limit` DLQ entries of `job_id`, oldest first: direct gets
@@ -360,10 +350,20 @@ impl Queue {
         limit: usize,
     ) -> Result<Vec<DeadLetter>, QueueError> {
         let subject = self.inner.names.dlq_subject(Some(job_id));
+        self.dead_letters_on(&subject, 1, limit).await
+    }
+
+    /// Up to `limit` DLQ entries on `subject` (a wildcard or one job's
+    /// subject) from sequence `seq` on, oldest first.
+    async fn dead_letters_on(
+        &self,
+        subject: &str,
+        mut seq: u64,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
         let mut out = Vec::new();
-        let mut seq = 1;
         while out.len() < limit {
-            match self.next_dead_letter(&subject, seq).await? {
+            match self.next_dead_letter(subject, seq).await? {
                 Some(m) => {
                     seq = m.sequence.saturating_add(1);
                     out.push(DeadLetter::from_stored(m));
