@@ -35,6 +35,15 @@ pub fn check_sql(schema: &str) -> String {
     )
 }
 
+/// The check's verdict for `system`: every one of the `n` rows read
+/// `n = 3` (`three` of them did, `more` read more).
+pub fn verdict(system: &str, n: usize, three: i64, more: i64) -> Result<()> {
+    if three != n as i64 || more != 0 {
+        bail!("{system}: {three} of {n} rows updated three times, {more} more often");
+    }
+    Ok(())
+}
+
 /// The row ids producer `p` of [`PRODUCERS`] enqueues.
 pub fn share(p: usize, n: usize) -> impl Iterator<Item = i64> {
     (p..n).step_by(PRODUCERS).map(|i| i as i64)

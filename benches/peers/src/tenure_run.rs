@@ -163,8 +163,5 @@ async fn check(client: &Client, ns: &str, n: usize) -> Result<()> {
     let (three, more): (i64, i64) = sqlx::query_as(&shape::check_sql(ns))
         .fetch_one(client.store().pool())
         .await?;
-    if three != n as i64 || more != 0 {
-        bail!("tenure: {three} of {n} rows updated three times, {more} more often");
-    }
-    Ok(())
+    shape::verdict("tenure", n, three, more)
 }
