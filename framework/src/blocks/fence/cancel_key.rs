@@ -56,14 +56,14 @@ impl FenceStore {
     /// # Errors
     /// [`FenceError::Db`] on a database error.
     pub async fn cancel_confirmed(&self, job_id: JobId) -> Result<bool, FenceError> {
-        let mut tx = self.pool.begin().await?;
+        // One statement is its own transaction: the shared key, if free, is
+        // taken and let go with it.
         let free: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_xact_lock_shared($1, hashtext($2))")
                 .bind(CANCEL_KEY_CLASS)
                 .bind(self.key_text(job_id))
-                .fetch_one(&mut *tx)
+                .fetch_one(&self.pool)
                 .await?;
-        tx.rollback().await?;
         if !free {
             return Ok(true);
         }
