@@ -124,7 +124,10 @@ fn provisioning_demo_exits_0_with_one_vm_and_a_refused_stale_token() {
     assert!(
         output.contains("all checks hold")
             && output.contains("[ok] exactly one of each resource (one VM)")
-            && output.contains("[ok] A's stale token was refused by the service"),
+            && output.contains("[ok] A's stale token was refused by the service")
+            && output.contains("[ok] a client without a NATS user could not reach the service")
+            && output.contains("[ok] worker A's NATS user could not call as worker B")
+            && output.contains("[ok] every answered request came from a worker's own subject"),
         "the provisioning example exited 0 without its verdict lines\n{output}"
     );
 }
