@@ -11,6 +11,11 @@
 //! later is still refused. It creates at most one resource per idempotency key:
 //! a retry of the same call, by the same owner or by the next one, gets the
 //! resource created the first time.
+//!
+//! A caller calls on a subject of its own, `<subject>.<caller>`: where each
+//! caller has a NATS user allowed to publish there only (the demo's secured
+//! dev stack, `callers.rs`), the subject names the caller and the server
+//! vouches for it; the gate orders callers, it does not authenticate them.
 
 use std::sync::Arc;
 
@@ -63,6 +68,8 @@ pub enum Reply {
 /// One request as the service saw it (for the narration and the checks).
 #[derive(Debug, Clone)]
 pub struct Seen {
+    /// The caller, as the request's subject names it (`<subject>.<caller>`).
+    pub caller: String,
     pub token: Option<ObservedFence>,
     pub kind: String,
     pub key: String,
@@ -91,9 +98,9 @@ impl Drop for InfraService {
 
 impl InfraService {
     /// Creates its tables in `schema` (fence marks and resources; the job rows
-    /// it verifies tokens against live there too), subscribes to
-    /// `subject` and serves every request; `on_request` hears about each one
-    /// after it was answered.
+    /// it verifies tokens against live there too), subscribes to every
+    /// caller's subject `<subject>.*` and serves every request; `on_request`
+    /// hears about each one after it was answered.
     pub async fn start(
         nats: async_nats::Client,
         subject: String,
@@ -119,12 +126,14 @@ impl InfraService {
             gate: TokenGate::new(marks),
             resources,
         });
-        let mut sub = nats.subscribe(subject).await?;
+        let mut sub = nats.subscribe(format!("{subject}.*")).await?;
         nats.flush().await?;
         let st = state.clone();
         let task = tokio::spawn(async move {
             while let Some(msg) = sub.next().await {
-                let seen = st.handle(msg.headers.as_ref(), &msg.payload).await;
+                let caller = msg.subject.rsplit('.').next().unwrap_or_default();
+                let mut seen = st.handle(msg.headers.as_ref(), &msg.payload).await;
+                seen.caller = caller.to_string();
                 if let Some(reply) = msg.reply {
                     let body = serde_json::to_vec(&seen.reply).unwrap_or_default();
                     if let Err(e) = nats.publish(reply, body.into()).await {
@@ -188,6 +197,7 @@ impl State {
             }
         };
         Seen {
+            caller: String::new(),
             token: fence.map(|(_, t)| t),
             kind,
             key,
@@ -244,14 +254,24 @@ impl State {
     }
 }
 
-/// How a step (or anyone) calls the service.
+/// How a step (or anyone) calls the service: as `caller`, on
+/// `<subject>.<caller>`.
 #[derive(Debug, Clone)]
 pub struct InfraClient {
-    pub nats: async_nats::Client,
-    pub subject: String,
+    nats: async_nats::Client,
+    subject: String,
 }
 
 impl InfraClient {
+    /// A client calling the service at `subject` as `caller` (on a secured
+    /// server, `nats` is `caller`'s own user, which may publish there only).
+    pub fn new(nats: async_nats::Client, subject: &str, caller: &str) -> Self {
+        InfraClient {
+            nats,
+            subject: format!("{subject}.{caller}"),
+        }
+    }
+
     /// Sends a create request carrying `fence` and `key`; returns the raw reply.
     pub async fn send(
         &self,

@@ -27,10 +27,7 @@ async fn provisioning_worker(mut cfg: Config) -> WorkerBuilder {
     // before the first step calls it.
     cfg.tuning.commit_claim_first = true;
     let nats = async_nats::connect(&cfg.nats_url).await.expect("NATS");
-    let infra = InfraClient {
-        nats,
-        subject: subject(&cfg.namespace),
-    };
+    let infra = InfraClient::new(nats, &subject(&cfg.namespace), &cfg.worker_id);
     Worker::builder(cfg).register(Provision::new(infra, false))
 }
 
@@ -80,7 +77,8 @@ async fn a_crash_after_boot_vm_commits_leaves_one_vm(env: TestEnv) {
     w2.shutdown().await.unwrap();
 }
 
-/// A raw client (no lock, no job) sends the largest token to the service,
+/// A raw client (no lock, no job; on this plain stack it may call on any
+/// subject, here as caller `forger`) sends the largest token to the service,
 /// before the job exists and while it runs: refused both times (the gate
 /// verifies tokens against the job row's fence), and the real owner's steps
 /// still succeed. With an unverified gate the mark jumped to `i64::MAX` and
@@ -104,7 +102,7 @@ async fn a_forged_maximum_token_is_refused_and_the_owner_goes_on(env: TestEnv) {
         })
         .unwrap();
         let reply = nats
-            .request_with_headers(subject.clone(), headers, body.into())
+            .request_with_headers(format!("{subject}.forger"), headers, body.into())
             .await
             .unwrap();
         serde_json::from_slice::<Reply>(&reply.payload).unwrap()

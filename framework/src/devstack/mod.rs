@@ -42,7 +42,7 @@ use std::time::Duration;
 pub use process::ServerProcess;
 use process::Spec;
 use ready::{Probe, free_ports, poll_ready};
-pub use secure::{DevAuth, DevNatsRoles, DevNatsUser, DevTls};
+pub use secure::{DevAuth, DevNatsRoles, DevNatsUser, DevTls, ExtraNatsUser};
 
 /// Errors of the dev stack.
 #[derive(Debug, thiserror::Error)]
@@ -175,6 +175,10 @@ pub struct DevStackOptions {
     pub auth: bool,
     /// The namespace the limited users of `auth` may use.
     pub namespace: String,
+    /// With `auth`: NATS users beyond the roles, with permissions of their
+    /// own (an application's service and its callers); see
+    /// [`DevAuth::extra_nats_auth`].
+    pub extra_nats_users: Vec<ExtraNatsUser>,
     /// Start Redis 7 (no persistence): only the torture test's Redis-lock
     /// negative control uses it ([`DevStack::redis_url`]).
     pub redis: bool,
@@ -195,6 +199,7 @@ impl Default for DevStackOptions {
             tls: false,
             auth: false,
             namespace: "tenure".into(),
+            extra_nats_users: Vec::new(),
             redis: false,
             mariadb: false,
         }
@@ -311,7 +316,9 @@ impl DevStack {
             redis: None,
             mariadb: None,
             tls: None,
-            auth: opts.auth.then(|| DevAuth::new(&opts.namespace)),
+            auth: opts
+                .auth
+                .then(|| DevAuth::new(&opts.namespace, &opts.extra_nats_users)),
             dir,
         })
     }
@@ -327,26 +334,18 @@ impl DevStack {
     }
 
     /// As [`DevStack::shared`], for a stack with only some servers (one per
-    /// process and set of servers, e.g. PostgreSQL alone for a test binary that
+    /// process and set of options, e.g. PostgreSQL alone for a test binary that
     /// needs nothing else).
     ///
     /// # Errors
     /// As [`DevStack::start_with`]; the first error is returned to every caller.
     pub fn shared_with(options: DevStackOptions) -> Result<&'static DevStack, String> {
-        type Key = (bool, usize, bool, bool, bool, bool, bool, bool, bool);
+        // Every option is part of the key: two callers asking for different
+        // namespaces or users get two stacks, never one with the other's users.
+        type Key = String;
         type Started = Result<&'static DevStack, String>;
         static SHARED: Mutex<Vec<(Key, Started)>> = Mutex::new(Vec::new());
-        let key: Key = (
-            options.etcd,
-            options.etcd_members,
-            options.nats,
-            options.postgres,
-            options.postgres_fsync,
-            options.tls,
-            options.auth,
-            options.redis,
-            options.mariadb,
-        );
+        let key: Key = format!("{options:?}");
         // Held while a stack starts: a second caller for the same servers waits
         // for it instead of starting another.
         let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());

@@ -111,6 +111,18 @@ impl DevNatsRoles {
     }
 }
 
+/// A NATS user of a secured dev stack beyond the roles of its namespaces: a
+/// party of the application's own (a service its steps call, or a caller of
+/// one), with permissions of its own. Its password is made at start
+/// ([`DevAuth::extra_nats_auth`]).
+#[derive(Debug, Clone)]
+pub struct ExtraNatsUser {
+    /// Its user name.
+    pub user: String,
+    /// What it may do.
+    pub permissions: NatsPermissions,
+}
+
 /// The users and passwords of a secured dev stack (`auth: true`).
 #[derive(Debug, Clone)]
 pub struct DevAuth {
@@ -141,10 +153,12 @@ pub struct DevAuth {
     pub migrator_password: Secret,
     /// PostgreSQL worker role (DML on job rows only): `tenure_worker`.
     pub worker_password: Secret,
+    /// `DevStackOptions::extra_nats_users`, with their passwords.
+    extra_nats: Vec<(ExtraNatsUser, Secret)>,
 }
 
 impl DevAuth {
-    pub(crate) fn new(namespace: &str) -> Self {
+    pub(crate) fn new(namespace: &str, extra_nats_users: &[ExtraNatsUser]) -> Self {
         let pw = || Secret::new(format!("pw-{:016x}", rand::random::<u64>()));
         let other_namespace = format!("{namespace}_dlq");
         DevAuth {
@@ -159,7 +173,20 @@ impl DevAuth {
             postgres_password: pw(),
             migrator_password: pw(),
             worker_password: pw(),
+            extra_nats: extra_nats_users.iter().map(|u| (u.clone(), pw())).collect(),
         }
+    }
+
+    /// The credentials of extra NATS user `user`
+    /// (`DevStackOptions::extra_nats_users`), if the stack has one of that name.
+    pub fn extra_nats_auth(&self, user: &str) -> Option<NatsAuth> {
+        self.extra_nats
+            .iter()
+            .find(|(u, _)| u.user == user)
+            .map(|(u, password)| NatsAuth::UserPassword {
+                user: u.user.clone(),
+                password: password.clone(),
+            })
     }
 
     /// NATS credentials of the namespace's worker (`tenure`).
@@ -283,6 +310,14 @@ pub(crate) fn nats_conf(tls: Option<&DevTls>, auth: Option<&DevAuth>) -> String 
                 u.user,
                 u.password.expose(),
                 NatsPermissions::for_role(&u.namespace, u.role).to_conf(),
+            );
+        }
+        for (u, password) in &a.extra_nats {
+            users += &format!(
+                "    {{ user: \"{}\", password: \"{}\", permissions: {} }}\n",
+                u.user,
+                password.expose(),
+                u.permissions.to_conf(),
             );
         }
         conf += &format!("authorization {{\n  users = [\n{users}  ]\n}}\n");

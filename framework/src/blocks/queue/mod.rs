@@ -93,6 +93,7 @@ pub use delivery::{BadMessage, Delivery, HandedBack};
 pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, GaveUpNotice, reasons};
 pub use finished::FinishedNotices;
 pub use permissions::{NatsPermissions, NatsRole};
+pub use setup::nats_client;
 
 /// A boxed error from the NATS client, kept as the `source` of a [`QueueError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -43,6 +43,10 @@ pub struct NatsPermissions {
     pub publish: Vec<String>,
     /// Subjects the user may subscribe to.
     pub subscribe: Vec<String>,
+    /// Whether the user may answer the requests it receives (publish once to
+    /// each received message's reply subject, whatever it is): a request-reply
+    /// service's grant, which needs no publish rule on the callers' inboxes.
+    pub allow_responses: bool,
 }
 
 impl NatsPermissions {
@@ -102,11 +106,39 @@ impl NatsPermissions {
                 subscribe.extend([own("cancel.*"), own("finished.>")]);
             }
         }
-        NatsPermissions { publish, subscribe }
+        NatsPermissions {
+            publish,
+            subscribe,
+            allow_responses: false,
+        }
+    }
+
+    /// A request-reply service's user: it subscribes to `subjects` and answers
+    /// what it receives there; it publishes nothing else.
+    ///
+    /// A service learns who called from the subject a request came on, when
+    /// each caller may publish to a subject of its own only (see
+    /// [`NatsPermissions::with_publish`]): the server, not the request, says who
+    /// the caller is.
+    pub fn responder(subjects: impl IntoIterator<Item = String>) -> Self {
+        NatsPermissions {
+            publish: Vec::new(),
+            subscribe: subjects.into_iter().collect(),
+            allow_responses: true,
+        }
+    }
+
+    /// These permissions and publishing to `subject` too (for example a
+    /// worker's own subject of a service its steps call).
+    #[must_use]
+    pub fn with_publish(mut self, subject: impl Into<String>) -> Self {
+        self.publish.push(subject.into());
+        self
     }
 
     /// As a nats-server `permissions` value:
-    /// `{ publish: ["a", ...], subscribe: ["b", ...] }`.
+    /// `{ publish: ["a", ...], subscribe: ["b", ...] }`, with
+    /// `allow_responses: true` when set.
     pub fn to_conf(&self) -> String {
         let quoted = |v: &[String]| {
             v.iter()
@@ -114,8 +146,13 @@ impl NatsPermissions {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let responses = if self.allow_responses {
+            ", allow_responses: true"
+        } else {
+            ""
+        };
         format!(
-            "{{ publish: [{}], subscribe: [{}] }}",
+            "{{ publish: [{}], subscribe: [{}]{responses} }}",
             quoted(&self.publish),
             quoted(&self.subscribe)
         )
@@ -158,6 +195,20 @@ fn operator_api(stream: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A responder may answer and subscribe, and publish nothing else; a
+    /// caller's extra subject is added to its role's rules.
+    #[test]
+    fn a_responder_answers_only_and_a_caller_gets_its_own_subject() {
+        let service = NatsPermissions::responder(["a.svc.*".to_string()]);
+        assert_eq!(
+            service.to_conf(),
+            "{ publish: [], subscribe: [\"a.svc.*\"], allow_responses: true }"
+        );
+        let caller = NatsPermissions::for_role("a", NatsRole::Worker).with_publish("a.svc.w1");
+        assert!(caller.publish.ends_with(&["a.svc.w1".to_string()]));
+        assert!(!caller.allow_responses && !caller.to_conf().contains("allow_responses"));
+    }
 
     /// No rule has a wildcard where a stream name goes: each names one of
     /// the namespace's streams exactly.

@@ -127,6 +127,19 @@ impl Queue {
     }
 }
 
+/// A NATS connection as `cfg` says (TLS, credentials, the namespace's inbox
+/// prefix `_INBOX_<ns>`), for an application's own NATS traffic next to
+/// Tenure's: for example a step's request to a fenced service, made as the
+/// worker's own NATS user so that the service knows who calls (see
+/// [`NatsPermissions::responder`](super::NatsPermissions::responder)).
+///
+/// # Errors
+/// [`QueueError::Access`] (TLS or credentials refused), [`QueueError::Connect`].
+pub async fn nats_client(cfg: &Config) -> Result<async_nats::Client, QueueError> {
+    let names = QueueNames::new(&cfg.namespace);
+    Ok(connect_nats(cfg, &names).await?.0)
+}
+
 /// The NATS connection, and a watch of whether it is up.
 async fn connect_nats(
     cfg: &Config,
