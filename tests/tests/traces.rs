@@ -1,0 +1,173 @@
+//! One trace per job: the producer's span is the parent of every delivery's
+//! `tenure.job` span and so of every step, across a takeover between two
+//! workers, and for a delayed job, whose message the due-job publisher sends
+//! later from the row. Spans go through `tracing-opentelemetry` into an
+//! in-memory exporter of the OpenTelemetry SDK.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use opentelemetry::trace::{TraceContextExt, TraceId, TracerProvider as _};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use serde::{Deserialize, Serialize};
+use tenure::testing::{Fault, FaultPlan, FaultPoint, TestEnv};
+use tenure::{Config, JobId, JobStatus, StepCtx, StepError, StepIndex, Worker, WorkerBuilder};
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Two steps that do nothing but take a moment.
+#[derive(Debug, Clone)]
+struct Traced;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct In {
+    n: u64,
+}
+
+#[tenure::job(name = "trace.two", retries = 2)]
+impl Traced {
+    #[step]
+    async fn first(&self, _ctx: &mut StepCtx, i: In) -> Result<In, StepError> {
+        Ok(In { n: i.n + 1 })
+    }
+
+    #[step]
+    async fn second(&self, _ctx: &mut StepCtx, i: In) -> Result<u64, StepError> {
+        Ok(i.n + 1)
+    }
+}
+
+async fn workers(cfg: Config) -> WorkerBuilder {
+    Worker::builder(cfg).register(Traced)
+}
+
+/// The process's span exporter and provider (one global subscriber).
+fn exporter() -> &'static (InMemorySpanExporter, SdkTracerProvider) {
+    static TRACES: OnceLock<(InMemorySpanExporter, SdkTracerProvider)> = OnceLock::new();
+    TRACES.get_or_init(|| {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("traces-test"));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+        (exporter, provider)
+    })
+}
+
+/// Runs `enqueue` inside a producer span; its trace id.
+async fn produce<F: std::future::Future<Output = ()>>(enqueue: F) -> TraceId {
+    let span = tracing::info_span!("producer.request");
+    let trace = span.context().span().span_context().trace_id();
+    enqueue.instrument(span).await;
+    trace
+}
+
+/// The finished spans named `name` whose `job_id` attribute is `job` (the
+/// job span) or whose parent chain we do not follow: filtered by trace.
+fn spans_named(name: &str) -> Vec<SpanData> {
+    let (exporter, provider) = exporter();
+    let _ = provider.force_flush();
+    exporter
+        .get_finished_spans()
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.name == name)
+        .collect()
+}
+
+fn attr(span: &SpanData, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.to_string())
+}
+
+/// The job spans of `job`.
+fn job_spans(job: JobId) -> Vec<SpanData> {
+    let id = job.to_string();
+    spans_named("tenure.job")
+        .into_iter()
+        .filter(|s| attr(s, "job_id").as_deref() == Some(id.as_str()))
+        .collect()
+}
+
+#[tenure::test(ttl_secs = 3, worker = workers)]
+async fn one_trace_from_the_producer_through_every_step_across_a_takeover(env: TestEnv) {
+    exporter();
+    let job = JobId::from_key("trace.two", "takeover");
+    // w1 runs the first step, then its etcd connection is cut as the second
+    // starts: its lease runs out and w2 takes the job over.
+    let cut = Fault::CutEtcd(Duration::from_secs(7));
+    let plan = FaultPlan::new().at(Some(job), StepIndex::new(1), FaultPoint::StepStart, cut);
+    let w1 = env.worker_with_faults("w1", plan, workers).await.unwrap();
+    let trace = produce(async {
+        env.client()
+            .enqueue::<Traced>("takeover", &In { n: 0 })
+            .await
+            .unwrap();
+    })
+    .await;
+    assert!(tenure::devstack::wait_until(WAIT, || async { !env.faults_fired().is_empty() }).await);
+    let w2 = env.worker("w2", workers).await.unwrap();
+    let row = env.run_until_done(job, WAIT).await.unwrap();
+    assert_eq!(row.status, JobStatus::Done);
+    assert!(row.takeovers >= 1, "{row:?}");
+    w2.shutdown().await.unwrap();
+    w1.shutdown().await.unwrap();
+
+    let jobs = job_spans(job);
+    let workers: std::collections::BTreeSet<String> =
+        jobs.iter().filter_map(|s| attr(s, "worker")).collect();
+    assert!(
+        workers.contains("w1") && workers.contains("w2"),
+        "a job span on each worker: {workers:?}"
+    );
+    for s in &jobs {
+        assert_eq!(s.span_context.trace_id(), trace, "job span {s:?}");
+        assert_eq!(attr(s, "messaging.system").as_deref(), Some("nats"));
+        assert_eq!(
+            attr(s, "messaging.operation.type").as_deref(),
+            Some("process")
+        );
+    }
+    let job_span_ids: Vec<_> = jobs.iter().map(|s| s.span_context.span_id()).collect();
+    let steps: Vec<SpanData> = spans_named("tenure.step")
+        .into_iter()
+        .filter(|s| job_span_ids.contains(&s.parent_span_id))
+        .collect();
+    let names: std::collections::BTreeSet<String> =
+        steps.iter().filter_map(|s| attr(s, "name")).collect();
+    assert!(
+        names.contains("first") && names.contains("second"),
+        "every step a child of a job span: {names:?}"
+    );
+    assert!(steps.iter().all(|s| s.span_context.trace_id() == trace));
+}
+
+#[tenure::test(ttl_secs = 3, worker = workers)]
+async fn a_delayed_job_joins_its_producers_trace_from_the_row(env: TestEnv) {
+    exporter();
+    let w = env.worker("w1", workers).await.unwrap();
+    let job = JobId::from_key("trace.two", "later");
+    let trace = produce(async {
+        env.client()
+            .enqueue_after::<Traced>("later", &In { n: 0 }, Duration::from_millis(1500))
+            .await
+            .unwrap();
+    })
+    .await;
+    let row = env.run_until_done(job, WAIT).await.unwrap();
+    assert_eq!(row.status, JobStatus::Done);
+    w.shutdown().await.unwrap();
+    let jobs = job_spans(job);
+    assert!(!jobs.is_empty(), "the job ran under a span");
+    for s in &jobs {
+        assert_eq!(s.span_context.trace_id(), trace, "job span {s:?}");
+    }
+}
