@@ -21,7 +21,7 @@ use super::standing::Server;
 use crate::fence::{Claim, FenceError, FenceStore, FencedTx, JobRow, JobStatus};
 use crate::lease::{Acquire, Coming, Health, Session};
 use crate::queue::Delivery;
-use crate::telemetry::{StaleAt, spans};
+use crate::telemetry::{StaleAt, propagation, spans};
 use crate::{FencingToken, JobId, retry};
 
 pub(crate) struct JobArgs {
@@ -131,7 +131,13 @@ impl JobRun {
             lease_id = field::Empty,
             worker = %self.shared.cfg.worker_id,
             delivery = attempt.delivery().delivery_count(),
+            "messaging.system" = "nats",
+            "messaging.operation.type" = "process",
+            "messaging.destination.name" = attempt.delivery().subject(),
         );
+        // The producer's trace (every delivery, a takeover's too, carries it).
+        let parent = propagation::from_headers(attempt.delivery().headers());
+        propagation::set_parent(&span, parent);
         async move {
             let outcome = match self
                 .phases(&mut attempt, job_id, header_type, admitted)

@@ -35,6 +35,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::fence::{DueJob, FenceError, JobStatus, ScheduleRow, TickBatch};
 use crate::lease::{Campaign, Health, Leadership, Session};
@@ -444,15 +445,21 @@ impl Scheduler {
         })
     }
 
+    /// Publishes `job` inside a span whose parent is the producer's trace
+    /// context from the row, so its message carries that trace on.
     async fn publish(&self, job: &DueJob) -> Option<crate::JobId> {
         let payload = serde_json::to_vec(&job.input).ok()?;
         let late = chrono::Utc::now() - job.run_at;
-        match self
+        let span = tracing::info_span!("tenure.publish_due", job_id = %job.id);
+        let parent = crate::telemetry::propagation::from_row_value(job.trace_context.as_ref());
+        crate::telemetry::propagation::set_parent(&span, parent);
+        let sent = self
             .shared
             .queue
             .publish_job(job.id, &job.job_type, payload.into())
-            .await
-        {
+            .instrument(span)
+            .await;
+        match sent {
             Ok(_) => {
                 tracing::debug!(job_id = %job.id, late_ms = late.num_milliseconds(), "due job published");
                 Some(job.id)

@@ -205,8 +205,7 @@ impl JobRun {
             let reason = format!("mysql commit: {e}");
             return Err(Outcome::fail(reason));
         }
-        let span =
-            tracing::info_span!(spans::COMMIT, step = %step.index, token = owned.token.get());
+        let span = tracing::info_span!(spans::COMMIT, step = %step.index, token = owned.token.get(), "db.system.name" = "postgresql");
         let committed = if step.last {
             tx.commit_step(&out, true)
                 .instrument(span)

@@ -42,6 +42,15 @@
 //! `Worker::builder(cfg).meter(meter)`. Any other `opentelemetry_sdk` reader
 //! works the same way (the tests use `InMemoryMetricExporter`).
 //!
+//! # Traces
+//!
+//! One trace per job, from the producer's span through every step, across
+//! takeovers: [`propagation`] (W3C `traceparent` in the message headers and
+//! the job row). The `tenure.job` span also carries the OpenTelemetry
+//! messaging attributes (`messaging.system` = `nats`,
+//! `messaging.operation.type` = `process`, `messaging.destination.name` = the
+//! subject) and the commit span `db.system.name` = `postgresql`.
+//!
 //! # Events
 //!
 //! Ownership changes are `tracing` events inside the `tenure.job` span (which
@@ -60,6 +69,7 @@ use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, UpDownCounter};
 pub mod otlp;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
+pub mod propagation;
 
 #[cfg(all(test, any(feature = "prometheus", feature = "otlp")))]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -17,7 +17,7 @@ use super::{FenceError, FenceStore};
 
 /// The columns an enqueue writes; every other column takes its default.
 pub(crate) const INSERT_COLUMNS: &str =
-    "id, job_type, input, run_at, awaiting_publish, step_names, steps_fingerprint";
+    "id, job_type, input, run_at, awaiting_publish, step_names, steps_fingerprint, trace_context";
 
 /// What every role of the schema may read and call to enqueue.
 const PRODUCER_FUNCTIONS: &[&str] = &["tenure_hand_to_publisher(uuid[])"];

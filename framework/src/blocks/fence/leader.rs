@@ -27,6 +27,8 @@ pub struct DueJob {
     pub input: serde_json::Value,
     /// When it was due.
     pub run_at: DateTime<Utc>,
+    /// The producer's trace context (`telemetry::propagation`), if it had one.
+    pub trace_context: Option<serde_json::Value>,
 }
 
 /// The holder of an elected role, as PostgreSQL last accepted it.
@@ -150,7 +152,7 @@ impl FenceStore {
     /// [`FenceError::Db`].
     pub async fn due_jobs(&self, limit: usize) -> Result<Vec<DueJob>, FenceError> {
         let sql = format!(
-            "SELECT id, job_type, input, run_at FROM {} \
+            "SELECT id, job_type, input, run_at, trace_context FROM {} \
              WHERE awaiting_publish AND run_at <= now() \
              ORDER BY run_at, id LIMIT $1",
             self.table("jobs")
@@ -166,6 +168,7 @@ impl FenceStore {
                     job_type: r.try_get("job_type")?,
                     input: r.try_get("input")?,
                     run_at: r.try_get("run_at")?,
+                    trace_context: r.try_get("trace_context")?,
                 })
             })
             .collect()

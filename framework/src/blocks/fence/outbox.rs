@@ -114,8 +114,8 @@ impl FenceStore {
     ) -> Result<Inserted, FenceError> {
         let insert = format!(
             "INSERT INTO {} (id, job_type, input, run_at, awaiting_publish, step_names, \
-                             steps_fingerprint) \
-             SELECT $1, $2, $3, now(), true, $4, $5 \
+                             steps_fingerprint, trace_context) \
+             SELECT $1, $2, $3, now(), true, $4, $5, $6 \
               WHERE NOT EXISTS (SELECT 1 FROM {} WHERE id = $1) \
              ON CONFLICT (id) DO NOTHING",
             self.table("jobs"),
@@ -123,6 +123,7 @@ impl FenceStore {
         );
         let names = steps.map(step_list::names);
         let fingerprint = names.as_deref().map(step_list::fingerprint);
+        let trace = crate::telemetry::propagation::current_row_value();
         for _ in 0..CLAIM_RETRIES {
             let done = sqlx::query(&insert)
                 .bind(id.as_uuid())
@@ -130,6 +131,7 @@ impl FenceStore {
                 .bind(input)
                 .bind(&names)
                 .bind(&fingerprint)
+                .bind(&trace)
                 .execute(&mut *conn)
                 .await?;
             if done.rows_affected() == 1 {
@@ -197,8 +199,9 @@ impl FenceStore {
         let sql = format!(
             "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::jsonb[]) \
                         WITH ORDINALITY AS b(id, job_type, input, ord)), \
-             ins AS (INSERT INTO {t} (id, job_type, input, step_names, steps_fingerprint) \
-                     SELECT DISTINCT ON (id) id, job_type, input, $4::text[], $5::text \
+             ins AS (INSERT INTO {t} (id, job_type, input, step_names, steps_fingerprint, \
+                                      trace_context) \
+                     SELECT DISTINCT ON (id) id, job_type, input, $4::text[], $5::text, $6::jsonb \
                        FROM b WHERE NOT EXISTS (SELECT 1 FROM {k} k WHERE k.id = b.id) \
                       ORDER BY id, ord \
                      ON CONFLICT (id) DO NOTHING RETURNING id) \
@@ -221,6 +224,7 @@ impl FenceStore {
             .bind(inputs)
             .bind(&names)
             .bind(&fingerprint)
+            .bind(crate::telemetry::propagation::current_row_value())
             .fetch_all(&mut *conn)
             .await?;
         rows.iter()

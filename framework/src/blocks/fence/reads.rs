@@ -92,6 +92,7 @@ impl FenceStore {
                     .bind(run_at)
                     .bind(&names)
                     .bind(&fingerprint)
+                    .bind(crate::telemetry::propagation::current_row_value())
                     .execute(&self.pool)
                     .await;
                 // A prune committed while the insert waited: look again.

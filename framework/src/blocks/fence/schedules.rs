@@ -132,12 +132,14 @@ impl FenceStore {
         batch: &TickBatch<'_>,
     ) -> Result<u64, FenceError> {
         let insert = format!(
-            "INSERT INTO {} (id, job_type, input, run_at, awaiting_publish) \
-             VALUES ($1, $2, $3, $4, true) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO {} (id, job_type, input, run_at, awaiting_publish, trace_context) \
+             VALUES ($1, $2, $3, $4, true, $5) ON CONFLICT (id) DO NOTHING",
             self.table("jobs")
         );
         let mut tx = self.begin_leader(role, token).await?;
         let mut inserted = 0;
+        // The scheduler's tick span: a cron job's trace begins at its tick.
+        let trace = crate::telemetry::propagation::current_row_value();
         for tick in batch.ticks {
             let id = JobId::from_key(batch.job_type, &tick_key(batch.name, *tick));
             inserted += sqlx::query(&insert)
@@ -145,6 +147,7 @@ impl FenceStore {
                 .bind(batch.job_type)
                 .bind(batch.input)
                 .bind(tick)
+                .bind(&trace)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();

@@ -149,8 +149,8 @@ impl Sql {
             partitioned: false,
             insert: format!(
                 "INSERT INTO {t} (id, job_type, input, run_at, awaiting_publish, step_names, \
-                                  steps_fingerprint) \
-                 SELECT $1, $2, $3, $4, coalesce($4 > clock_timestamp(), false), $5, $6 \
+                                  steps_fingerprint, trace_context) \
+                 SELECT $1, $2, $3, $4, coalesce($4 > clock_timestamp(), false), $5, $6, $7 \
                   WHERE NOT EXISTS (SELECT 1 FROM {k} WHERE id = $1) \
                  ON CONFLICT (id) DO NOTHING"
             ),

@@ -569,6 +569,7 @@ fn job_headers(job_id: JobId, job_type: &str, msg_id: &str) -> HeaderMap {
     h.insert(async_nats::header::NATS_MESSAGE_ID, headers::value(msg_id));
     h.insert(headers::JOB_ID, headers::value(&job_id.to_string()));
     h.insert(headers::JOB_TYPE, headers::value(job_type));
+    crate::telemetry::propagation::inject_current(&mut h);
     h
 }
 
