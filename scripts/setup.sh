@@ -29,6 +29,7 @@ packages=(
   procps            # kill: the torture test signals its workers by pid
   chromium          # headless browser: the web view's browser tests (cli/tests/web.rs)
   chromium-driver   # chromedriver: WebDriver for those tests, on a loopback port
+  docker-compose    # `docker-compose config`: validates deploy/compose.yaml without a daemon (examples/tests/deploy.rs)
 )
 
 if [ "${1:-}" = "--packages" ]; then
@@ -110,6 +111,7 @@ verify() {
   id -u mysql >/dev/null 2>&1 || fail mariadb-server "the mysql user is missing"
   expect redis-server '^Redis server v=7\.' redis-server --version
   verify_chromium
+  expect docker-compose '^docker-compose version 1\.' docker-compose version
 }
 
 # The browser tests drive headless chromium through chromedriver: both answer,

@@ -146,3 +146,17 @@ fn ledger_mariadb_demo_exits_0_only_with_the_stale_write_refused_by_mariadb() {
         "the MariaDB ledger example shows no refused write\n{output}"
     );
 }
+
+#[test]
+fn minimal_example_prints_its_jobs_result() {
+    let (ok, output, elapsed) = run_example("minimal");
+    eprintln!("minimal example took {elapsed:?}");
+    assert!(
+        ok,
+        "the minimal example (README.md's first program) failed\n{output}"
+    );
+    assert!(
+        output.contains("done: charged 1250 cents as ") && output.contains(", recorded"),
+        "the minimal example exited 0 without its two steps' result\n{output}"
+    );
+}

@@ -162,6 +162,8 @@
 //!   faults (`#[tenure::test]`, fault plans, the history checker).
 //! * [`guide::production`]: sizing the lease TTL, running etcd, NATS and PostgreSQL
 //!   clusters, and what the metrics mean.
+//! * [`guide::deployment`]: probes, the shutdown grace period, a migrations job,
+//!   the roles, sizing and upgrades; the repository's `deploy/` compose file.
 //!
 //! # The public face
 //! What an application uses is at the crate root:
@@ -195,6 +197,12 @@
 //! that talks to its server: [`blocks::lease`] to etcd, [`blocks::fence`] to
 //! PostgreSQL, [`blocks::queue`] to NATS), for tools and advanced users; an
 //! application needs none of it.
+//!
+//! **Stability.** The crate root and the public modules above are the API:
+//! before 1.0 an incompatible change comes only with a minor release (0.1 to
+//! 0.2), named in `CHANGELOG.md`. [`blocks`] may change in any minor release.
+//! The `testing` and `devstack` features are for tests and demos
+//! (`[dev-dependencies]`), never for production.
 //!
 //! # Feature flags
 //! | feature | default | what it enables |
@@ -231,6 +239,8 @@ pub mod guide {
     pub mod protocol {}
     #[doc = include_str!("docs/production.md")]
     pub mod production {}
+    #[doc = include_str!("docs/deployment.md")]
+    pub mod deployment {}
     #[doc = include_str!("docs/security.md")]
     pub mod security {}
     #[doc = include_str!("docs/testing.md")]
