@@ -814,3 +814,69 @@ async fn deliveries_fetched_ahead_share_lock_batches_beyond_the_run_slots() {
         "{most_running} jobs ran at once with 2 run slots"
     );
 }
+
+/// One step of about 50 ms.
+#[derive(Debug, Clone)]
+struct Timed;
+
+#[tenure::job(name = "obs.timed", retries = 0)]
+impl Timed {
+    #[step]
+    async fn only(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok(n)
+    }
+}
+
+/// Each job's wait from its enqueue to its first claim and its whole
+/// duration to its last commit are recorded once per job, by type: jobs
+/// enqueued 500 ms before any worker exists waited at least that long, and
+/// a job's duration covers its wait and its step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_wait_and_job_duration_are_recorded_once_per_job() {
+    logs();
+    let ns = DevStack::unique_namespace("obs_timed");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(5)).with_worker_id("timed");
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let mut ids = Vec::new();
+    for k in 0..4u64 {
+        let e = client.enqueue::<Timed>(&format!("t{k}"), &k).await;
+        ids.push(e.unwrap().job_id);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (exporter, provider) = in_memory_metrics();
+    let worker = Worker::builder(cfg)
+        .register(Timed)
+        .meter(provider.meter("tenure"))
+        .start()
+        .await
+        .unwrap();
+    let all_done = wait_until(Duration::from_secs(60), || async {
+        for id in &ids {
+            if status(&client, *id).await != Some(JobStatus::Done) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert!(all_done, "every job done");
+    worker.shutdown().await.unwrap();
+    let all = snapshot(&provider, &exporter);
+    let [wait] = points(&all, "tenure.job.queue_wait")[..] else {
+        panic!("one queue_wait point: {all:#?}");
+    };
+    let [duration] = points(&all, "tenure.job.duration")[..] else {
+        panic!("one duration point: {all:#?}");
+    };
+    for p in [wait, duration] {
+        assert_eq!(p.attrs, attrs(&[("job_type", "obs.timed")]), "{p:?}");
+        assert_eq!(p.count, 4, "once per job: {p:?}");
+    }
+    assert!(wait.value >= 4.0 * 0.5, "each waited 500 ms at least: {wait:?}");
+    assert!(
+        duration.value >= wait.value + 4.0 * 0.05,
+        "a duration covers the wait and the step: {duration:?} vs {wait:?}"
+    );
+}
