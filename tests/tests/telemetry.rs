@@ -874,7 +874,10 @@ async fn queue_wait_and_job_duration_are_recorded_once_per_job() {
         assert_eq!(p.attrs, attrs(&[("job_type", "obs.timed")]), "{p:?}");
         assert_eq!(p.count, 4, "once per job: {p:?}");
     }
-    assert!(wait.value >= 4.0 * 0.5, "each waited 500 ms at least: {wait:?}");
+    assert!(
+        wait.value >= 4.0 * 0.5,
+        "each waited 500 ms at least: {wait:?}"
+    );
     assert!(
         duration.value >= wait.value + 4.0 * 0.05,
         "a duration covers the wait and the step: {duration:?} vs {wait:?}"

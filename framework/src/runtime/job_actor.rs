@@ -382,6 +382,10 @@ impl JobRun {
             Err(e) => return Err(self.claim_refused(a, e).await),
         };
         sh.metrics.claimed(job.name(), claim.takeover);
+        if claim.previous.is_none() {
+            let since = a.delivery().published_at().elapsed().unwrap_or_default();
+            sh.metrics.first_claim(job.name(), since);
+        }
         if claim.takeover {
             tracing::warn!(
                 takeovers = claim.takeovers,

@@ -327,7 +327,8 @@ impl JobRun {
         let sh = &self.shared;
         match ending {
             Ending::Done => {
-                sh.metrics.completed(&a.job_type);
+                let since = a.delivery().published_at().elapsed().unwrap_or_default();
+                sh.metrics.completed(&a.job_type, since);
                 if let Held::Claim(owned) = &a.held {
                     notify_finished(sh, owned.job_id, JobStatus::Done).await;
                 }

@@ -19,6 +19,8 @@
 //! | `tenure.fence.stale_rejections` | counter | job_type, where (`claim`, `admission`, `step_commit`, `guard`) |
 //! | `tenure.fence.token_regressions` | counter | job_type (a fresh claim met its own token: etcd revisions went backwards; alert on any) |
 //! | `tenure.step.duration` | histogram (s) | job_type, step |
+//! | `tenure.job.queue_wait` | histogram (s) | job_type (from the job's message being stored, i.e. the enqueue or a delayed job's due-time publish, to its first claim) |
+//! | `tenure.job.duration` | histogram (s) | job_type (from the job's message being stored to its last commit: queue wait, every attempt and takeover) |
 //! | `tenure.job.retries` | counter | job_type |
 //! | `tenure.dlq.routed` | counter | job_type, reason |
 //! | `tenure.jobs.in_flight` | up-down counter | worker |
@@ -155,6 +157,8 @@ pub(crate) struct Metrics {
     stale: Counter<u64>,
     regressions: Counter<u64>,
     step_duration: Histogram<f64>,
+    queue_wait: Histogram<f64>,
+    job_duration: Histogram<f64>,
     retries: Counter<u64>,
     dlq: Counter<u64>,
     in_flight: UpDownCounter<i64>,
@@ -233,6 +237,18 @@ impl Metrics {
                 .f64_histogram("tenure.step.duration")
                 .with_unit("s")
                 .with_description("step run and commit time")
+                .with_boundaries(DURATION_BUCKETS_S.to_vec())
+                .build(),
+            queue_wait: meter
+                .f64_histogram("tenure.job.queue_wait")
+                .with_unit("s")
+                .with_description("from the job's message being stored to its first claim")
+                .with_boundaries(DURATION_BUCKETS_S.to_vec())
+                .build(),
+            job_duration: meter
+                .f64_histogram("tenure.job.duration")
+                .with_unit("s")
+                .with_description("from the job's message being stored to its last commit")
                 .with_boundaries(DURATION_BUCKETS_S.to_vec())
                 .build(),
             retries: meter
@@ -397,10 +413,18 @@ impl Metrics {
         self.in_flight
             .add(delta, std::slice::from_ref(&self.worker));
     }
-    /// A job reached `done`.
-    pub fn completed(&self, job_type: &str) {
-        self.completed
-            .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
+    /// A job reached `done`, its message stored `since` ago.
+    pub fn completed(&self, job_type: &str, since: std::time::Duration) {
+        let attrs = [KeyValue::new("job_type", job_type.to_string())];
+        self.completed.add(1, &attrs);
+        self.job_duration.record(since.as_secs_f64(), &attrs);
+    }
+    /// A job was claimed for the first time, its message stored `since` ago.
+    pub fn first_claim(&self, job_type: &str, since: std::time::Duration) {
+        self.queue_wait.record(
+            since.as_secs_f64(),
+            &[KeyValue::new("job_type", job_type.to_string())],
+        );
     }
     /// A delivery ended because an operator cancelled its job.
     pub fn cancelled(&self, job_type: &str) {

@@ -86,6 +86,7 @@ pub struct Delivery {
     reply: async_nats::Subject,
     delivered: u64,
     stream_sequence: u64,
+    published: std::time::SystemTime,
     queue: Queue,
 }
 
@@ -105,6 +106,8 @@ impl Delivery {
         let info = message.info()?;
         let delivered = u64::try_from(info.delivered)?;
         let stream_sequence = info.stream_sequence;
+        let nanos = u64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(0);
+        let published = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos);
         let message = async_nats::Message::from(message);
         let reply = message
             .reply
@@ -115,8 +118,16 @@ impl Delivery {
             reply,
             delivered,
             stream_sequence,
+            published,
             queue,
         })
+    }
+
+    /// When the message was stored in the work stream (its publish: the
+    /// enqueue, or for a delayed job its due-time publish), by the server's
+    /// clock. A redelivery keeps the first publish's time.
+    pub fn published_at(&self) -> std::time::SystemTime {
+        self.published
     }
 
     /// The job id from the [`headers::JOB_ID`] header.
