@@ -27,6 +27,8 @@ pub(super) struct Reporter {
     stopped: Arc<tokio::sync::Mutex<bool>>,
     /// The job types last recorded as unrouted (recorded 0 once they are not).
     unrouted: Arc<std::sync::Mutex<BTreeSet<String>>>,
+    /// The job types last recorded with a backlog (recorded 0 once they have none).
+    backlog: Arc<std::sync::Mutex<BTreeSet<String>>>,
 }
 
 impl Reporter {
@@ -37,6 +39,7 @@ impl Reporter {
             started_at: Utc::now(),
             stopped: Arc::default(),
             unrouted: Arc::default(),
+            backlog: Arc::default(),
         }
     }
 
@@ -49,7 +52,7 @@ impl Reporter {
             let session = sessions.borrow_and_update().clone();
             let health = session.as_ref().map_or(Health::Lost, |s| s.health());
             self.report(session.as_deref(), health.as_str()).await;
-            self.record_unrouted().await;
+            self.record_queue().await;
             let mut healths = session.as_ref().map(|s| s.watch_health());
             // Not held while waiting: a graceful shutdown revokes the session
             // only once nobody else holds it.
@@ -96,10 +99,11 @@ impl Reporter {
 }
 
 impl Reporter {
-    /// Records `tenure.jobs.unrouted`: the messages waiting in the work stream
-    /// per job type that no live worker registers (from the workers' reports),
-    /// and 0 for a type recorded before that has a worker or no messages now.
-    async fn record_unrouted(&self) {
+    /// Records `tenure.queue.backlog` (the messages stored in the work stream
+    /// per job type) and `tenure.jobs.unrouted` (those of types no live
+    /// worker registers, from the workers' reports); a type recorded before
+    /// that has none now is recorded 0. One read of each server per report.
+    async fn record_queue(&self) {
         let sh = &self.shared;
         let bound = sh.cfg.lease_ttl / 2;
         let read = async {
@@ -116,21 +120,34 @@ impl Reporter {
             Ok((_, Err(e))) => {
                 return tracing::debug!(error = %e, "reading the registered types failed");
             }
-            Err(_) => return tracing::debug!("reading the unrouted job types timed out"),
+            Err(_) => return tracing::debug!("reading the work stream's backlog timed out"),
         };
-        let now: BTreeMap<String, u64> = stored
-            .into_iter()
-            .filter(|(t, n)| *n > 0 && !routed.contains(t))
+        let backlog: BTreeMap<String, u64> = stored.into_iter().filter(|(_, n)| *n > 0).collect();
+        let unrouted: BTreeMap<String, u64> = backlog
+            .iter()
+            .filter(|(t, _)| !routed.contains(*t))
+            .map(|(t, n)| (t.clone(), *n))
             .collect();
-        let mut last = self.unrouted.lock().unwrap_or_else(|p| p.into_inner());
-        for gone in last.iter().filter(|t| !now.contains_key(*t)) {
-            sh.metrics.unrouted(gone, 0);
-        }
-        for (t, n) in &now {
-            sh.metrics.unrouted(t, *n);
-        }
-        *last = now.into_keys().collect();
+        record_gauges(&self.backlog, backlog, |t, n| sh.metrics.backlog(t, n));
+        record_gauges(&self.unrouted, unrouted, |t, n| sh.metrics.unrouted(t, n));
     }
+}
+
+/// Records `now` through `record`, and 0 for each type in `last` not in
+/// `now`; `last` becomes `now`'s types.
+fn record_gauges(
+    last: &std::sync::Mutex<BTreeSet<String>>,
+    now: BTreeMap<String, u64>,
+    record: impl Fn(&str, u64),
+) {
+    let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+    for gone in last.iter().filter(|t| !now.contains_key(*t)) {
+        record(gone, 0);
+    }
+    for (t, n) in &now {
+        record(t, *n);
+    }
+    *last = now.into_keys().collect();
 }
 
 /// Waits for the next change of a session's health (forever without a session).

@@ -25,6 +25,7 @@
 //! | `tenure.dlq.routed` | counter | job_type, reason |
 //! | `tenure.jobs.in_flight` | up-down counter | worker |
 //! | `tenure.jobs.completed` | counter | job_type |
+//! | `tenure.queue.backlog` | gauge (messages stored in the work stream per type: waiting, delayed ones not yet due excluded, and in flight; every worker records it with each report) | job_type |
 //! | `tenure.jobs.unrouted` | gauge (messages waiting in the work stream of a type no live worker registers; every worker records it with each report) | job_type |
 //! | `tenure.jobs.cancelled` | counter | job_type (deliveries ended, acked, because an operator cancelled the job) |
 //! | `tenure.cancel.unconfirmed` | counter | worker (cancel notices for a job running here that no cancel confirmed: forged, or a failed check; the step went on) |
@@ -164,6 +165,7 @@ pub(crate) struct Metrics {
     in_flight: UpDownCounter<i64>,
     completed: Counter<u64>,
     unrouted: Gauge<i64>,
+    backlog: Gauge<i64>,
     cancelled: Counter<u64>,
     unconfirmed: Counter<u64>,
     partitions: Counter<u64>,
@@ -267,6 +269,10 @@ impl Metrics {
                 .u64_counter("tenure.jobs.completed")
                 .with_description("jobs that reached done")
                 .build(),
+            backlog: meter
+                .i64_gauge("tenure.queue.backlog")
+                .with_description("messages stored in the work stream, per job type")
+                .build(),
             unrouted: meter
                 .i64_gauge("tenure.jobs.unrouted")
                 .with_description("messages waiting for a job type no live worker registers")
@@ -308,7 +314,13 @@ impl Metrics {
         );
     }
 
-    /// `n` messages of `job_type` wait and no live worker registers the type.
+    /// `n` messages of `job_type` are stored in the work stream.
+    pub fn backlog(&self, job_type: &str, n: u64) {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        self.backlog
+            .record(n, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
+    /// `n` messages of `job_type`, which no live worker registers, wait.
     pub fn unrouted(&self, job_type: &str, n: u64) {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         self.unrouted
