@@ -496,3 +496,60 @@ async fn enqueue_in_of_an_unfinished_duplicate_republishes(env: TestEnv) {
     assert_eq!(runs(id), 1);
     w.shutdown().await.unwrap();
 }
+
+/// With the default retention (only `every` shortened to see it act), a done
+/// job finished 31 days ago is pruned and one of 29 days is kept; the pruned
+/// job's key stays used (tombstone) and its step never runs again. Prints
+/// what the history trigger kept for the job that stays.
+#[tenure::test(ttl_secs = 3)]
+async fn the_default_retention_prunes_month_old_done_jobs_and_keeps_their_keys(env: TestEnv) {
+    let mut cfg = env.config().clone();
+    cfg.retention = tenure::config::Retention {
+        every: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let client = Client::connect(&cfg).await.unwrap();
+    let worker = Worker::builder(cfg.clone().with_worker_id("w0"))
+        .register(Pay)
+        .start()
+        .await
+        .unwrap();
+    let old = client.enqueue::<Pay>("month-old", &1).await.unwrap().job_id;
+    let recent = client.enqueue::<Pay>("recent", &2).await.unwrap().job_id;
+    for id in [old, recent] {
+        let row = tenure_tests::wait_terminal(&client, id, Duration::from_secs(30)).await;
+        assert_eq!(row.status, JobStatus::Done);
+    }
+    let s = env.schema();
+    for (id, days) in [(old, 31), (recent, 29)] {
+        sqlx::query(&format!(
+            "UPDATE {s}.jobs SET created_at = now() - make_interval(days => $2), \
+                                 updated_at = now() - make_interval(days => $2) WHERE id = $1"
+        ))
+        .bind(id.as_uuid())
+        .bind(days)
+        .execute(env.pool())
+        .await
+        .unwrap();
+    }
+    let pruned = wait_until(Duration::from_secs(30), || async {
+        client.job(old).await.unwrap().is_none()
+    })
+    .await;
+    assert!(pruned, "the default retention kept a 31-day-old done job");
+    assert!(client.job(recent).await.unwrap().is_some(), "29 days: kept");
+    let again = client.enqueue::<Pay>("month-old", &1).await.unwrap();
+    assert!(again.duplicate, "the pruned job's key was reopened");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(runs(old), 1, "the pruned job ran again");
+    let (events, bytes): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*), coalesce(sum(pg_column_size(e.*)), 0)::bigint \
+           FROM {s}.job_events e WHERE job_id = $1"
+    ))
+    .bind(recent.as_uuid())
+    .fetch_one(env.pool())
+    .await
+    .unwrap();
+    eprintln!("history of a one-step job: {events} rows, {bytes} bytes of tuples");
+    worker.shutdown().await.unwrap();
+}
