@@ -207,7 +207,7 @@ pub fn print_worker_b_metrics(
         "tenure.fence.claims",
         "tenure.fence.takeovers",
         "tenure.lock.contention",
-        "tenure.jobs.completed",
+        "tenure.job.completed",
     ] {
         println!(
             "  {name:<width$} {}",

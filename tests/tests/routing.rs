@@ -259,13 +259,13 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
     );
     assert!(!routed.contains("route.late"), "{routed:?}");
     let counted = wait_until(Duration::from_secs(10), || async {
-        gauge(&provider, &exporter, "tenure.jobs.unrouted", "route.late") == Some(3)
+        gauge(&provider, &exporter, "tenure.queue.unrouted", "route.late") == Some(3)
             && gauge(&provider, &exporter, "tenure.queue.backlog", "route.late") == Some(3)
     })
     .await;
     assert!(
         counted,
-        "tenure.jobs.unrouted and tenure.queue.backlog {{job_type=route.late}} = 3"
+        "tenure.queue.unrouted and tenure.queue.backlog {{job_type=route.late}} = 3"
     );
 
     // A worker that registers it starts: the waiting jobs run there.
@@ -287,7 +287,7 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
             .contains(&("route.late".into(), "pool-late".into(), 3))
     );
     let cleared = wait_until(Duration::from_secs(10), || async {
-        gauge(&provider, &exporter, "tenure.jobs.unrouted", "route.late") == Some(0)
+        gauge(&provider, &exporter, "tenure.queue.unrouted", "route.late") == Some(0)
             && gauge(&provider, &exporter, "tenure.queue.backlog", "route.late") == Some(0)
     })
     .await;

@@ -996,7 +996,7 @@ async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs() {
         cancel_events(&client, &ns, job).await,
         vec![serde_json::json!("operator: wrong account")]
     );
-    assert_eq!(metered.counted("tenure.jobs.cancelled"), 1);
+    assert_eq!(metered.counted("tenure.job.cancelled"), 1);
     assert_eq!(metered.counted("tenure.job.retries"), 0);
 
     // Twice: a no-op.
@@ -1032,7 +1032,7 @@ async fn cancel_of_a_pending_job_acks_its_message_and_never_runs_it() {
     );
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            metered.counted("tenure.jobs.cancelled") == 1
+            metered.counted("tenure.job.cancelled") == 1
         })
         .await
     );

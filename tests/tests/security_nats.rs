@@ -641,7 +641,7 @@ async fn an_operators_cancel_still_aborts_a_running_step() {
     );
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            metered.counted("tenure.jobs.cancelled") == 1
+            metered.counted("tenure.job.cancelled") == 1
         })
         .await,
         "the delivery did not end cancelled"

@@ -318,8 +318,8 @@ async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_co
             && status(&client, poison).await == Some(JobStatus::Dead)
             && total(&m, "tenure.fence.stale_rejections") >= 1.0
             && total(&m, "tenure.dlq.routed") >= 1.0
-            && total(&m, "tenure.jobs.completed") >= 2.0
-            && total(&m, "tenure.jobs.in_flight") == 0.0
+            && total(&m, "tenure.job.completed") >= 2.0
+            && total(&m, "tenure.job.in_flight") == 0.0
             // The scenario can settle within one keepalive period (TTL/6): wait
             // for a keepalive round trip too.
             && !points(&m, "tenure.lease.keepalive.duration").is_empty()
@@ -373,11 +373,11 @@ async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_co
     );
     assert_single(
         &m,
-        "tenure.jobs.completed",
+        "tenure.job.completed",
         &[("job_type", "obs.plain")],
         2.0,
     );
-    assert_single(&m, "tenure.jobs.in_flight", &[("worker", "w")], 0.0);
+    assert_single(&m, "tenure.job.in_flight", &[("worker", "w")], 0.0);
     assert_single(&m, "tenure.lease.grants", &[("worker", "w")], 1.0);
     assert_single(&m, "tenure.lease.state", &[("worker", "w")], 0.0);
 
@@ -594,7 +594,7 @@ async fn prometheus_scrape_shows_a_workers_metrics() {
     };
     assert!(
         has(
-            "tenure_jobs_completed_total{",
+            "tenure_job_completed_total{",
             "job_type=\"obs.plain\"",
             " 1"
         ),

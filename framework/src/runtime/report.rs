@@ -100,7 +100,7 @@ impl Reporter {
 
 impl Reporter {
     /// Records `tenure.queue.backlog` (the messages stored in the work stream
-    /// per job type) and `tenure.jobs.unrouted` (those of types no live
+    /// per job type) and `tenure.queue.unrouted` (those of types no live
     /// worker registers, from the workers' reports); a type recorded before
     /// that has none now is recorded 0. One read of each server per report.
     async fn record_queue(&self) {

@@ -90,7 +90,7 @@ async fn prometheus_endpoint_serves_tenure_metrics() {
         &["worker=\"w1\""],
         "1",
     );
-    line("tenure_jobs_in_flight{", &["worker=\"w1\""], "1");
+    line("tenure_job_in_flight{", &["worker=\"w1\""], "1");
     assert_eq!(body, ep.render().unwrap(), "render() is what is served");
 
     let resp = http_get(ep.local_addr(), "/nope").await;

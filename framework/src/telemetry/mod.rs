@@ -5,6 +5,9 @@
 //! cost nothing when unused. Attributes are bounded: job type, step, worker, reason;
 //! never job ids or tokens (those are on spans and log events).
 //!
+//! Names follow one scheme, `tenure.<subject>.<measure>` with the subject in the
+//! singular (`job`, `step`, `lease`, `lock`, `fence`, `queue`, `partition`, ...).
+//!
 //! | instrument | kind | attributes |
 //! |---|---|---|
 //! | `tenure.lease.grants` | counter | worker |
@@ -23,11 +26,11 @@
 //! | `tenure.job.duration` | histogram (s) | job_type (from the job's message being stored to its last commit: queue wait, every attempt and takeover) |
 //! | `tenure.job.retries` | counter | job_type |
 //! | `tenure.dlq.routed` | counter | job_type, reason |
-//! | `tenure.jobs.in_flight` | up-down counter | worker |
-//! | `tenure.jobs.completed` | counter | job_type |
+//! | `tenure.job.in_flight` | up-down counter | worker |
+//! | `tenure.job.completed` | counter | job_type |
 //! | `tenure.queue.backlog` | gauge (messages stored in the work stream per type: waiting, delayed ones not yet due excluded, and in flight; every worker records it with each report) | job_type |
-//! | `tenure.jobs.unrouted` | gauge (messages waiting in the work stream of a type no live worker registers; every worker records it with each report) | job_type |
-//! | `tenure.jobs.cancelled` | counter | job_type (deliveries ended, acked, because an operator cancelled the job) |
+//! | `tenure.queue.unrouted` | gauge (messages waiting in the work stream of a type no live worker registers; every worker records it with each report) | job_type |
+//! | `tenure.job.cancelled` | counter | job_type (deliveries ended, acked, because an operator cancelled the job) |
 //! | `tenure.cancel.unconfirmed` | counter | worker (cancel notices for a job running here that no cancel confirmed: forged, or a failed check; the step went on) |
 //!
 //! # Exporting
@@ -262,11 +265,11 @@ impl Metrics {
                 .with_description("jobs dead-lettered, by reason")
                 .build(),
             in_flight: meter
-                .i64_up_down_counter("tenure.jobs.in_flight")
+                .i64_up_down_counter("tenure.job.in_flight")
                 .with_description("deliveries being processed")
                 .build(),
             completed: meter
-                .u64_counter("tenure.jobs.completed")
+                .u64_counter("tenure.job.completed")
                 .with_description("jobs that reached done")
                 .build(),
             backlog: meter
@@ -274,11 +277,11 @@ impl Metrics {
                 .with_description("messages stored in the work stream, per job type")
                 .build(),
             unrouted: meter
-                .i64_gauge("tenure.jobs.unrouted")
+                .i64_gauge("tenure.queue.unrouted")
                 .with_description("messages waiting for a job type no live worker registers")
                 .build(),
             cancelled: meter
-                .u64_counter("tenure.jobs.cancelled")
+                .u64_counter("tenure.job.cancelled")
                 .with_description("deliveries ended (acked) because an operator cancelled the job")
                 .build(),
             unconfirmed: meter
@@ -288,7 +291,7 @@ impl Metrics {
                 )
                 .build(),
             partitions: meter
-                .u64_counter("tenure.partitions.changes")
+                .u64_counter("tenure.partition.changes")
                 .with_description(
                     "partition ownership changes of this worker (partition mode), by change: taken, handed_over, lost",
                 )
