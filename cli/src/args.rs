@@ -53,6 +53,12 @@ pub struct Cli {
     /// PostgreSQL schema of the job rows.
     #[arg(long, env = "TENURE_SCHEMA", global = true, default_value = "tenure")]
     pub schema: String,
+    /// The namespace's partition count, if it owns jobs by partition
+    /// (`Config::partitions`): `enqueue`, `redrive` and `cancel` are refused
+    /// in such a namespace without it.
+    #[arg(long, env = "TENURE_PARTITIONS", global = true,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(tenure::config::MAX_PARTITIONS)))]
+    pub partitions: Option<u32>,
     /// Bound on connecting and on each server call, in seconds.
     #[arg(long, global = true, default_value_t = 5.0, value_parser = parse_secs)]
     pub timeout: f64,

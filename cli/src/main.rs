@@ -19,7 +19,9 @@
 //! Servers come from `--etcd/--nats/--database-url/--namespace/--schema` or the
 //! `TENURE_*` variables of [`tenure::Config::from_env`], TLS and credentials from
 //! `--etcd-ca-file`, `--etcd-user`, `--nats-token`, ... or the same variables
-//! (`TENURE_ETCD_CA_FILE`, `TENURE_NATS_TOKEN`, ...; see `tenure --help`). Every server call is
+//! (`TENURE_ETCD_CA_FILE`, `TENURE_NATS_TOKEN`, ...; see `tenure --help`). A
+//! namespace that owns jobs by partition needs its count (`--partitions` or
+//! `TENURE_PARTITIONS`) for `enqueue`, `redrive` and `cancel`. Every server call is
 //! bounded by `--timeout` (seconds, default 5); an unreachable server is reported
 //! by name and address, with exit code 1. Bad arguments exit with code 2.
 //! Output is a table; `--json` prints JSON for scripts.
@@ -117,6 +119,7 @@ async fn run(cli: Cli, serve: Option<web::Prepared>) -> anyhow::Result<()> {
         .with_worker_id("tenure-cli")
         .with_nats_request_timeout(timeout);
     let mut cfg = cli.security.apply(cfg)?;
+    cfg.partitions = cli.partitions;
     cfg.etcd_request_timeout = timeout;
     // The CLI holds one connection at a time.
     cfg.max_in_flight = 1;

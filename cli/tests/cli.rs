@@ -1069,3 +1069,30 @@ async fn jobs_filters_by_type_age_and_key() {
     let out = tenure(&cfg, &["jobs", "--age", "ten"]);
     assert_eq!(out.status.code(), Some(2), "{}", failed(&out));
 }
+
+/// In a namespace that owns jobs by partition, `enqueue` needs the
+/// namespace's partition count (`--partitions` or `TENURE_PARTITIONS`):
+/// without it the client's refusal names the setting and nothing is enqueued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_into_a_partitioned_namespace_takes_its_partition_count() {
+    let ns = DevStack::unique_namespace("cli_part");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3)).with_partitions(4);
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let args = ["enqueue", "cli.echo", "--key", "p1", "--input", "1"];
+    let err = failed(&tenure(&cfg, &args));
+    assert!(err.contains("TENURE_PARTITIONS"), "{err}");
+    let id = JobId::from_key("cli.echo", "p1");
+    assert!(client.job(id).await.unwrap().is_none(), "nothing enqueued");
+    let out = ok(&tenure(
+        &cfg,
+        &[&["--partitions", "4"][..], &args[..]].concat(),
+    ));
+    assert!(out.contains(&format!("enqueued {id}")), "{out}");
+    let row = client.job(id).await.unwrap().expect("enqueued");
+    assert_eq!(row.status, JobStatus::Pending);
+    for bad in ["0", "1025", "x"] {
+        let out = tenure(&cfg, &["--partitions", bad, "jobs"]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
+    }
+}
