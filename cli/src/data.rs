@@ -235,22 +235,45 @@ pub fn parse_cursor(s: &str) -> Result<JobCursor, String> {
     Ok(JobCursor { created_at, id })
 }
 
+/// `tenure jobs`: up to `limit` rows that pass `filter`, newest first (the
+/// web view's order and read). With `key`, the one job of `filter`'s type
+/// with that idempotency key, if it passes the rest of `filter`.
 pub async fn jobs(
     ctx: &Ctx,
     store: &FenceStore,
-    status: Option<JobStatus>,
+    filter: &JobFilter,
+    key: Option<&str>,
     limit: u32,
 ) -> anyhow::Result<Vec<JobView>> {
-    let rows = ctx
-        .call(
-            &ctx.postgres(),
-            "listing jobs",
-            store.list_jobs(status, i64::from(limit)),
-        )
-        .await?;
+    let rows = match (key, &filter.job_type) {
+        (Some(key), Some(job_type)) => {
+            let id = JobId::from_key(job_type, key);
+            let row = ctx
+                .call(&ctx.postgres(), "reading the job", store.job(id))
+                .await?;
+            row.into_iter().filter(|r| passes(filter, r)).collect()
+        }
+        (Some(_), None) => return Err(anyhow!("a key names a job only with its type")),
+        (None, _) => {
+            ctx.call(
+                &ctx.postgres(),
+                "listing jobs",
+                store.list_jobs_page(filter, None, i64::from(limit)),
+            )
+            .await?
+        }
+    };
     let mut views: Vec<JobView> = rows.iter().map(JobView::from).collect();
     mark_waiting(ctx, store, &mut views).await?;
     Ok(views)
+}
+
+/// Whether `row` passes `filter` (what `list_jobs_page` asks PostgreSQL).
+fn passes(filter: &JobFilter, row: &JobRow) -> bool {
+    filter.job_type.as_ref().is_none_or(|t| *t == row.job_type)
+        && filter.status.is_none_or(|s| s == row.status)
+        && filter.created_since.is_none_or(|t| row.created_at >= t)
+        && (!filter.with_takeovers || row.takeovers > 0)
 }
 
 pub async fn jobs_page(
@@ -580,6 +603,162 @@ pub async fn prune(
         });
     }
     Ok(PruneView { dry_run, statuses })
+}
+
+/// What `tenure migrate` refuses before it changes anything.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// A role to grant to does not exist in the server.
+    #[error(
+        "PostgreSQL role {role:?} does not exist: create it first (CREATE ROLE ... LOGIN), \
+         then run migrate again; nothing was migrated or granted"
+    )]
+    UnknownRole {
+        /// The role given.
+        role: String,
+    },
+}
+
+/// Which privileges a role was granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Privileges {
+    /// What running jobs needs (`FenceStore::grant_worker`).
+    Worker,
+    /// What enqueueing needs (`FenceStore::grant_producer`).
+    Producer,
+    /// An operator's reads and calls (`FenceStore::grant_operator`).
+    Operator,
+}
+
+impl std::fmt::Display for Privileges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Privileges::Worker => "worker",
+            Privileges::Producer => "producer",
+            Privileges::Operator => "operator",
+        })
+    }
+}
+
+/// One grant `tenure migrate` made (granting again changes nothing).
+#[derive(Debug, Clone, Serialize)]
+pub struct GrantView {
+    pub role: String,
+    pub privileges: Privileges,
+}
+
+/// What `tenure migrate` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct MigrateView {
+    pub schema: String,
+    /// The versions this run applied (empty: the schema was up to date).
+    pub applied: Vec<i64>,
+    /// How many were applied before this run.
+    pub up_to_date: usize,
+    pub grants: Vec<GrantView>,
+}
+
+/// Checks that every role of `grants` exists, applies the migrations, then
+/// grants; a missing role is [`MigrateError::UnknownRole`] before anything
+/// is changed.
+pub async fn migrate(
+    ctx: &Ctx,
+    store: &FenceStore,
+    grants: &[(Privileges, String)],
+) -> anyhow::Result<MigrateView> {
+    let pg = ctx.postgres();
+    for (_, role) in grants {
+        if !ctx
+            .call(&pg, "reading the roles", store.role_exists(role))
+            .await?
+        {
+            return Err(MigrateError::UnknownRole { role: role.clone() }.into());
+        }
+    }
+    let reading = "reading the applied migrations";
+    let before = ctx.call(&pg, reading, store.applied_migrations()).await?;
+    // Migrating may wait for another migrator's lock: not bounded by --timeout.
+    store.migrate().await.map_err(|e| {
+        anyhow!(
+            "migrating schema {:?}: {pg}: {}",
+            store.schema(),
+            describe(&e)
+        )
+    })?;
+    let after = ctx.call(&pg, reading, store.applied_migrations()).await?;
+    let mut done = Vec::new();
+    for (privileges, role) in grants {
+        let grant = match privileges {
+            Privileges::Worker => store.grant_worker(role).await,
+            Privileges::Producer => store.grant_producer(role).await,
+            Privileges::Operator => store.grant_operator(role).await,
+        };
+        grant.map_err(|e| {
+            anyhow!(
+                "granting {privileges} privileges to {role}: {}",
+                describe(&e)
+            )
+        })?;
+        done.push(GrantView {
+            role: role.clone(),
+            privileges: *privileges,
+        });
+    }
+    Ok(MigrateView {
+        schema: store.schema().to_string(),
+        applied: after.into_iter().filter(|v| !before.contains(v)).collect(),
+        up_to_date: before.len(),
+        grants: done,
+    })
+}
+
+/// What `tenure enqueue` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct EnqueueView {
+    pub job_id: String,
+    pub job_type: String,
+    pub key: String,
+    /// The job existed already: nothing new was enqueued.
+    pub duplicate: bool,
+    /// When it is due, if asked for (`--at`, `--after`).
+    pub run_at: Option<DateTime<Utc>>,
+}
+
+/// Enqueues through [`Client::enqueue_json`] (or, with `run_at`,
+/// [`Client::enqueue_json_at`]): the producers' path, idempotency key and all.
+pub async fn enqueue(
+    ctx: &Ctx,
+    client: &Client,
+    job_type: &str,
+    key: &str,
+    input: serde_json::Value,
+    run_at: Option<DateTime<Utc>>,
+) -> anyhow::Result<EnqueueView> {
+    let enqueue = async {
+        match run_at {
+            Some(at) => client.enqueue_json_at(job_type, key, input, at).await,
+            None => client.enqueue_json(job_type, key, input).await,
+        }
+    };
+    let done = match tokio::time::timeout(ctx.timeout, enqueue).await {
+        Ok(Ok(done)) => done,
+        Ok(Err(e)) => return Err(anyhow!("enqueuing {job_type} {key:?}: {}", describe(&e))),
+        Err(_) => {
+            return Err(anyhow!(
+                "enqueuing {job_type} {key:?}: no answer within {:?}; the job may or may \
+                 not exist: enqueue again (same key) to be sure",
+                ctx.timeout
+            ));
+        }
+    };
+    Ok(EnqueueView {
+        job_id: done.job_id.to_string(),
+        job_type: job_type.to_string(),
+        key: key.to_string(),
+        duplicate: done.duplicate,
+        run_at,
+    })
 }
 
 /// `f` within the CLI's timeout, its error said as it is.

@@ -638,3 +638,461 @@ async fn tenure_prune_dry_run_changes_nothing_and_prune_deletes_old_finished_job
         assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
     }
 }
+
+/// A job that always finishes: two steps, for `enqueue` and the history table.
+#[derive(Debug, Clone)]
+struct Echo;
+
+#[tenure::job(name = "cli.echo")]
+impl Echo {
+    #[step]
+    async fn first(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        Ok(n + 1)
+    }
+
+    #[step]
+    async fn second(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        Ok(n * 10)
+    }
+}
+
+/// A superuser pool on `cfg`'s database (catalog reads, roles).
+async fn admin_pool(cfg: &Config) -> sqlx::PgPool {
+    sqlx::PgPool::connect(&cfg.database_url).await.unwrap()
+}
+
+async fn has(pool: &sqlx::PgPool, check: &str, role: &str, object: &str, what: &str) -> bool {
+    sqlx::query_scalar::<_, bool>(&format!("SELECT {check}($1, $2, $3)"))
+        .bind(role)
+        .bind(object)
+        .bind(what)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// `tenure migrate`: applies the migrations and says so, a second run
+/// applies nothing and says so; `--grant-worker`/`--grant-producer` give
+/// each role its privileges (and the producer none of the worker's); an
+/// unknown role is an error before anything is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_twice_then_with_grants_and_an_unknown_role() {
+    let ns = DevStack::unique_namespace("cli_mig");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let pool = admin_pool(&cfg).await;
+
+    // An unknown role first: refused, and nothing migrated.
+    let out = tenure(&cfg, &["migrate", "--grant-worker", "no_such_role_x"]);
+    let err = failed(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no_such_role_x") && err.contains("does not exist"),
+        "{err}"
+    );
+    let schema: Option<String> =
+        sqlx::query_scalar("SELECT nspname::text FROM pg_namespace WHERE nspname = $1")
+            .bind(&cfg.schema)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+    assert_eq!(schema, None, "nothing done before the roles were checked");
+
+    let first = ok(&tenure(&cfg, &["migrate"]));
+    assert!(
+        first.contains("applied") && first.contains(&cfg.schema),
+        "{first}"
+    );
+    let second = json(&tenure(&cfg, &["--json", "migrate"]));
+    assert_eq!(second["applied"], serde_json::json!([]), "{second}");
+    assert!(second["up_to_date"].as_u64().unwrap() > 10, "{second}");
+    let again = ok(&tenure(&cfg, &["migrate"]));
+    assert!(
+        again.contains("up to date") && again.contains("nothing applied"),
+        "{again}"
+    );
+
+    let (worker, producer, operator) = (format!("{ns}_w"), format!("{ns}_p"), format!("{ns}_o"));
+    for role in [&worker, &producer, &operator] {
+        sqlx::query(&format!("CREATE ROLE \"{role}\" NOLOGIN"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let claim = format!(
+        "\"{}\".tenure_claim(uuid, bigint, boolean, boolean)",
+        cfg.schema
+    );
+    let jobs = format!("\"{}\".jobs", cfg.schema);
+    assert!(!has(&pool, "has_function_privilege", &worker, &claim, "EXECUTE").await);
+    for _ in 0..2 {
+        let out = ok(&tenure(
+            &cfg,
+            &[
+                "migrate",
+                "--grant-worker",
+                &worker,
+                "--grant-producer",
+                &producer,
+                "--grant-operator",
+                &operator,
+            ],
+        ));
+        assert!(out.contains("nothing applied"), "{out}");
+        assert!(
+            out.contains(&format!("granted the operator privileges to {operator}")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("granted the worker privileges to {worker}")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("granted the producer privileges to {producer}")),
+            "{out}"
+        );
+    }
+    assert!(has(&pool, "has_function_privilege", &worker, &claim, "EXECUTE").await);
+    assert!(
+        !has(
+            &pool,
+            "has_function_privilege",
+            &producer,
+            &claim,
+            "EXECUTE"
+        )
+        .await
+    );
+    assert!(
+        !has(
+            &pool,
+            "has_function_privilege",
+            &operator,
+            &claim,
+            "EXECUTE"
+        )
+        .await
+    );
+    let cancel = format!("\"{}\".tenure_cancel(uuid, text)", cfg.schema);
+    assert!(
+        has(
+            &pool,
+            "has_function_privilege",
+            &operator,
+            &cancel,
+            "EXECUTE"
+        )
+        .await
+    );
+    assert!(!has(&pool, "has_function_privilege", &worker, &cancel, "EXECUTE").await);
+    assert!(has(&pool, "has_table_privilege", &operator, &jobs, "SELECT").await);
+    assert!(!has(&pool, "has_table_privilege", &operator, &jobs, "INSERT").await);
+    for role in [&worker, &producer] {
+        assert!(
+            has(&pool, "has_table_privilege", role, &jobs, "SELECT").await,
+            "{role}"
+        );
+        assert!(
+            !has(&pool, "has_table_privilege", role, &jobs, "UPDATE").await,
+            "{role}"
+        );
+        let insert: bool =
+            sqlx::query_scalar("SELECT has_column_privilege($1, $2, 'job_type', 'INSERT')")
+                .bind(role)
+                .bind(&jobs)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert!(insert, "{role} may enqueue");
+    }
+    for role in [&worker, &producer, &operator] {
+        for stmt in ["DROP OWNED BY", "DROP ROLE"] {
+            sqlx::query(&format!("{stmt} \"{role}\""))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// `tenure enqueue` goes through the producers' path: the job runs, a
+/// second identical enqueue is a duplicate and says so, `--after`/`--at`
+/// delay it; `job --key TYPE:KEY` finds it and shows its history as a table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_then_job_by_key_with_its_history_table() {
+    let ns = DevStack::unique_namespace("cli_enq");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let worker = Worker::builder(cfg.clone().with_worker_id("enq-w"))
+        .register(Echo)
+        .start()
+        .await
+        .unwrap();
+
+    let args = ["enqueue", "cli.echo", "--key", "order:1", "--input", "4"];
+    let out = ok(&tenure(&cfg, &args));
+    let id = JobId::from_key("cli.echo", "order:1");
+    assert!(out.contains(&format!("enqueued {id}")), "{out}");
+    let again = ok(&tenure(&cfg, &args));
+    assert!(
+        again.contains("duplicate") && again.contains(&id.to_string()),
+        "{again}"
+    );
+    let v = json(&tenure(&cfg, &[&["--json"][..], &args[..]].concat()));
+    assert_eq!(v["duplicate"], true, "{v}");
+    assert_eq!(v["job_id"], id.to_string());
+    let conflict = failed(&tenure(
+        &cfg,
+        &["enqueue", "cli.echo", "--key", "order:1", "--input", "5"],
+    ));
+    assert!(
+        conflict.contains("another job type or payload"),
+        "{conflict}"
+    );
+    let finished = wait_until(Duration::from_secs(30), || async {
+        status(&client, id).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(finished, "the enqueued job ran");
+    assert_eq!(
+        client.job(id).await.unwrap().unwrap().input,
+        serde_json::json!(4)
+    );
+
+    // `job --key`: the same detail as `job <ID>`, then the history table.
+    let by_key = ok(&tenure(&cfg, &["job", "--key", "cli.echo:order:1"]));
+    let by_id = ok(&tenure(&cfg, &["job", &id.to_string()]));
+    assert_eq!(by_key, by_id);
+    println!("$ tenure job --key cli.echo:order:1\n{by_key}");
+    let header = by_key
+        .lines()
+        .find(|l| l.starts_with("SEQ"))
+        .unwrap_or_else(|| panic!("no history table:\n{by_key}"));
+    for col in ["AT", "EVENT", "TOKEN", "STEP", "WORKER", "DETAIL"] {
+        assert!(header.contains(col), "{header}");
+    }
+    let events = client.store().job_events(id).await.unwrap();
+    for e in &events {
+        let line = by_key
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(e.seq.to_string().as_str()))
+            .unwrap_or_else(|| panic!("event {} missing:\n{by_key}", e.seq));
+        assert!(line.contains(&e.kind), "{line}");
+    }
+    for kind in ["enqueued", "claimed", "step", "done"] {
+        assert!(events.iter().any(|e| e.kind == kind), "{kind}: {events:?}");
+    }
+    assert!(by_key.contains("enq-w"), "the worker is named:\n{by_key}");
+    let js = json(&tenure(
+        &cfg,
+        &["--json", "job", "--key", "cli.echo:order:1"],
+    ));
+    assert_eq!(js["id"], id.to_string());
+    assert_eq!(js["events"].as_array().unwrap().len(), events.len());
+    let missing = failed(&tenure(&cfg, &["job", "--key", "cli.echo:never"]));
+    assert!(
+        missing.contains("no job") && missing.contains("never"),
+        "{missing}"
+    );
+    let out = tenure(&cfg, &["job", "--key", "no-colon"]);
+    assert_eq!(out.status.code(), Some(2), "{}", failed(&out));
+
+    // Delayed: `--after` and `--at` leave the row waiting for its time.
+    let at = (chrono::Utc::now() + chrono::Duration::hours(2)).to_rfc3339();
+    for (key, when) in [("later-1", ["--after", "1h"]), ("later-2", ["--at", &at])] {
+        let v = json(&tenure(
+            &cfg,
+            &[
+                &[
+                    "--json", "enqueue", "cli.echo", "--key", key, "--input", "1",
+                ][..],
+                &when[..],
+            ]
+            .concat(),
+        ));
+        assert_eq!(v["duplicate"], false, "{v}");
+        let row = client
+            .job(JobId::from_key("cli.echo", key))
+            .await
+            .unwrap()
+            .expect("enqueued");
+        assert_eq!(row.status, JobStatus::Pending);
+        assert!(row.awaiting_publish, "{key} waits for its time");
+        let run_at = row.run_at.expect("run_at");
+        assert!(
+            run_at > chrono::Utc::now() + chrono::Duration::minutes(50),
+            "{run_at}"
+        );
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// Bad `enqueue` input is a usage error (exit 2) or the client's error
+/// (exit 1), and nothing is enqueued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_refuses_bad_input_and_enqueues_nothing() {
+    let ns = DevStack::unique_namespace("cli_enq_bad");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let base = ["enqueue", "cli.echo", "--key", "bad"];
+    let cases: [(&[&str], i32, &[&str]); 6] = [
+        (&["--input", "{not json"], 2, &["--input", "JSON"]),
+        (
+            &[
+                "--input",
+                "1",
+                "--at",
+                "2030-01-01T00:00:00Z",
+                "--after",
+                "5m",
+            ],
+            2,
+            &["--at", "--after"],
+        ),
+        (&["--input", "1", "--after", "5x"], 2, &["5x"]),
+        (
+            &["--input", "1", "--at", "tomorrow"],
+            2,
+            &["tomorrow", "RFC 3339"],
+        ),
+        (
+            &["--input", "1", "--after", "3650d"],
+            1,
+            &["exceeds", "nothing enqueued"],
+        ),
+        (&["--input", "1"][..0], 2, &["--input"]),
+    ];
+    for (extra, code, needles) in cases {
+        let out = tenure(&cfg, &[&base[..], extra].concat());
+        let err = failed(&out);
+        assert_eq!(out.status.code(), Some(code), "{extra:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{extra:?}: {n:?} missing: {err}");
+        }
+    }
+    let bad_type = tenure(
+        &cfg,
+        &["enqueue", "no spaces", "--key", "k", "--input", "1"],
+    );
+    assert!(
+        failed(&bad_type).contains("invalid job type"),
+        "{bad_type:?}"
+    );
+    assert!(
+        client
+            .job(JobId::from_key("cli.echo", "bad"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        client
+            .job(JobId::from_key("no spaces", "k"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// `jobs --type`, `--age` and `--key` narrow the list, next to `--status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_filters_by_type_age_and_key() {
+    let ns = DevStack::unique_namespace("cli_filter");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let old = client
+        .enqueue_json("cli.a", "old", serde_json::json!(1))
+        .await
+        .unwrap()
+        .job_id;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let new_a = client
+        .enqueue_json("cli.a", "new", serde_json::json!(2))
+        .await
+        .unwrap()
+        .job_id;
+    let new_b = client
+        .enqueue_json("cli.b", "new", serde_json::json!(3))
+        .await
+        .unwrap()
+        .job_id;
+    client.cancel(new_b, "filtered").await.unwrap();
+    let ids = |args: &[&str]| -> Vec<String> {
+        let v = json(&tenure(&cfg, &[&["--json", "jobs"][..], args].concat()));
+        let mut ids: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let sorted = |mut v: Vec<JobId>| {
+        v.sort_by_key(|id| id.to_string());
+        v.iter().map(JobId::to_string).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&[]), sorted(vec![old, new_a, new_b]));
+    assert_eq!(ids(&["--type", "cli.a"]), sorted(vec![old, new_a]));
+    assert_eq!(ids(&["--age", "2s"]), sorted(vec![new_a, new_b]));
+    assert_eq!(
+        ids(&["--type", "cli.a", "--age", "2s"]),
+        sorted(vec![new_a])
+    );
+    assert_eq!(ids(&["--status", "cancelled"]), sorted(vec![new_b]));
+    assert_eq!(
+        ids(&["--type", "cli.a", "--status", "cancelled"]),
+        sorted(vec![])
+    );
+    assert_eq!(ids(&["--type", "cli.a", "--key", "old"]), sorted(vec![old]));
+    assert_eq!(
+        ids(&["--type", "cli.a", "--key", "old", "--age", "2s"]),
+        sorted(vec![])
+    );
+    assert_eq!(
+        ids(&["--type", "cli.b", "--key", "new", "--status", "cancelled"]),
+        sorted(vec![new_b])
+    );
+    assert_eq!(ids(&["--type", "cli.b", "--key", "nope"]), sorted(vec![]));
+    let table = ok(&tenure(&cfg, &["jobs", "--type", "cli.a", "--key", "new"]));
+    assert!(
+        table.contains(&new_a.to_string()) && table.contains("(1 job)"),
+        "{table}"
+    );
+
+    let out = tenure(&cfg, &["jobs", "--key", "old"]);
+    let err = failed(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("--type"), "{err}");
+    let out = tenure(&cfg, &["jobs", "--age", "ten"]);
+    assert_eq!(out.status.code(), Some(2), "{}", failed(&out));
+}
+
+/// In a namespace that owns jobs by partition, `enqueue` needs the
+/// namespace's partition count (`--partitions` or `TENURE_PARTITIONS`):
+/// without it the client's refusal names the setting and nothing is enqueued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_into_a_partitioned_namespace_takes_its_partition_count() {
+    let ns = DevStack::unique_namespace("cli_part");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3)).with_partitions(4);
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let args = ["enqueue", "cli.echo", "--key", "p1", "--input", "1"];
+    let err = failed(&tenure(&cfg, &args));
+    assert!(err.contains("TENURE_PARTITIONS"), "{err}");
+    let id = JobId::from_key("cli.echo", "p1");
+    assert!(client.job(id).await.unwrap().is_none(), "nothing enqueued");
+    let out = ok(&tenure(
+        &cfg,
+        &[&["--partitions", "4"][..], &args[..]].concat(),
+    ));
+    assert!(out.contains(&format!("enqueued {id}")), "{out}");
+    let row = client.job(id).await.unwrap().expect("enqueued");
+    assert_eq!(row.status, JobStatus::Pending);
+    for bad in ["0", "1025", "x"] {
+        let out = tenure(&cfg, &["--partitions", bad, "jobs"]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
+    }
+}

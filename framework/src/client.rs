@@ -271,6 +271,35 @@ impl Client {
             .await
     }
 
+    /// Enqueues a job by type name with a JSON input, due at `run_at`: the
+    /// delayed form of [`Client::enqueue_json`] (`tenure enqueue --at`), with
+    /// the rules of [`Client::enqueue_at`].
+    ///
+    /// # Errors
+    /// [`ClientError::DelayTooLong`] (nothing enqueued); as
+    /// [`Client::enqueue_json`] otherwise.
+    pub async fn enqueue_json_at(
+        &self,
+        job_type: &str,
+        idempotency_key: &str,
+        input: serde_json::Value,
+        run_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Enqueued, ClientError> {
+        let ahead = (run_at - chrono::Utc::now()).to_std().unwrap_or_default();
+        if ahead > self.max_delay {
+            return Err(self.too_long(ahead));
+        }
+        let job_id = JobId::from_key(job_type, idempotency_key);
+        let payload = self.checked_payload(job_id, job_type, &input)?;
+        self.check_mode().await?;
+        let inserted = self
+            .store
+            .insert_job_at(job_id, job_type, &input, run_at)
+            .await?;
+        self.publish_unless_waiting(job_id, job_type, inserted, true, payload)
+            .await
+    }
+
     /// Enqueues a job of type `J` under `idempotency_key`, due `delay` from now.
     ///
     /// The row is inserted with `run_at` and no message is published: the

@@ -98,7 +98,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     max_streams: u64,
     /// Seconds between live updates of the overview.
-    #[arg(long, default_value_t = 2.0, value_parser = crate::parse_secs)]
+    #[arg(long, default_value_t = 2.0, value_parser = crate::args::parse_secs)]
     refresh: f64,
 }
 

@@ -130,6 +130,20 @@ impl FenceStore {
         self.run_grants(&stmts).await
     }
 
+    /// Whether the PostgreSQL role `role` exists. Only reads (`pg_roles`):
+    /// `tenure migrate` checks the roles it is to grant to before it changes
+    /// anything.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn role_exists(&self, role: &str) -> Result<bool, FenceError> {
+        let sql = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)";
+        Ok(sqlx::query_scalar(sql)
+            .bind(role)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     fn producer_grants(&self, role: &str) -> Result<Vec<String>, FenceError> {
         let (s, role) = (&self.schema, guard::quote_table(role)?);
         let mut stmts = vec![

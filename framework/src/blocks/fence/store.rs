@@ -139,6 +139,26 @@ impl FenceStore {
         .await
     }
 
+    /// The versions of the migrations applied to this store's schema, oldest
+    /// first; empty while the schema (or its `_sqlx_migrations` table) does
+    /// not exist. Only reads: `tenure migrate` compares it before and after
+    /// [`migrate`](Self::migrate) to say what a run applied.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn applied_migrations(&self) -> Result<Vec<i64>, FenceError> {
+        let table = format!("\"{}\"._sqlx_migrations", self.schema);
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&table)
+            .fetch_one(&self.pool)
+            .await?;
+        if !exists {
+            return Ok(Vec::new());
+        }
+        let sql = format!("SELECT version FROM {table} WHERE success ORDER BY version");
+        Ok(sqlx::query_scalar(&sql).fetch_all(&self.pool).await?)
+    }
+
     async fn migrate_on(&self, conn: &mut PgConnection) -> Result<(), FenceError> {
         let schema: &str = &self.schema;
         sqlx::query("SELECT pg_advisory_lock($1, hashtext($2))")

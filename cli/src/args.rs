@@ -1,0 +1,448 @@
+//! The command line: every flag, subcommand and value parser (`clap`), and
+//! the settings they make. No server is contacted here.
+
+use std::time::Duration;
+
+use anyhow::anyhow;
+use chrono::{DateTime, Utc};
+use clap::{Parser, Subcommand, ValueEnum};
+use tenure::blocks::fence::JobStatus;
+use tenure::security::{NatsAuth, Secret, TlsFiles};
+use tenure::{Config, JobId};
+
+use crate::web;
+
+/// Operator tool for Tenure: jobs, their fencing history, the dead-letter queue.
+#[derive(Debug, Parser)]
+#[command(name = "tenure", version, about)]
+pub struct Cli {
+    /// etcd endpoints, comma-separated. No current command contacts etcd; the flag
+    /// is accepted so that one set of `TENURE_*` variables serves workers and the CLI.
+    #[arg(
+        long = "etcd",
+        env = "TENURE_ETCD_ENDPOINTS",
+        global = true,
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd: Vec<String>,
+    /// NATS server URL.
+    #[arg(
+        long = "nats",
+        env = "TENURE_NATS_URL",
+        global = true,
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub nats: String,
+    /// PostgreSQL URL.
+    #[arg(
+        long = "database-url",
+        env = "TENURE_DATABASE_URL",
+        global = true,
+        default_value = "postgres://postgres@127.0.0.1:5432/tenure"
+    )]
+    pub database_url: String,
+    /// Namespace (etcd prefix and stream names).
+    #[arg(
+        long,
+        env = "TENURE_NAMESPACE",
+        global = true,
+        default_value = "tenure"
+    )]
+    pub namespace: String,
+    /// PostgreSQL schema of the job rows.
+    #[arg(long, env = "TENURE_SCHEMA", global = true, default_value = "tenure")]
+    pub schema: String,
+    /// The namespace's partition count, if it owns jobs by partition
+    /// (`Config::partitions`): `enqueue`, `redrive` and `cancel` are refused
+    /// in such a namespace without it.
+    #[arg(long, env = "TENURE_PARTITIONS", global = true,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(tenure::config::MAX_PARTITIONS)))]
+    pub partitions: Option<u32>,
+    /// Bound on connecting and on each server call, in seconds.
+    #[arg(long, global = true, default_value_t = 5.0, value_parser = parse_secs)]
+    pub timeout: f64,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(flatten)]
+    pub security: Security,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// TLS and credentials, the same settings (and variables) as
+/// [`tenure::Config::from_env`]. PostgreSQL TLS is in the URL (`sslmode`,
+/// `sslrootcert`, `sslcert`, `sslkey`). Secret values are never printed.
+#[derive(Debug, clap::Args)]
+pub struct Security {
+    /// CA bundle (PEM) for etcd's certificate; setting any etcd TLS file turns TLS on.
+    #[arg(long, env = "TENURE_ETCD_CA_FILE", global = true)]
+    etcd_ca_file: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for etcd (mutual TLS).
+    #[arg(
+        long,
+        env = "TENURE_ETCD_CERT_FILE",
+        global = true,
+        requires = "etcd_key_file"
+    )]
+    etcd_cert_file: Option<std::path::PathBuf>,
+    /// Key of the etcd client certificate (PEM).
+    #[arg(long, env = "TENURE_ETCD_KEY_FILE", global = true)]
+    etcd_key_file: Option<std::path::PathBuf>,
+    /// etcd user.
+    #[arg(
+        long,
+        env = "TENURE_ETCD_USER",
+        global = true,
+        requires = "etcd_password"
+    )]
+    etcd_user: Option<String>,
+    /// etcd password.
+    #[arg(long, env = "TENURE_ETCD_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
+    etcd_password: Option<Secret>,
+    /// CA bundle (PEM) for NATS's certificate; setting any NATS TLS file requires TLS.
+    #[arg(long, env = "TENURE_NATS_CA_FILE", global = true)]
+    nats_ca_file: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for NATS (mutual TLS).
+    #[arg(
+        long,
+        env = "TENURE_NATS_CERT_FILE",
+        global = true,
+        requires = "nats_key_file"
+    )]
+    nats_cert_file: Option<std::path::PathBuf>,
+    /// Key of the NATS client certificate (PEM).
+    #[arg(long, env = "TENURE_NATS_KEY_FILE", global = true)]
+    nats_key_file: Option<std::path::PathBuf>,
+    /// NATS user (with --nats-password).
+    #[arg(long, env = "TENURE_NATS_USER", global = true)]
+    nats_user: Option<String>,
+    /// NATS password.
+    #[arg(long, env = "TENURE_NATS_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
+    nats_password: Option<Secret>,
+    /// NATS token.
+    #[arg(long, env = "TENURE_NATS_TOKEN", global = true, hide_env_values = true, value_parser = secret)]
+    nats_token: Option<Secret>,
+    /// NATS `.creds` file.
+    #[arg(long, env = "TENURE_NATS_CREDS_FILE", global = true)]
+    nats_creds_file: Option<std::path::PathBuf>,
+    /// NATS nkey seed.
+    #[arg(long, env = "TENURE_NATS_NKEY", global = true, hide_env_values = true, value_parser = secret)]
+    nats_nkey: Option<Secret>,
+    /// PostgreSQL password (instead of in the URL).
+    #[arg(long, env = "TENURE_DATABASE_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
+    database_password: Option<Secret>,
+    /// Send credentials to servers off loopback without verified TLS
+    /// (refused otherwise; see `Config::allow_insecure_transport`).
+    #[arg(long, env = "TENURE_ALLOW_INSECURE_TRANSPORT", global = true)]
+    allow_insecure_transport: bool,
+}
+
+fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
+    Ok(Secret::new(value))
+}
+
+fn tls_files(
+    ca: Option<std::path::PathBuf>,
+    cert: Option<std::path::PathBuf>,
+    key: Option<std::path::PathBuf>,
+) -> Option<TlsFiles> {
+    let tls = TlsFiles {
+        ca_file: ca,
+        cert_file: cert,
+        key_file: key,
+    };
+    (tls != TlsFiles::default()).then_some(tls)
+}
+
+impl Security {
+    /// `cfg` with these settings; more than one NATS credential is an error.
+    pub fn apply(self, mut cfg: Config) -> anyhow::Result<Config> {
+        cfg.etcd_tls = tls_files(self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file);
+        cfg.etcd_user = self.etcd_user;
+        cfg.etcd_password = self.etcd_password;
+        cfg.nats_tls = tls_files(self.nats_ca_file, self.nats_cert_file, self.nats_key_file);
+        cfg.database_password = self.database_password;
+        cfg.allow_insecure_transport = self.allow_insecure_transport;
+        let nats = [
+            self.nats_user.map(|user| NatsAuth::UserPassword {
+                user,
+                password: self.nats_password.unwrap_or_else(|| Secret::new("")),
+            }),
+            self.nats_token.map(NatsAuth::Token),
+            self.nats_creds_file.map(NatsAuth::CredsFile),
+            self.nats_nkey.map(NatsAuth::NKey),
+        ];
+        let mut given = nats.into_iter().flatten();
+        cfg.nats_auth = given.next().unwrap_or_default();
+        if given.next().is_some() {
+            return Err(anyhow!(
+                "give one NATS credential: user/password, token, creds file or nkey"
+            ));
+        }
+        Ok(cfg)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply Tenure's migrations to the schema (a run with nothing to apply
+    /// changes nothing and says so), then grant the worker's and the
+    /// producer's privileges to existing PostgreSQL roles. Only PostgreSQL is
+    /// contacted: the namespace's way of owning jobs is recorded by its first
+    /// worker or producer.
+    Migrate(MigrateArgs),
+    /// Enqueue a job by type name with a JSON input, through the producers'
+    /// path: the idempotency key names the job, so a second identical
+    /// enqueue is a duplicate and changes nothing.
+    Enqueue(EnqueueArgs),
+    /// List jobs, newest first.
+    Jobs(JobsArgs),
+    /// Show one job: status, fence, step, takeovers, attempts, last error,
+    /// times, then its history (a table; `--json`: everything, DLQ entries too).
+    Job(JobArgs),
+    /// List the dead-letter queue, oldest first.
+    Dlq {
+        /// At most this many entries.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Put dead jobs back to work: reset the row, move the DLQ entries back.
+    Redrive {
+        /// The dead job to redrive.
+        #[arg(value_parser = parse_job_id, required_unless_present = "reason", conflicts_with = "reason")]
+        id: Option<JobId>,
+        /// Redrive every dead letter with this reason code (e.g. `max_retries`,
+        /// `permanent_error`, `max_takeovers`) or this exact reason text.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Cancel a pending, running or dead job: its owner's running step is
+    /// stopped and rolled back, the row becomes `cancelled`, no later step
+    /// runs; a dead job leaves the DLQ and is never redriven. Cancelling twice
+    /// changes nothing; a done or unknown job is an error.
+    Cancel {
+        /// The job to cancel.
+        #[arg(value_parser = parse_job_id)]
+        id: JobId,
+        /// Why (kept on the row and in the job's history).
+        #[arg(long, default_value = "cancelled by an operator")]
+        reason: String,
+    },
+    /// Delete finished jobs (and their history) that finished longer ago than
+    /// the given ages, in batches that skip rows locked by anyone; a status
+    /// without an age is kept. `--dry-run` counts them and changes nothing.
+    Prune(PruneArgs),
+    /// Jobs per status and type, the last hour's rates, takeovers, stale refusals, DLQ size.
+    Overview,
+    /// Workers seen in the last hour's job history or connected to PostgreSQL now.
+    Workers,
+    /// Cron schedules (expression, time zone, missed-ticks policy, last and
+    /// next tick, ticks enqueued and skipped) and the scheduler leader.
+    Schedules,
+    /// Serve the operator's web view (read-only without --operator-token-file or TENURE_OPERATOR_TOKEN).
+    Serve(web::ServeArgs),
+}
+
+/// `tenure migrate` options.
+#[derive(Debug, clap::Args)]
+pub struct MigrateArgs {
+    /// Grant this existing role what running jobs needs (`grant_worker`).
+    #[arg(long, value_name = "ROLE")]
+    pub grant_worker: Option<String>,
+    /// Grant this existing role what enqueueing needs (`grant_producer`).
+    #[arg(long, value_name = "ROLE")]
+    pub grant_producer: Option<String>,
+    /// Grant this existing role an operator's reads, cancel, redrive and
+    /// prune (`grant_operator`).
+    #[arg(long, value_name = "ROLE")]
+    pub grant_operator: Option<String>,
+}
+
+/// `tenure enqueue` options.
+#[derive(Debug, clap::Args)]
+pub struct EnqueueArgs {
+    /// The job type (what workers register, e.g. `billing.charge`).
+    pub job_type: String,
+    /// The idempotency key: with the type, it names the job.
+    #[arg(long)]
+    pub key: String,
+    /// The job's input, as JSON (`'{"order": 42}'`, `7`, `'"text"'`).
+    #[arg(long, value_parser = parse_json)]
+    pub input: serde_json::Value,
+    /// Due at this time (RFC 3339, e.g. `2026-12-24T18:00:00Z`).
+    #[arg(long, value_parser = parse_time, conflicts_with = "after")]
+    pub at: Option<DateTime<Utc>>,
+    /// Due this long from now (`90s`, `30m`, `12h`, `7d`).
+    #[arg(long, value_parser = parse_age)]
+    pub after: Option<Duration>,
+}
+
+/// `tenure jobs` options: the filters combine (all must hold).
+#[derive(Debug, clap::Args)]
+pub struct JobsArgs {
+    /// Only jobs with this status.
+    #[arg(long, value_enum)]
+    pub status: Option<Status>,
+    /// Only jobs of this type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub job_type: Option<String>,
+    /// Only jobs created within this age (`90s`, `30m`, `12h`, `7d`).
+    #[arg(long, value_parser = parse_age)]
+    pub age: Option<Duration>,
+    /// Only the job with this idempotency key (with `--type`: a job's id is
+    /// made of both).
+    #[arg(long, requires = "job_type")]
+    pub key: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+}
+
+/// `tenure job` options: the job by id, or by type and idempotency key.
+#[derive(Debug, clap::Args)]
+pub struct JobArgs {
+    /// The job id (a UUID).
+    #[arg(value_parser = parse_job_id, required_unless_present = "key", conflicts_with = "key")]
+    pub id: Option<JobId>,
+    /// The job's type and idempotency key, `TYPE:KEY` (e.g. `billing.charge:order-42`).
+    #[arg(long, value_name = "TYPE:KEY", value_parser = parse_type_key)]
+    pub key: Option<TypeKey>,
+}
+
+/// A job type and an idempotency key (`--key TYPE:KEY`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeKey {
+    /// The job type.
+    pub job_type: String,
+    /// The idempotency key.
+    pub key: String,
+}
+
+impl TypeKey {
+    /// The job's id.
+    pub fn job_id(&self) -> JobId {
+        JobId::from_key(&self.job_type, &self.key)
+    }
+}
+
+/// `tenure prune` options.
+#[derive(Debug, clap::Args)]
+pub struct PruneArgs {
+    /// Delete `done` jobs older than this (`90s`, `30m`, `12h`, `7d`).
+    #[arg(long, value_parser = parse_age)]
+    pub done_older_than: Option<Duration>,
+    /// Delete `cancelled` jobs older than this.
+    #[arg(long, value_parser = parse_age)]
+    pub cancelled_older_than: Option<Duration>,
+    /// Delete `dead` jobs older than this (they are kept otherwise).
+    #[arg(long, value_parser = parse_age)]
+    pub dead_older_than: Option<Duration>,
+    /// Rows deleted per statement (at most 10000, what the prune
+    /// function accepts).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch: u32,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Status {
+    Pending,
+    Running,
+    Done,
+    Dead,
+    Cancelled,
+}
+
+impl From<Status> for JobStatus {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Pending => JobStatus::Pending,
+            Status::Running => JobStatus::Running,
+            Status::Done => JobStatus::Done,
+            Status::Dead => JobStatus::Dead,
+            Status::Cancelled => JobStatus::Cancelled,
+        }
+    }
+}
+
+pub fn parse_job_id(s: &str) -> Result<JobId, String> {
+    s.parse::<JobId>().map_err(|e| {
+        format!("not a job id (expected a UUID such as 67e55044-10b1-426f-9247-bb680e5fe0c8): {e}")
+    })
+}
+
+/// An age: a positive whole number and a unit (`s`, `m`, `h`, `d`).
+pub fn parse_age(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not an age such as 90s, 30m, 12h or 7d");
+    let unit = match s.chars().last() {
+        Some('s') => 1,
+        Some('m') => 60,
+        Some('h') => 3600,
+        Some('d') => 86_400,
+        _ => return Err(bad()),
+    };
+    let n: u64 = s[..s.len() - 1].parse().map_err(|_| bad())?;
+    if n == 0 {
+        return Err("an age must be positive".into());
+    }
+    n.checked_mul(unit).map(Duration::from_secs).ok_or_else(bad)
+}
+
+pub fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
+        _ => Err("expected seconds between 0 and 3600".into()),
+    }
+}
+
+/// A JSON value (`--input`).
+pub fn parse_json(s: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))
+}
+
+/// A time in RFC 3339 (`--at`).
+pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("not an RFC 3339 time such as 2026-12-24T18:00:00Z: {e}"))
+}
+
+/// `TYPE:KEY`, split at the first `:` (a job type has none; a key may).
+pub fn parse_type_key(s: &str) -> Result<TypeKey, String> {
+    match s.split_once(':') {
+        Some((t, k)) if !t.is_empty() && !k.is_empty() => Ok(TypeKey {
+            job_type: t.to_string(),
+            key: k.to_string(),
+        }),
+        _ => Err("expected TYPE:KEY, e.g. billing.charge:order-42".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn type_key_splits_at_the_first_colon() {
+        let tk = parse_type_key("billing.charge:order:42");
+        let want = TypeKey {
+            job_type: "billing.charge".into(),
+            key: "order:42".into(),
+        };
+        assert_eq!(tk, Ok(want.clone()));
+        assert_eq!(want.job_id(), JobId::from_key("billing.charge", "order:42"));
+        for bad in ["nokey", ":k", "t:"] {
+            assert!(parse_type_key(bad).is_err(), "{bad}");
+        }
+    }
+}
