@@ -211,12 +211,15 @@
 //! | `testing` | off | for tests only: `tenure::testing` (with `devstack`: `#[tenure::test]`, `TestEnv`, worker processes; always: `FaultPlan`, applied by the runtime at named points of jobs, and the `History` checker) and test-only constructors (`FencingToken::for_tests`, `StepCtx::detached_for_tests`). Never enable it in production. |
 //! | `otlp` | off | `telemetry::otlp`: push metrics to an OpenTelemetry collector over gRPC (opentelemetry-otlp). |
 //! | `prometheus` | off | `telemetry::prometheus`: a Prometheus scrape endpoint (`GET /metrics`) for the worker's metrics. |
+//! | `http` | off | `probe::ProbeServer`: a worker's `GET /livez` and `GET /readyz` (and, with `prometheus`, `GET /metrics`) on one listener, for an orchestrator's probes. |
 //! | `mysql` | off | `fence::mysql` and `StepCtx::mysql`: a MySQL/MariaDB database as a fenced resource (sqlx's MySQL driver, rustls); with `devstack`, `DevStackOptions::mariadb`. |
 
 pub mod blocks;
 mod client;
 pub mod config;
 pub mod job;
+#[cfg(feature = "http")]
+pub mod probe;
 mod retry;
 mod runtime;
 mod schedule;
@@ -259,7 +262,10 @@ pub use fence::mysql::{MySqlFence, MySqlFenceError, MySqlFencedTx};
 pub use fence::{Cancelled, GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
 pub use job::{DeadJob, Job, StepCtx, StepError};
 pub use lease::Health;
-pub use runtime::{JobLimits, Worker, WorkerBuilder, WorkerError, WorkerObserver};
+pub use runtime::{
+    JobLimits, READINESS_TIMEOUT, Readiness, ReadinessCheck, Worker, WorkerBuilder, WorkerError,
+    WorkerObserver, WorkerProbe,
+};
 pub use schedule::{MissedTicks, Schedule, ScheduleError};
 /// `#[tenure::test]` (feature `testing`; the tests it makes need `devstack`
 /// too): see `tenure::testing` and the guide [`guide::testing`].

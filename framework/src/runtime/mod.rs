@@ -30,6 +30,7 @@ mod job_actor;
 mod keeper;
 mod outcome;
 mod partitions;
+mod readiness;
 mod registry;
 mod report;
 mod routes;
@@ -57,6 +58,7 @@ use crate::{Config, FencingToken, JobId, StepIndex};
 
 use fetcher::{Fetcher, FetcherArgs, FetcherMsg};
 use keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
+pub use readiness::{READINESS_TIMEOUT, Readiness, ReadinessCheck, WorkerProbe};
 pub use registry::JobLimits;
 use registry::Registry;
 use report::Reporter;
@@ -93,6 +95,9 @@ pub enum WorkerError {
     /// A cron schedule that cannot be used (checked before anything connects).
     #[error("schedule: {0}")]
     Schedule(#[from] crate::schedule::ScheduleError),
+    /// [`Worker::run_until_signal`] could not install its signal handlers.
+    #[error("signal handler: {0}")]
+    Signal(#[source] std::io::Error),
 }
 
 /// Observes what the runtime commits and refuses (for audits and torture tests).
@@ -677,6 +682,66 @@ impl Worker {
     /// waiting for a run slot are not counted).
     pub fn in_flight(&self) -> usize {
         self.slots.running()
+    }
+
+    /// A handle on this worker's liveness and readiness that outlives it,
+    /// for a probe server (`probe::ProbeServer`, feature `http`).
+    pub fn probe(&self) -> WorkerProbe {
+        WorkerProbe::new(
+            self.shared.clone(),
+            self.supervisor.clone(),
+            self.stop_all.clone(),
+        )
+    }
+
+    /// Whether this worker can do work now, per check: see [`Readiness`]
+    /// (and [`WorkerProbe::readiness`]).
+    pub async fn readiness(&self) -> Readiness {
+        self.probe().readiness().await
+    }
+
+    /// Runs until the process gets `SIGTERM` or `SIGINT`, then shuts down
+    /// gracefully ([`Worker::shutdown`]: running jobs stop at their next
+    /// step boundary within [`Config::shutdown_grace`] and are released, so
+    /// the next owner counts no takeover). Make the orchestrator's grace
+    /// period (Kubernetes' `terminationGracePeriodSeconds`) longer than
+    /// `shutdown_grace`.
+    ///
+    /// ```no_run
+    /// # async fn demo<J: tenure::Job>(job: J) -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = tenure::Worker::builder(tenure::Config::from_env()?)
+    ///     .register(job)
+    ///     .start()
+    ///     .await?;
+    /// worker.run_until_signal().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`WorkerError::Signal`] if the signal handlers cannot be installed
+    /// (the worker is shut down then too).
+    #[cfg(unix)]
+    pub async fn run_until_signal(self) -> Result<(), WorkerError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let handlers = signal(SignalKind::terminate())
+            .and_then(|term| Ok((term, signal(SignalKind::interrupt())?)));
+        let (mut term, mut int) = match handlers {
+            Ok(h) => h,
+            Err(e) => {
+                self.shutdown().await?;
+                return Err(WorkerError::Signal(e));
+            }
+        };
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(
+            signal = name,
+            grace = ?self.shared.cfg.shutdown_grace,
+            "signal received: shutting down gracefully"
+        );
+        self.shutdown().await
     }
 
     /// Graceful shutdown: stop fetching; let running steps finish (a job stops

@@ -222,6 +222,29 @@ pub(crate) fn fair_share(partitions: u32, members: usize, index: usize) -> usize
     p / n + usize::from(index < p % n)
 }
 
+/// The fair share of `job_type`'s `partitions` that `view`'s members give
+/// the session `lease`, and its index among the type's members (by lease id,
+/// itself included).
+pub(crate) fn share_of(
+    view: &OwnershipView,
+    job_type: &str,
+    lease: LeaseId,
+    partitions: u32,
+) -> (usize, usize) {
+    let mut members: Vec<LeaseId> = view
+        .members
+        .iter()
+        .filter(|m| m.job_types.iter().any(|t| t == job_type))
+        .map(|m| m.lease)
+        .collect();
+    if !members.contains(&lease) {
+        members.push(lease);
+    }
+    members.sort_by_key(|l| l.get());
+    let index = members.iter().position(|l| *l == lease).unwrap_or(0);
+    (fair_share(partitions, members.len(), index), index)
+}
+
 /// Keeps this worker's share of every registered type's partitions until
 /// `stop`: on every session, join the members, then reconcile on every change
 /// under `<ns>/own/` (and every `Tuning::partition_resync` as a backstop).
@@ -366,19 +389,7 @@ impl Rebalance<'_> {
     /// This worker's fair share of `job_type` and its index among the
     /// type's members (by lease id, itself included).
     fn share_of(&self, job_type: &str, view: &OwnershipView) -> (usize, usize) {
-        let lease = self.session.lease_id();
-        let mut members: Vec<LeaseId> = view
-            .members
-            .iter()
-            .filter(|m| m.job_types.iter().any(|t| t == job_type))
-            .map(|m| m.lease)
-            .collect();
-        if !members.contains(&lease) {
-            members.push(lease);
-        }
-        members.sort_by_key(|l| l.get());
-        let index = members.iter().position(|l| *l == lease).unwrap_or(0);
-        (fair_share(self.partitions, members.len(), index), index)
+        share_of(view, job_type, self.session.lease_id(), self.partitions)
     }
 
     /// Takes free partitions of `job_type` up to `share`, or hands the extra

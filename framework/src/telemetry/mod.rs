@@ -71,6 +71,8 @@
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, UpDownCounter};
 
+#[cfg(any(feature = "http", feature = "prometheus"))]
+pub(crate) mod http;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "prometheus")]

@@ -5,7 +5,9 @@
 //! The child speaks to the parent in stdout lines starting with [`PREFIX`]:
 //! `ready`, `commit <job> <step> <token>`, `refused <job> <step> <token>`, and
 //! `freeze <ms>` right before it stops itself with `SIGSTOP` (the parent sends
-//! `SIGCONT` after that long). It shuts down gracefully when its stdin closes.
+//! `SIGCONT` after that long), and `stopped` after its graceful shutdown. It
+//! runs under `Worker::run_until_signal`: `SIGTERM` (or its stdin closing,
+//! which raises `SIGTERM`) shuts it down gracefully.
 
 use std::io::{BufRead as _, Write as _};
 use std::process::{Child, Command, Stdio};
@@ -68,7 +70,8 @@ impl ChildSpec {
     }
 }
 
-/// Runs the worker of a worker process until its stdin closes.
+/// Runs the worker of a worker process under `Worker::run_until_signal`
+/// until it gets `SIGTERM` or its stdin closes.
 pub(super) async fn serve(spec: TestSpec, child: ChildSpec) -> Result<(), TestError> {
     let build = spec.worker.ok_or(TestError::NoWorkerFn)?;
     let mut cfg = crate::Config::new(&child.namespace)
@@ -89,13 +92,19 @@ pub(super) async fn serve(spec: TestSpec, child: ChildSpec) -> Result<(), TestEr
         .observer(Arc::new(Reporter))
         .start()
         .await?;
+    // Installed before the stdin watcher can raise it: tokio keeps its
+    // handler for the life of the process, so a SIGTERM never kills us.
+    let _installed = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| TestError::Process(format!("SIGTERM handler: {e}")))?;
     say("ready");
-    let _ = tokio::task::spawn_blocking(|| {
+    std::thread::spawn(|| {
         let mut sink = Vec::new();
         let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
-    })
-    .await;
-    worker.shutdown().await?;
+        // The parent closed our stdin (or died): the same graceful way out.
+        let _ = nix::sys::signal::raise(Signal::SIGTERM);
+    });
+    worker.run_until_signal().await?;
+    say("stopped");
     Ok(())
 }
 
@@ -228,7 +237,8 @@ impl WorkerProcess {
     }
 
     /// Whether the worker said `line` (the kit's protocol lines, without the
-    /// prefix: `ready`, `crash`, `freeze <ms>`, `commit ...`, `refused ...`).
+    /// prefix: `ready`, `crash`, `freeze <ms>`, `commit ...`, `refused ...`,
+    /// `stopped`).
     pub fn has_line(&self, line: &str) -> bool {
         self.lines().iter().any(|l| l.starts_with(line))
     }
@@ -249,6 +259,18 @@ impl WorkerProcess {
         let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// Sends the worker `SIGTERM` (by its pid): it shuts down gracefully
+    /// (`Worker::run_until_signal`); waits for it to exit and returns how it
+    /// exited (`None` if it could not be waited for).
+    pub fn terminate(&self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        let pid = Pid::from_raw(i32::try_from(self.pid).ok()?);
+        if let Ok(None) = child.try_wait() {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+        }
+        child.wait().ok()
     }
 
     /// Closes its stdin: the worker shuts down gracefully; waits for it.
