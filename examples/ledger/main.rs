@@ -375,5 +375,19 @@ async fn worker_process(id: String) -> anyhow::Result<()> {
         .observer(Arc::new(Print))
         .start()
         .await?;
-    serve_until_stdin_closes(worker, &id).await
+    // Deployed (deploy/compose.yaml): probes on TENURE_LEDGER_PROBE_ADDR and a
+    // graceful shutdown on SIGTERM; in the demo: until the demo closes stdin.
+    match std::env::var("TENURE_LEDGER_PROBE_ADDR") {
+        Ok(addr) => {
+            let addr = addr.parse().context("TENURE_LEDGER_PROBE_ADDR")?;
+            let probe =
+                tenure::probe::ProbeServer::serve(addr, worker.probe(), Duration::from_secs(2))
+                    .await?;
+            println!("READY {id} probes on {}", probe.local_addr());
+            worker.run_until_signal().await?;
+            drop(probe);
+            Ok(())
+        }
+        Err(_) => serve_until_stdin_closes(worker, &id).await,
+    }
 }
