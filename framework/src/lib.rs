@@ -168,7 +168,10 @@
 //! # The public face
 //! What an application uses is at the crate root:
 //! - [`Worker`] (built with [`Worker::builder`]) runs jobs; [`WorkerObserver`] sees
-//!   every commit and refusal; [`Health`] is its lease's state.
+//!   every commit and refusal; [`Health`] is its lease's state;
+//!   [`Worker::readiness`] ([`Readiness`]) and [`Worker::probe`] ([`WorkerProbe`])
+//!   answer an orchestrator's probes, served over HTTP by `probe::ProbeServer`
+//!   (feature `http`); [`Worker::run_until_signal`] shuts down on `SIGTERM`.
 //! - [`Schedule`], [`MissedTicks`], [`ScheduleError`]: cron schedules for
 //!   [`WorkerBuilder::schedule_with`].
 //! - [`Client`]: migrate, enqueue (now, [after a delay](Client::enqueue_after),

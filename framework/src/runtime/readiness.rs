@@ -218,3 +218,52 @@ async fn partitions(sh: &Shared) -> Option<ReadinessCheck> {
     }
     Some(ReadinessCheck::Passed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Readiness, ReadinessCheck};
+
+    fn all_passed() -> Readiness {
+        Readiness {
+            running: ReadinessCheck::Passed,
+            lease: ReadinessCheck::Passed,
+            postgres: ReadinessCheck::Passed,
+            nats: ReadinessCheck::Passed,
+            partitions: None,
+        }
+    }
+
+    #[test]
+    fn ready_when_every_check_passed() {
+        let r = all_passed();
+        assert!(r.is_ready());
+        assert_eq!(r.reason(), None);
+        assert_eq!(r.to_string(), "ready");
+    }
+
+    #[test]
+    fn the_reason_is_the_first_failing_check_in_field_order() {
+        let mut r = all_passed();
+        r.nats = ReadinessCheck::Failed("not connected".into());
+        r.postgres = ReadinessCheck::Failed("SELECT 1 timed out after 2s".into());
+        r.partitions = Some(ReadinessCheck::Failed("holds 0 of its 4".into()));
+        assert!(!r.is_ready());
+        assert_eq!(
+            r.reason().as_deref(),
+            Some("postgres: SELECT 1 timed out after 2s")
+        );
+        assert_eq!(r.to_string(), "postgres: SELECT 1 timed out after 2s");
+    }
+
+    #[test]
+    fn partition_mode_adds_its_check() {
+        let mut r = all_passed();
+        r.partitions = Some(ReadinessCheck::Failed(
+            "holds 1 of its 2 partitions of t".into(),
+        ));
+        assert_eq!(
+            r.reason().as_deref(),
+            Some("partitions: holds 1 of its 2 partitions of t")
+        );
+    }
+}
