@@ -1,0 +1,1 @@
+//! The module dependency rules of `ARCHITECTURE.md`, checked against `use crate::` edges.
