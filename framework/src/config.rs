@@ -15,10 +15,21 @@ use std::time::Duration;
 use crate::security::{InsecureTransport, NatsAuth, Secret, TlsFiles};
 
 mod retention;
+mod settings;
 mod tuning;
+mod value;
 
 pub use retention::{MAX_PRUNE_BATCH, Retention};
+pub use settings::{SETTINGS, Setting, reference};
 pub use tuning::Tuning;
+pub use value::{format_duration, parse_duration};
+
+/// The server variables [`Config::from_env`] requires.
+const SERVER_VARS: [&str; 3] = [
+    "TENURE_ETCD_ENDPOINTS",
+    "TENURE_NATS_URL",
+    "TENURE_DATABASE_URL",
+];
 
 /// What the watchdog does when the session is `Lost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -66,7 +77,8 @@ pub enum ConfigError {
 }
 
 /// Tenure's configuration. Build it in code ([`Config::new`]) or from the
-/// environment ([`Config::from_env`]).
+/// environment ([`Config::from_env`]; every field but the pool has a
+/// `TENURE_*` variable, listed in `guide::configuration`).
 ///
 /// `Debug` never prints a secret: passwords in URLs, tokens and keys show as `***`.
 #[derive(Clone)]
@@ -197,7 +209,8 @@ pub struct Config {
     /// each with the reason for its default. None affects safety.
     pub tuning: Tuning,
     /// How long finished job rows and dead letters are kept, and how they are
-    /// pruned (default: everything kept).
+    /// pruned (default [`Retention::PRODUCTION`]: `done` and `cancelled` rows
+    /// go after 30 days; `dead` rows, dead letters and keys stay).
     pub retention: Retention,
     /// TEST ONLY (feature `testing`), for the torture test's negative control:
     /// when true, the fence store builds its claim, admission and step-commit SQL
@@ -274,122 +287,43 @@ impl Config {
         }
     }
 
-    /// Reads `TENURE_ETCD_ENDPOINTS` (comma-separated), `TENURE_NATS_URL`,
-    /// `TENURE_DATABASE_URL` (all required), and optionally `TENURE_NAMESPACE`
-    /// (default `tenure`), `TENURE_SCHEMA`, `TENURE_WORKER_ID`, `TENURE_LEASE_TTL_MS`,
-    /// `TENURE_STREAM_REPLICAS`, `TENURE_PREFETCH`, `TENURE_PARTITIONS`.
+    /// Reads the configuration from the environment: `TENURE_ETCD_ENDPOINTS`
+    /// (comma-separated), `TENURE_NATS_URL` and `TENURE_DATABASE_URL` are
+    /// required; every other setting has a variable too ([`SETTINGS`], the
+    /// table in `guide::configuration`), durations in human form (`5s`,
+    /// `250ms`). [`from_vars`](Self::from_vars) with [`std::env::var`].
     ///
     /// # Errors
-    /// A missing required variable or an invalid value.
+    /// A missing required variable, or an invalid value, naming its variable.
     pub fn from_env() -> Result<Self, ConfigError> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let mut cfg = Config::new(var("TENURE_NAMESPACE").unwrap_or_else(|| "tenure".into()));
-        cfg.etcd_endpoints = var("TENURE_ETCD_ENDPOINTS")
-            .ok_or(ConfigError::Missing("TENURE_ETCD_ENDPOINTS"))?
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
-        cfg.nats_url = var("TENURE_NATS_URL").ok_or(ConfigError::Missing("TENURE_NATS_URL"))?;
-        cfg.database_url =
-            var("TENURE_DATABASE_URL").ok_or(ConfigError::Missing("TENURE_DATABASE_URL"))?;
-        if let Some(s) = var("TENURE_SCHEMA") {
-            cfg.schema = s;
-        }
-        if let Some(w) = var("TENURE_WORKER_ID") {
-            cfg.worker_id = w;
-        }
-        // An optional number: absent (or blank) keeps the default.
-        fn number<T: std::str::FromStr>(
-            var: impl Fn(&str) -> Option<String>,
-            name: &'static str,
-        ) -> Result<Option<T>, ConfigError>
-        where
-            T::Err: std::fmt::Display,
-        {
-            var(name)
-                .map(|v| {
-                    v.parse().map_err(|e| ConfigError::Invalid {
-                        name,
-                        reason: format!("{e}"),
-                    })
-                })
-                .transpose()
-        }
-        if let Some(n) = number(var, "TENURE_STREAM_REPLICAS")? {
-            cfg.stream_replicas = n;
-        }
-        if let Some(n) = number(var, "TENURE_PREFETCH")? {
-            cfg.prefetch = n;
-        }
-        if let Some(n) = number(var, "TENURE_PARTITIONS")? {
-            cfg.partitions = Some(n);
-        }
-        if let Some(ms) = number(var, "TENURE_LEASE_TTL_MS")? {
-            cfg.lease_ttl = Duration::from_millis(ms);
-        }
-        cfg.apply_security_env(&var)?;
-        cfg.validate()?;
-        Ok(cfg)
+        Self::from_vars(|k| std::env::var(k).ok())
     }
 
-    /// Reads the TLS and credential variables (see `guide::production`):
-    /// `TENURE_ETCD_{CA,CERT,KEY}_FILE`, `TENURE_ETCD_USER`, `TENURE_ETCD_PASSWORD`,
-    /// `TENURE_NATS_{CA,CERT,KEY}_FILE`, `TENURE_NATS_USER` + `TENURE_NATS_PASSWORD`,
-    /// `TENURE_NATS_TOKEN`, `TENURE_NATS_CREDS_FILE`, `TENURE_NATS_NKEY`,
-    /// `TENURE_DATABASE_PASSWORD`, `TENURE_ALLOW_INSECURE_TRANSPORT`
-    /// (`true` or `false`).
-    fn apply_security_env(
-        &mut self,
-        var: &impl Fn(&str) -> Option<String>,
-    ) -> Result<(), ConfigError> {
-        if let Some(v) = var("TENURE_ALLOW_INSECURE_TRANSPORT") {
-            self.allow_insecure_transport = match v.trim() {
-                "true" | "1" => true,
-                "false" | "0" => false,
-                other => {
-                    return Err(ConfigError::Invalid {
-                        name: "TENURE_ALLOW_INSECURE_TRANSPORT",
-                        reason: format!("{other:?} is not true or false"),
-                    });
-                }
-            };
+    /// [`from_env`](Self::from_env) with the variables `lookup` gives: the
+    /// defaults of namespace `tenure`, then [`apply_vars`](Self::apply_vars),
+    /// then [`validate`](Self::validate).
+    ///
+    /// # Errors
+    /// A missing server variable; a value that is not of its kind or out of
+    /// bounds, as [`ConfigError::Invalid`] naming its variable.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let given = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+        if let Some(missing) = SERVER_VARS.iter().find(|k| given(k).is_none()) {
+            return Err(ConfigError::Missing(missing));
         }
-        self.etcd_tls = tls_from_env(var, "ETCD");
-        self.etcd_user = var("TENURE_ETCD_USER");
-        self.etcd_password = var("TENURE_ETCD_PASSWORD").map(Secret::new);
-        self.nats_tls = tls_from_env(var, "NATS");
-        self.database_password = var("TENURE_DATABASE_PASSWORD").map(Secret::new);
-        let choices = [
-            var("TENURE_NATS_USER").map(|user| NatsAuth::UserPassword {
-                user,
-                password: Secret::new(var("TENURE_NATS_PASSWORD").unwrap_or_default()),
-            }),
-            var("TENURE_NATS_TOKEN").map(|t| NatsAuth::Token(Secret::new(t))),
-            var("TENURE_NATS_CREDS_FILE").map(|p| NatsAuth::CredsFile(p.into())),
-            var("TENURE_NATS_NKEY").map(|k| NatsAuth::NKey(Secret::new(k))),
-        ];
-        let mut given = choices.into_iter().flatten();
-        self.nats_auth = given.next().unwrap_or_default();
-        if given.next().is_some() {
-            return Err(ConfigError::Invalid {
-                name: "nats_auth",
-                reason: "set one of TENURE_NATS_USER, _TOKEN, _CREDS_FILE, _NKEY".into(),
-            });
-        }
-        Ok(())
+        let mut cfg = Config::new("tenure");
+        cfg.apply_vars(&given)?;
+        cfg.validate()
+            .map_err(|e| settings::by_variable(e, &given))?;
+        Ok(cfg)
     }
 
     /// Whether all three `TENURE_*` server variables are set (examples use this to
     /// choose real servers over the embedded dev stack).
     pub fn env_has_servers() -> bool {
-        [
-            "TENURE_ETCD_ENDPOINTS",
-            "TENURE_NATS_URL",
-            "TENURE_DATABASE_URL",
-        ]
-        .iter()
-        .all(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
+        SERVER_VARS
+            .iter()
+            .all(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
     }
 
     /// Checks names and bounds.
@@ -724,17 +658,6 @@ impl Config {
     }
 }
 
-/// `TENURE_<SERVER>_CA_FILE`, `_CERT_FILE`, `_KEY_FILE`: TLS when any is set.
-fn tls_from_env(var: &impl Fn(&str) -> Option<String>, server: &str) -> Option<TlsFiles> {
-    let file = |what: &str| var(&format!("TENURE_{server}_{what}_FILE")).map(Into::into);
-    let tls = TlsFiles {
-        ca_file: file("CA"),
-        cert_file: file("CERT"),
-        key_file: file("KEY"),
-    };
-    (tls != TlsFiles::default()).then_some(tls)
-}
-
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("Config");
@@ -869,7 +792,7 @@ mod tests {
             Some(v.to_string())
         };
         let mut cfg = Config::new("ok");
-        assert!(cfg.apply_security_env(&env).is_ok());
+        assert!(cfg.apply_vars(env).is_ok());
         assert_eq!(cfg.etcd_tls, Some(TlsFiles::new("/etc/ca.pem")));
         assert_eq!(cfg.etcd_password, Some(Secret::new("etcd-pw")));
         let nats = cfg.nats_tls.clone().unwrap_or_default();
@@ -881,9 +804,9 @@ mod tests {
         assert_eq!(cfg.database_password, Some(Secret::new("pg-pw")));
         let two = |k: &str| env(k).or_else(|| (k == "TENURE_NATS_NKEY").then(|| "SU".into()));
         assert!(matches!(
-            Config::new("ok").apply_security_env(&two),
+            Config::new("ok").apply_vars(two),
             Err(ConfigError::Invalid {
-                name: "nats_auth",
+                name: "TENURE_NATS_TOKEN",
                 ..
             })
         ));
@@ -901,11 +824,11 @@ mod tests {
         assert!(remote.clone().allow_insecure_transport().validate().is_ok());
         let env = |k: &str| (k == "TENURE_ALLOW_INSECURE_TRANSPORT").then(|| "true".to_string());
         let mut cfg = remote;
-        assert!(cfg.apply_security_env(&env).is_ok());
+        assert!(cfg.apply_vars(env).is_ok());
         assert!(cfg.allow_insecure_transport && cfg.validate().is_ok());
         let bad = |k: &str| (k == "TENURE_ALLOW_INSECURE_TRANSPORT").then(|| "yes".to_string());
         assert!(matches!(
-            Config::new("ok").apply_security_env(&bad),
+            Config::new("ok").apply_vars(bad),
             Err(ConfigError::Invalid {
                 name: "TENURE_ALLOW_INSECURE_TRANSPORT",
                 ..

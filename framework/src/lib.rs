@@ -164,6 +164,8 @@
 //!   clusters, and what the metrics mean.
 //! * [`guide::deployment`]: probes, the shutdown grace period, a migrations job,
 //!   the roles, sizing and upgrades; the repository's `deploy/` compose file.
+//! * [`guide::configuration`]: every `TENURE_*` variable, its value and default
+//!   (generated from [`config::SETTINGS`]).
 //!
 //! # The public face
 //! What an application uses is at the crate root:
@@ -247,6 +249,8 @@ pub mod guide {
     pub mod production {}
     #[doc = include_str!("docs/deployment.md")]
     pub mod deployment {}
+    #[doc = include_str!("docs/configuration.md")]
+    pub mod configuration {}
     #[doc = include_str!("docs/security.md")]
     pub mod security {}
     #[doc = include_str!("docs/testing.md")]
