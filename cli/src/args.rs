@@ -7,58 +7,43 @@ use anyhow::anyhow;
 use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand, ValueEnum};
 use tenure::blocks::fence::JobStatus;
-use tenure::security::{NatsAuth, Secret, TlsFiles};
+use tenure::config::ConfigError;
 use tenure::{Config, JobId};
 
 use crate::web;
 
 /// Operator tool for Tenure: jobs, their fencing history, the dead-letter queue.
+///
+/// Settings come from the same `TENURE_*` variables as a worker's
+/// (`tenure::config::SETTINGS`, every one of them; see
+/// `tenure::guide::configuration`); a flag overrides its variable.
 #[derive(Debug, Parser)]
 #[command(name = "tenure", version, about)]
 pub struct Cli {
-    /// etcd endpoints, comma-separated. No current command contacts etcd; the flag
-    /// is accepted so that one set of `TENURE_*` variables serves workers and the CLI.
-    #[arg(
-        long = "etcd",
-        env = "TENURE_ETCD_ENDPOINTS",
-        global = true,
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:2379"
-    )]
-    pub etcd: Vec<String>,
-    /// NATS server URL.
-    #[arg(
-        long = "nats",
-        env = "TENURE_NATS_URL",
-        global = true,
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    pub nats: String,
-    /// PostgreSQL URL.
-    #[arg(
-        long = "database-url",
-        env = "TENURE_DATABASE_URL",
-        global = true,
-        default_value = "postgres://postgres@127.0.0.1:5432/tenure"
-    )]
-    pub database_url: String,
-    /// Namespace (etcd prefix and stream names).
-    #[arg(
-        long,
-        env = "TENURE_NAMESPACE",
-        global = true,
-        default_value = "tenure"
-    )]
-    pub namespace: String,
-    /// PostgreSQL schema of the job rows.
-    #[arg(long, env = "TENURE_SCHEMA", global = true, default_value = "tenure")]
-    pub schema: String,
+    /// etcd endpoints, comma-separated [TENURE_ETCD_ENDPOINTS]. No current
+    /// command contacts etcd; the setting is read so that one set of
+    /// `TENURE_*` variables serves workers and the CLI.
+    #[arg(long = "etcd", global = true)]
+    etcd: Option<String>,
+    /// NATS server URL [TENURE_NATS_URL; default nats://127.0.0.1:4222].
+    #[arg(long = "nats", global = true)]
+    nats: Option<String>,
+    /// PostgreSQL URL [TENURE_DATABASE_URL; default
+    /// postgres://postgres@127.0.0.1:5432/tenure].
+    #[arg(long = "database-url", global = true)]
+    database_url: Option<String>,
+    /// Namespace: etcd prefix and stream names [TENURE_NAMESPACE; default tenure].
+    #[arg(long, global = true)]
+    namespace: Option<String>,
+    /// PostgreSQL schema of the job rows [TENURE_SCHEMA; default tenure].
+    #[arg(long, global = true)]
+    schema: Option<String>,
     /// The namespace's partition count, if it owns jobs by partition
-    /// (`Config::partitions`): `enqueue`, `redrive` and `cancel` are refused
-    /// in such a namespace without it.
-    #[arg(long, env = "TENURE_PARTITIONS", global = true,
+    /// [TENURE_PARTITIONS] (`Config::partitions`): `enqueue`, `redrive` and
+    /// `cancel` are refused in such a namespace without it.
+    #[arg(long, global = true,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(tenure::config::MAX_PARTITIONS)))]
-    pub partitions: Option<u32>,
+    partitions: Option<u32>,
     /// Bound on connecting and on each server call, in seconds.
     #[arg(long, global = true, default_value_t = 5.0, value_parser = parse_secs)]
     pub timeout: f64,
@@ -66,122 +51,185 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
     #[command(flatten)]
-    pub security: Security,
+    security: Security,
     #[command(subcommand)]
     pub command: Command,
 }
 
-/// TLS and credentials, the same settings (and variables) as
-/// [`tenure::Config::from_env`]. PostgreSQL TLS is in the URL (`sslmode`,
-/// `sslrootcert`, `sslcert`, `sslkey`). Secret values are never printed.
+/// TLS and credentials: the same settings as a worker's, each overriding
+/// its variable. PostgreSQL TLS is in the URL (`sslmode`, `sslrootcert`,
+/// `sslcert`, `sslkey`). Secret values are never printed.
 #[derive(Debug, clap::Args)]
-pub struct Security {
-    /// CA bundle (PEM) for etcd's certificate; setting any etcd TLS file turns TLS on.
-    #[arg(long, env = "TENURE_ETCD_CA_FILE", global = true)]
-    etcd_ca_file: Option<std::path::PathBuf>,
-    /// Client certificate (PEM) for etcd (mutual TLS).
-    #[arg(
-        long,
-        env = "TENURE_ETCD_CERT_FILE",
-        global = true,
-        requires = "etcd_key_file"
-    )]
-    etcd_cert_file: Option<std::path::PathBuf>,
-    /// Key of the etcd client certificate (PEM).
-    #[arg(long, env = "TENURE_ETCD_KEY_FILE", global = true)]
-    etcd_key_file: Option<std::path::PathBuf>,
-    /// etcd user.
-    #[arg(
-        long,
-        env = "TENURE_ETCD_USER",
-        global = true,
-        requires = "etcd_password"
-    )]
+struct Security {
+    /// CA bundle (PEM) for etcd's certificate; any etcd TLS file turns TLS on
+    /// [TENURE_ETCD_CA_FILE].
+    #[arg(long, global = true)]
+    etcd_ca_file: Option<String>,
+    /// Client certificate (PEM) for etcd, mutual TLS [TENURE_ETCD_CERT_FILE].
+    #[arg(long, global = true, requires = "etcd_key_file")]
+    etcd_cert_file: Option<String>,
+    /// Key of the etcd client certificate (PEM) [TENURE_ETCD_KEY_FILE].
+    #[arg(long, global = true)]
+    etcd_key_file: Option<String>,
+    /// etcd user [TENURE_ETCD_USER].
+    #[arg(long, global = true)]
     etcd_user: Option<String>,
-    /// etcd password.
-    #[arg(long, env = "TENURE_ETCD_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
-    etcd_password: Option<Secret>,
-    /// CA bundle (PEM) for NATS's certificate; setting any NATS TLS file requires TLS.
-    #[arg(long, env = "TENURE_NATS_CA_FILE", global = true)]
-    nats_ca_file: Option<std::path::PathBuf>,
-    /// Client certificate (PEM) for NATS (mutual TLS).
-    #[arg(
-        long,
-        env = "TENURE_NATS_CERT_FILE",
-        global = true,
-        requires = "nats_key_file"
-    )]
-    nats_cert_file: Option<std::path::PathBuf>,
-    /// Key of the NATS client certificate (PEM).
-    #[arg(long, env = "TENURE_NATS_KEY_FILE", global = true)]
-    nats_key_file: Option<std::path::PathBuf>,
-    /// NATS user (with --nats-password).
-    #[arg(long, env = "TENURE_NATS_USER", global = true)]
+    /// etcd password [TENURE_ETCD_PASSWORD].
+    #[arg(long, global = true)]
+    etcd_password: Option<String>,
+    /// CA bundle (PEM) for NATS's certificate; any NATS TLS file requires TLS
+    /// [TENURE_NATS_CA_FILE].
+    #[arg(long, global = true)]
+    nats_ca_file: Option<String>,
+    /// Client certificate (PEM) for NATS, mutual TLS [TENURE_NATS_CERT_FILE].
+    #[arg(long, global = true, requires = "nats_key_file")]
+    nats_cert_file: Option<String>,
+    /// Key of the NATS client certificate (PEM) [TENURE_NATS_KEY_FILE].
+    #[arg(long, global = true)]
+    nats_key_file: Option<String>,
+    /// NATS user, with its password [TENURE_NATS_USER].
+    #[arg(long, global = true)]
     nats_user: Option<String>,
-    /// NATS password.
-    #[arg(long, env = "TENURE_NATS_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
-    nats_password: Option<Secret>,
-    /// NATS token.
-    #[arg(long, env = "TENURE_NATS_TOKEN", global = true, hide_env_values = true, value_parser = secret)]
-    nats_token: Option<Secret>,
-    /// NATS `.creds` file.
-    #[arg(long, env = "TENURE_NATS_CREDS_FILE", global = true)]
-    nats_creds_file: Option<std::path::PathBuf>,
-    /// NATS nkey seed.
-    #[arg(long, env = "TENURE_NATS_NKEY", global = true, hide_env_values = true, value_parser = secret)]
-    nats_nkey: Option<Secret>,
-    /// PostgreSQL password (instead of in the URL).
-    #[arg(long, env = "TENURE_DATABASE_PASSWORD", global = true, hide_env_values = true, value_parser = secret)]
-    database_password: Option<Secret>,
+    /// NATS password [TENURE_NATS_PASSWORD].
+    #[arg(long, global = true)]
+    nats_password: Option<String>,
+    /// NATS token [TENURE_NATS_TOKEN].
+    #[arg(long, global = true)]
+    nats_token: Option<String>,
+    /// NATS `.creds` file [TENURE_NATS_CREDS_FILE].
+    #[arg(long, global = true)]
+    nats_creds_file: Option<String>,
+    /// NATS nkey seed [TENURE_NATS_NKEY].
+    #[arg(long, global = true)]
+    nats_nkey: Option<String>,
+    /// PostgreSQL password, instead of in the URL [TENURE_DATABASE_PASSWORD].
+    #[arg(long, global = true)]
+    database_password: Option<String>,
     /// Send credentials to servers off loopback without verified TLS
-    /// (refused otherwise; see `Config::allow_insecure_transport`).
-    #[arg(long, env = "TENURE_ALLOW_INSECURE_TRANSPORT", global = true)]
+    /// (refused otherwise; see `Config::allow_insecure_transport`)
+    /// [TENURE_ALLOW_INSECURE_TRANSPORT].
+    #[arg(long, global = true)]
     allow_insecure_transport: bool,
 }
 
-fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
-    Ok(Secret::new(value))
+/// A flag given on the command line, as the variable it overrides.
+struct Override {
+    var: &'static str,
+    flag: &'static str,
+    value: String,
 }
 
-fn tls_files(
-    ca: Option<std::path::PathBuf>,
-    cert: Option<std::path::PathBuf>,
-    key: Option<std::path::PathBuf>,
-) -> Option<TlsFiles> {
-    let tls = TlsFiles {
-        ca_file: ca,
-        cert_file: cert,
-        key_file: key,
-    };
-    (tls != TlsFiles::default()).then_some(tls)
-}
-
-impl Security {
-    /// `cfg` with these settings; more than one NATS credential is an error.
-    pub fn apply(self, mut cfg: Config) -> anyhow::Result<Config> {
-        cfg.etcd_tls = tls_files(self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file);
-        cfg.etcd_user = self.etcd_user;
-        cfg.etcd_password = self.etcd_password;
-        cfg.nats_tls = tls_files(self.nats_ca_file, self.nats_cert_file, self.nats_key_file);
-        cfg.database_password = self.database_password;
-        cfg.allow_insecure_transport = self.allow_insecure_transport;
-        let nats = [
-            self.nats_user.map(|user| NatsAuth::UserPassword {
-                user,
-                password: self.nats_password.unwrap_or_else(|| Secret::new("")),
-            }),
-            self.nats_token.map(NatsAuth::Token),
-            self.nats_creds_file.map(NatsAuth::CredsFile),
-            self.nats_nkey.map(NatsAuth::NKey),
-        ];
-        let mut given = nats.into_iter().flatten();
-        cfg.nats_auth = given.next().unwrap_or_default();
-        if given.next().is_some() {
-            return Err(anyhow!(
-                "give one NATS credential: user/password, token, creds file or nkey"
-            ));
-        }
+impl Cli {
+    /// The settings: a worker's defaults, the `TENURE_*` variables with the
+    /// flags over them ([`Config::with_vars`]: a bad value is refused naming
+    /// its variable, and its flag when one gave it), then the CLI's own
+    /// worker id, timeouts and a single connection.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let given = self.overrides();
+        let lookup = |var: &str| match given.iter().find(|o| o.var == var) {
+            Some(o) => Some(o.value.clone()),
+            None => std::env::var(var).ok(),
+        };
+        let mut cfg = Config::new("tenure").with_vars(lookup).map_err(|e| {
+            let named = match &e {
+                ConfigError::Invalid { name, .. } => given.iter().find(|o| o.var == *name),
+                _ => None,
+            };
+            match named {
+                Some(o) => anyhow!("{e} (given as --{})", o.flag),
+                None => anyhow!(e),
+            }
+        })?;
+        let timeout = Duration::from_secs_f64(self.timeout);
+        cfg.worker_id = "tenure-cli".into();
+        cfg.nats_request_timeout = timeout;
+        cfg.etcd_request_timeout = timeout;
+        // The CLI holds one connection at a time.
+        cfg.max_in_flight = 1;
         Ok(cfg)
+    }
+
+    fn overrides(&self) -> Vec<Override> {
+        let s = &self.security;
+        let flags = [
+            ("TENURE_ETCD_ENDPOINTS", "etcd", self.etcd.clone()),
+            ("TENURE_NATS_URL", "nats", self.nats.clone()),
+            (
+                "TENURE_DATABASE_URL",
+                "database-url",
+                self.database_url.clone(),
+            ),
+            ("TENURE_NAMESPACE", "namespace", self.namespace.clone()),
+            ("TENURE_SCHEMA", "schema", self.schema.clone()),
+            (
+                "TENURE_PARTITIONS",
+                "partitions",
+                self.partitions.map(|p| p.to_string()),
+            ),
+            (
+                "TENURE_ETCD_CA_FILE",
+                "etcd-ca-file",
+                s.etcd_ca_file.clone(),
+            ),
+            (
+                "TENURE_ETCD_CERT_FILE",
+                "etcd-cert-file",
+                s.etcd_cert_file.clone(),
+            ),
+            (
+                "TENURE_ETCD_KEY_FILE",
+                "etcd-key-file",
+                s.etcd_key_file.clone(),
+            ),
+            ("TENURE_ETCD_USER", "etcd-user", s.etcd_user.clone()),
+            (
+                "TENURE_ETCD_PASSWORD",
+                "etcd-password",
+                s.etcd_password.clone(),
+            ),
+            (
+                "TENURE_NATS_CA_FILE",
+                "nats-ca-file",
+                s.nats_ca_file.clone(),
+            ),
+            (
+                "TENURE_NATS_CERT_FILE",
+                "nats-cert-file",
+                s.nats_cert_file.clone(),
+            ),
+            (
+                "TENURE_NATS_KEY_FILE",
+                "nats-key-file",
+                s.nats_key_file.clone(),
+            ),
+            ("TENURE_NATS_USER", "nats-user", s.nats_user.clone()),
+            (
+                "TENURE_NATS_PASSWORD",
+                "nats-password",
+                s.nats_password.clone(),
+            ),
+            ("TENURE_NATS_TOKEN", "nats-token", s.nats_token.clone()),
+            (
+                "TENURE_NATS_CREDS_FILE",
+                "nats-creds-file",
+                s.nats_creds_file.clone(),
+            ),
+            ("TENURE_NATS_NKEY", "nats-nkey", s.nats_nkey.clone()),
+            (
+                "TENURE_DATABASE_PASSWORD",
+                "database-password",
+                s.database_password.clone(),
+            ),
+            (
+                "TENURE_ALLOW_INSECURE_TRANSPORT",
+                "allow-insecure-transport",
+                s.allow_insecure_transport.then(|| "true".into()),
+            ),
+        ];
+        flags
+            .into_iter()
+            .filter_map(|(var, flag, value)| value.map(|value| Override { var, flag, value }))
+            .collect()
     }
 }
 

@@ -16,10 +16,12 @@
 //! tenure serve [--bind 127.0.0.1:8023] [--operator-token-file F]  the web view (see `web`)
 //! ```
 //!
-//! Servers come from `--etcd/--nats/--database-url/--namespace/--schema` or the
-//! `TENURE_*` variables of [`tenure::Config::from_env`], TLS and credentials from
-//! `--etcd-ca-file`, `--etcd-user`, `--nats-token`, ... or the same variables
-//! (`TENURE_ETCD_CA_FILE`, `TENURE_NATS_TOKEN`, ...; see `tenure --help`). A
+//! Settings come from the `TENURE_*` variables a worker reads (all of them,
+//! through the same table, `tenure::config::SETTINGS`; the list is
+//! `tenure::guide::configuration`): a value a worker would refuse is refused
+//! here too, naming its variable. Flags override their variables:
+//! `--etcd/--nats/--database-url/--namespace/--schema`, TLS and credentials
+//! `--etcd-ca-file`, `--etcd-user`, `--nats-token`, ... (see `tenure --help`). A
 //! namespace that owns jobs by partition needs its count (`--partitions` or
 //! `TENURE_PARTITIONS`) for `enqueue`, `redrive` and `cancel`. Every server call is
 //! bounded by `--timeout` (seconds, default 5); an unreachable server is reported
@@ -60,10 +62,9 @@ mod web;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use chrono::Utc;
 use clap::Parser;
-use tenure::Config;
 use tenure::blocks::fence::{JobFilter, JobStatus};
 
 use args::{Cli, Command, EnqueueArgs, JobArgs, JobsArgs, MigrateArgs, PruneArgs};
@@ -111,19 +112,7 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli, serve: Option<web::Prepared>) -> anyhow::Result<()> {
     let timeout = Duration::from_secs_f64(cli.timeout);
-    let cfg = Config::new(cli.namespace)
-        .with_schema(cli.schema)
-        .with_etcd_endpoints(cli.etcd)
-        .with_nats_url(cli.nats)
-        .with_database_url(cli.database_url)
-        .with_worker_id("tenure-cli")
-        .with_nats_request_timeout(timeout);
-    let mut cfg = cli.security.apply(cfg)?;
-    cfg.partitions = cli.partitions;
-    cfg.etcd_request_timeout = timeout;
-    // The CLI holds one connection at a time.
-    cfg.max_in_flight = 1;
-    cfg.validate().context("invalid settings")?;
+    let cfg = cli.config()?;
     let ctx = Ctx {
         cfg,
         timeout,
@@ -301,7 +290,7 @@ mod tests {
     #[test]
     fn servers_are_named_without_credentials() {
         let ctx = Ctx {
-            cfg: Config::new("t")
+            cfg: tenure::Config::new("t")
                 .with_nats_url("nats://t0ken@h:4222")
                 .with_database_url("postgres://u:secret@h:5432/db?sslpassword=k"),
             timeout: Duration::from_secs(1),

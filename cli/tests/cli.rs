@@ -432,16 +432,20 @@ async fn tls_and_credential_flags_reach_a_secured_stack() {
         tls.client_cert.to_str().unwrap(),
         "--nats-key-file",
         tls.client_key.to_str().unwrap(),
-        "--nats-user",
-        &auth.nats.operator.user,
     ];
-    let with_password = |args: &[&str]| {
+    let password_only = |args: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
         cmd.env("TENURE_NATS_PASSWORD", auth.nats.operator.password.expose())
             .args(["--nats", &cfg.nats_url, "--database-url", &cfg.database_url])
             .args(["--namespace", "clisec", "--schema", "clisec", "--json"])
             .args(args);
         cmd.output().expect("run tenure")
+    };
+    // A password without its user is refused, not ignored.
+    let lone = failed(&password_only(&["jobs"]));
+    assert!(lone.contains("TENURE_NATS_USER"), "{lone}");
+    let with_password = |args: &[&str]| {
+        password_only(&[&["--nats-user", &auth.nats.operator.user][..], args].concat())
     };
     let listed = json(&with_password(&[&["dlq"][..], &nats_tls[..]].concat()));
     assert!(listed.as_array().is_some_and(|a| a.is_empty()), "{listed}");
@@ -1068,6 +1072,50 @@ async fn jobs_filters_by_type_age_and_key() {
     assert!(err.contains("--type"), "{err}");
     let out = tenure(&cfg, &["jobs", "--age", "ten"]);
     assert_eq!(out.status.code(), Some(2), "{}", failed(&out));
+}
+
+/// The CLI reads the workers' variables through the same table
+/// (`config::SETTINGS`): a `TENURE_*` value a worker would refuse is
+/// refused here too, naming the variable, and a flag overrides its variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_reads_the_workers_variables_and_refuses_a_bad_one() {
+    let ns = DevStack::unique_namespace("cli_env");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    Client::connect(&cfg)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let with_env = |var: &str, value: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TENURE_")) {
+            cmd.env_remove(k);
+        }
+        cmd.env("TENURE_NATS_URL", &cfg.nats_url)
+            .env("TENURE_DATABASE_URL", &cfg.database_url)
+            .env("TENURE_NAMESPACE", &cfg.namespace)
+            .env("TENURE_SCHEMA", &cfg.schema)
+            .env(var, value);
+        cmd
+    };
+    for (var, bad) in [
+        ("TENURE_PREFETCH", "many"),
+        ("TENURE_RETENTION_BATCH", "0"),
+        ("TENURE_LEASE_TTL", "5"),
+    ] {
+        let err = failed(&with_env(var, bad).arg("jobs").output().unwrap());
+        assert!(err.contains(var), "{var}={bad}: {err}");
+    }
+    ok(&with_env("TENURE_LEASE_TTL", "3s")
+        .arg("jobs")
+        .output()
+        .unwrap());
+    let flag_wins = with_env("TENURE_NAMESPACE", "Bad-NS")
+        .args(["--namespace", &cfg.namespace, "jobs"])
+        .output()
+        .unwrap();
+    ok(&flag_wins);
 }
 
 /// In a namespace that owns jobs by partition, `enqueue` needs the

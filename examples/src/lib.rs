@@ -88,7 +88,10 @@ pub fn spawn_worker(
         .env("TENURE_NAMESPACE", &cfg.namespace)
         .env("TENURE_SCHEMA", &cfg.schema)
         .env("TENURE_WORKER_ID", id)
-        .env("TENURE_LEASE_TTL_MS", cfg.lease_ttl.as_millis().to_string())
+        .env(
+            "TENURE_LEASE_TTL",
+            tenure::config::format_duration(cfg.lease_ttl),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

@@ -300,8 +300,7 @@ impl Config {
     }
 
     /// [`from_env`](Self::from_env) with the variables `lookup` gives: the
-    /// defaults of namespace `tenure`, then [`apply_vars`](Self::apply_vars),
-    /// then [`validate`](Self::validate).
+    /// defaults of namespace `tenure`, then [`with_vars`](Self::with_vars).
     ///
     /// # Errors
     /// A missing server variable; a value that is not of its kind or out of
@@ -311,11 +310,37 @@ impl Config {
         if let Some(missing) = SERVER_VARS.iter().find(|k| given(k).is_none()) {
             return Err(ConfigError::Missing(missing));
         }
-        let mut cfg = Config::new("tenure");
-        cfg.apply_vars(&given)?;
-        cfg.validate()
-            .map_err(|e| settings::by_variable(e, &given))?;
-        Ok(cfg)
+        Config::new("tenure").with_vars(given)
+    }
+
+    /// This configuration with every setting `lookup` gives applied over
+    /// it ([`SETTINGS`], in table order; a blank value counts as unset),
+    /// then [validated](Self::validate). What the code set stays unless a
+    /// variable sets it again; any NATS credential variable replaces
+    /// [`nats_auth`](Self::nats_auth). The `tenure` CLI builds its settings
+    /// so, its flags over the environment.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let env = |k: &str| (k == "TENURE_TUNING_FETCH_WAIT").then(|| "250ms".to_string());
+    /// let cfg = tenure::Config::new("payments").with_vars(env).unwrap();
+    /// assert_eq!(cfg.tuning.fetch_wait, Duration::from_millis(250));
+    /// assert_eq!(cfg.namespace, "payments");
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the variable: a value not of its
+    /// kind, one out of bounds, or two that contradict each other (two NATS
+    /// credentials, both spellings of the lease TTL).
+    pub fn with_vars(
+        mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let given = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+        self.apply_vars(given)?;
+        self.validate()
+            .map_err(|e| settings::by_variable(e, given))?;
+        Ok(self)
     }
 
     /// Whether all three `TENURE_*` server variables are set (examples use this to

@@ -1,5 +1,6 @@
 //! The settings table: every [`Config`] field a process can set from outside
-//! the code, under one `TENURE_*` variable each. [`Config::from_env`], the
+//! the code, under one `TENURE_*` variable each. [`Config::from_env`],
+//! [`Config::with_vars`], the
 //! `tenure` CLI and the configuration reference (`guide::configuration`,
 //! generated from [`reference`]) all read this one table, so a new field
 //! needs one line here to be settable everywhere.
@@ -146,7 +147,7 @@ fn lease_ttl_ms(cfg: &mut Config, text: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Every setting, in the order [`Config::apply_vars`] applies them.
+/// Every setting, in the order [`Config::with_vars`] applies them.
 pub static SETTINGS: &[Setting] = &[
     // Servers and names.
     field!("TENURE_NAMESPACE", namespace: String, "etcd key prefix and NATS stream prefix, `[a-z0-9_]`"),
@@ -315,24 +316,15 @@ pub static SETTINGS: &[Setting] = &[
 ];
 
 impl Config {
-    /// Applies every setting whose variable `lookup` gives, in table order
-    /// ([`SETTINGS`]); a blank value counts as unset. What the code set stays
-    /// unless a variable sets it again: any NATS credential variable replaces
-    /// [`nats_auth`](Config::nats_auth). Does not [`validate`](Config::validate).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let mut cfg = tenure::Config::new("payments");
-    /// cfg.apply_vars(|k| (k == "TENURE_TUNING_FETCH_WAIT").then(|| "250ms".to_string()))
-    ///     .unwrap();
-    /// assert_eq!(cfg.tuning.fetch_wait, Duration::from_millis(250));
-    /// ```
+    /// Applies every setting whose variable `lookup` gives, in table order;
+    /// a blank value counts as unset. Does not validate: see
+    /// [`Config::with_vars`].
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming the first variable whose value is not
-    /// of its kind, or two that contradict each other (two NATS credentials,
-    /// both spellings of the lease TTL). `self` may then be partly applied.
-    pub fn apply_vars(
+    /// of its kind, or two that contradict each other. `self` may then be
+    /// partly applied.
+    pub(crate) fn apply_vars(
         &mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
@@ -397,4 +389,5 @@ pub fn reference() -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests;

@@ -84,7 +84,7 @@ pub fn format_duration(d: Duration) -> String {
         return "0s".into();
     }
     for (name, size) in UNITS {
-        if d.as_nanos() % size.as_nanos() == 0 {
+        if d.as_nanos().is_multiple_of(size.as_nanos()) {
             return format!("{}{name}", d.as_nanos() / size.as_nanos());
         }
     }
