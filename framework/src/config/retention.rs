@@ -66,7 +66,11 @@ const MONTH: Duration = Duration::from_secs(30 * 24 * 3600);
 impl Retention {
     /// The default: `done` and `cancelled` rows (and their history) go 30
     /// days after they finished; `dead` rows, dead letters and idempotency
-    /// keys are kept (see the [module docs](self) for why).
+    /// keys are kept. Why: each finished row keeps its input, checkpoint and
+    /// history (a one-step job measured 4 rows, 410 bytes), so a table that
+    /// keeps every job grows for ever; 30 days covers a month's
+    /// investigations and a billing cycle. Idempotency does not shrink: a
+    /// pruned row leaves a tombstone and its key stays used.
     pub const PRODUCTION: Retention = Retention {
         done_after: Some(MONTH),
         cancelled_after: Some(MONTH),
