@@ -5,7 +5,8 @@
 //! a namespace keeps the way of owning jobs it recorded first, a worker alive
 //! in etcd but cut from PostgreSQL or NATS hands its partitions back, and a
 //! hand-over whose key deletion meets an etcd election never orphans a
-//! partition.
+//! partition. Readiness follows the partitions: ready with the fair share,
+//! unready (`partitions: stood down`) while cut from a server.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
@@ -18,7 +19,10 @@ use tenure::blocks::fence::{FenceError, FenceStore};
 use tenure::blocks::lease::Session;
 use tenure::devstack::DevStack;
 use tenure::testing::{Fault, FaultHit, FaultPlan, FaultPoint, Injector, Relay};
-use tenure::{Client, ClientError, Config, JobId, JobStatus, StepIndex, WorkerError};
+use tenure::{
+    Client, ClientError, Config, JobId, JobStatus, Readiness, ReadinessCheck, StepIndex, Worker,
+    WorkerError,
+};
 use tenure_tests::{
     ChildWorker, ThreeStep, Work, config_for, create_test_tables, double_commits, init_logs,
     prepare_schema, three_step_worker, wait_until,
@@ -178,6 +182,9 @@ async fn a_joining_worker_gets_its_share_and_a_leaving_one_hands_over_without_ta
     let b = three_step_worker(&cfg, &ns, "b").await;
     let joined = until_owners(&observer, &[("a", 4), ("b", 4)]).await;
     eprintln!("rebalance on join: {joined:?} (TTL {ttl:?})");
+    for w in [&a, &b] {
+        readiness_until(w, "ready with half", ready_with_share).await;
+    }
     let second = enqueue(&client, "after-join", 60, &slow).await;
     b.shutdown().await.expect("b shutdown");
     // A graceful leave revokes the session: its keys are gone at once, not
@@ -449,6 +456,29 @@ async fn a_long_lived_client_is_refused_once_a_worker_recorded_another_mode() {
     assert_eq!(stored, 0, "rows stored by a refused client");
 }
 
+/// Polls `worker`'s readiness until `want` holds; the readiness then.
+async fn readiness_until(worker: &Worker, what: &str, want: fn(&Readiness) -> bool) -> Readiness {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let readiness = worker.readiness().await;
+        if want(&readiness) {
+            return readiness;
+        }
+        assert!(Instant::now() < until, "{what}: still {readiness:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Ready, the partitions check included.
+fn ready_with_share(r: &Readiness) -> bool {
+    r.is_ready() && r.partitions == Some(ReadinessCheck::Passed)
+}
+
+/// Unready because the worker stood down.
+fn stood_down(r: &Readiness) -> bool {
+    matches!(&r.partitions, Some(ReadinessCheck::Failed(why)) if why.contains("stood down"))
+}
+
 /// How many of `ids` are in each status now.
 async fn statuses(client: &Client, ids: &[JobId]) -> BTreeMap<&'static str, usize> {
     let mut out = BTreeMap::new();
@@ -495,6 +525,9 @@ async fn a_worker_cut_from(cut: Cut, prefix: &str) {
     let b = three_step_worker(&cfg, &ns, "b").await;
     let observer = Session::establish(&cfg).await.expect("observer session");
     until_owners(&observer, &[("a", 2), ("b", 2)]).await;
+    for w in [&a, &b] {
+        readiness_until(w, "ready with its share", ready_with_share).await;
+    }
     relay.cut();
     let start = Instant::now();
     let ids = enqueue(&client, "job", 40, &Work::default()).await;
@@ -509,9 +542,14 @@ async fn a_worker_cut_from(cut: Cut, prefix: &str) {
         done,
         "jobs of a worker cut from {cut:?} did not all end done within 30 s"
     );
+    let down = readiness_until(&a, "a stood down", stood_down).await;
+    eprintln!("a unready while cut: {down}");
+    assert!(!down.is_ready());
+    readiness_until(&b, "b ready with a's partitions", ready_with_share).await;
     relay.restore();
     let back = until_owners(&observer, &[("a", 2), ("b", 2)]).await;
     eprintln!("a took its share again {back:?} after the relay was restored");
+    readiness_until(&a, "a ready again", ready_with_share).await;
     assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
     observer.close().await.expect("close observer");
     b.shutdown().await.expect("b shutdown");
