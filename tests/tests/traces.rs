@@ -1,7 +1,8 @@
 //! One trace per job: the producer's span is the parent of every delivery's
 //! `tenure.job` span and so of every step, across a takeover between two
 //! workers, and for a delayed job, whose message the due-job publisher sends
-//! later from the row. Spans go through `tracing-opentelemetry` into an
+//! later from the row, for an outbox job and a batch, and for a cron job, whose
+//! trace begins at its tick. Spans go through `tracing-opentelemetry` into an
 //! in-memory exporter of the OpenTelemetry SDK.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -170,4 +171,93 @@ async fn a_delayed_job_joins_its_producers_trace_from_the_row(env: TestEnv) {
     for s in &jobs {
         assert_eq!(s.span_context.trace_id(), trace, "job span {s:?}");
     }
+}
+
+/// A job enqueued in the caller's own transaction (the outbox) joins the
+/// trace of the span it was enqueued in, though its message is published
+/// later, from the row, once the transaction commits.
+#[tenure::test(ttl_secs = 3, worker = workers)]
+async fn an_outbox_job_joins_the_trace_it_was_enqueued_in(env: TestEnv) {
+    exporter();
+    let w = env.worker("w1", workers).await.unwrap();
+    let job = JobId::from_key("trace.two", "outbox");
+    let trace = produce(async {
+        let mut tx = env.pool().begin().await.unwrap();
+        env.client()
+            .enqueue_in::<Traced>(&mut tx, "outbox", &In { n: 0 })
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    })
+    .await;
+    let row = env.run_until_done(job, WAIT).await.unwrap();
+    assert_eq!(row.status, JobStatus::Done);
+    w.shutdown().await.unwrap();
+    let jobs = job_spans(job);
+    assert!(!jobs.is_empty(), "the job ran under a span");
+    for s in &jobs {
+        assert_eq!(s.span_context.trace_id(), trace, "job span {s:?}");
+    }
+}
+
+/// Every job of one `enqueue_many` call joins the caller's trace.
+#[tenure::test(ttl_secs = 3, worker = workers)]
+async fn a_batchs_jobs_join_the_trace_they_were_enqueued_in(env: TestEnv) {
+    exporter();
+    let w = env.worker("w1", workers).await.unwrap();
+    let items: Vec<(String, In)> = (0..3).map(|n| (format!("batch-{n}"), In { n })).collect();
+    let trace = produce(async {
+        let results = env.client().enqueue_many::<Traced>(&items).await.unwrap();
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    })
+    .await;
+    for (key, _) in &items {
+        let job = JobId::from_key("trace.two", key);
+        let row = env.run_until_done(job, WAIT).await.unwrap();
+        assert_eq!(row.status, JobStatus::Done);
+        let jobs = job_spans(job);
+        assert!(!jobs.is_empty(), "{key} ran under a span");
+        for s in &jobs {
+            assert_eq!(s.span_context.trace_id(), trace, "{key}: job span {s:?}");
+        }
+    }
+    w.shutdown().await.unwrap();
+}
+
+async fn cron_worker(cfg: Config) -> WorkerBuilder {
+    workers(cfg)
+        .await
+        .schedule::<Traced>("trace-every-second", "* * * * * *", &In { n: 0 })
+}
+
+/// A cron job's trace begins at the scheduler leader's tick: the
+/// `tenure.schedule_tick` span that enqueued it is the root of the trace its
+/// job and steps run in.
+#[tenure::test(ttl_secs = 3, worker = cron_worker)]
+async fn a_cron_jobs_trace_begins_at_its_tick(env: TestEnv) {
+    exporter();
+    let w = env.worker("w1", cron_worker).await.unwrap();
+    let joined = || {
+        let ticks: Vec<TraceId> = spans_named("tenure.schedule_tick")
+            .iter()
+            .filter(|s| attr(s, "schedule").as_deref() == Some("trace-every-second"))
+            .map(|s| s.span_context.trace_id())
+            .collect();
+        spans_named("tenure.job")
+            .into_iter()
+            .find(|s| ticks.contains(&s.span_context.trace_id()))
+    };
+    let found = tenure::devstack::wait_until(WAIT, || async { joined().is_some() }).await;
+    w.shutdown().await.unwrap();
+    assert!(
+        found,
+        "no cron job ran in a tick's trace; ticks: {:?}",
+        spans_named("tenure.schedule_tick").len()
+    );
+    let job = joined().unwrap();
+    let steps = spans_named("tenure.step")
+        .into_iter()
+        .filter(|s| s.parent_span_id == job.span_context.span_id())
+        .count();
+    assert!(steps >= 1, "the cron job's steps are children of its span");
 }

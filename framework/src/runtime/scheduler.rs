@@ -401,10 +401,13 @@ impl Scheduler {
             last_tick: plan.last.unwrap_or(after),
             next_tick: plan.next,
         };
+        // A cron job's trace begins here: the rows keep this span's context.
+        let span = tracing::info_span!("tenure.schedule_tick", schedule = %row.name);
         let inserted = self
             .shared
             .store
             .enqueue_ticks(ROLE, lead.token(), &batch)
+            .instrument(span)
             .await?;
         if plan.skipped > 0 {
             tracing::warn!(schedule = %row.name, skipped = plan.skipped, "missed cron ticks skipped");
