@@ -162,6 +162,33 @@ async fn all_done(client: &Client, ids: &[JobId], within: Duration) -> bool {
 }
 
 /// The last value of gauge `name` with `job_type` = `t`.
+/// The value of the f64 gauge `name` for job type `t` in the last export.
+fn gauge_f64(
+    provider: &SdkMeterProvider,
+    exporter: &InMemoryMetricExporter,
+    name: &str,
+    t: &str,
+) -> Option<f64> {
+    exporter.reset();
+    provider.force_flush().expect("flush");
+    let exported = exporter.get_finished_metrics().expect("metrics");
+    let rm = exported.last()?;
+    for scope in rm.scope_metrics() {
+        for metric in scope.metrics().filter(|m| m.name() == name) {
+            if let AggregatedMetrics::F64(MetricData::Gauge(g)) = metric.data() {
+                for p in g.data_points() {
+                    if p.attributes()
+                        .any(|kv| kv.key.as_str() == "job_type" && kv.value.as_str() == t)
+                    {
+                        return Some(p.value());
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
 fn gauge(
     provider: &SdkMeterProvider,
     exporter: &InMemoryMetricExporter,
@@ -215,6 +242,7 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
         .expect("pay pool");
 
     let late = enqueue(&client, "route.late", 3, 0).await;
+    let late_enqueued = std::time::Instant::now();
     let gpu = enqueue(&client, "route.gpu", 20, 5).await;
     let pay = enqueue(&client, "route.pay", 20, 5).await;
     assert!(
@@ -267,6 +295,29 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
         counted,
         "tenure.queue.unrouted and tenure.queue.backlog {{job_type=route.late}} = 3"
     );
+    // The oldest waiting message's age grows with the wait: at least the
+    // time since the enqueue at one report, at most that plus a report.
+    let oldest = || {
+        gauge_f64(
+            &provider,
+            &exporter,
+            "tenure.queue.oldest_age",
+            "route.late",
+        )
+    };
+    let aged = wait_until(Duration::from_secs(10), || async {
+        oldest().is_some_and(|age| age >= 2.0)
+    })
+    .await;
+    let (age, waited) = (oldest(), late_enqueued.elapsed().as_secs_f64());
+    assert!(
+        aged,
+        "tenure.queue.oldest_age {{job_type=route.late}}: {age:?}"
+    );
+    assert!(
+        age.is_some_and(|a| a <= waited + 0.5),
+        "{age:?} is older than the wait, {waited} s"
+    );
 
     // A worker that registers it starts: the waiting jobs run there.
     let late_pool = Worker::builder(cfg.clone().with_worker_id("pool-late"))
@@ -289,6 +340,7 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
     let cleared = wait_until(Duration::from_secs(10), || async {
         gauge(&provider, &exporter, "tenure.queue.unrouted", "route.late") == Some(0)
             && gauge(&provider, &exporter, "tenure.queue.backlog", "route.late") == Some(0)
+            && oldest() == Some(0.0)
     })
     .await;
     assert!(

@@ -331,6 +331,10 @@ async fn a_worker_cannot_read_another_namespaces_jobs_or_dlq() {
             format!("$JS.API.STREAM.MSG.GET.{dlq}"),
             serde_json::json!({"seq": 1}),
         ),
+        (
+            format!("$JS.API.STREAM.MSG.GET.{jobs}"),
+            serde_json::json!({"seq": 1}),
+        ),
     ] {
         let answer = spy.api(&subject, body).await;
         assert!(answer.is_none(), "{subject} answered: {answer:?}");
@@ -364,6 +368,24 @@ async fn a_worker_cannot_read_another_namespaces_jobs_or_dlq() {
     assert!(answer.is_none(), "{subject} answered: {answer:?}");
     spy.assert_refused("a consumer on the other DLQ", &subject)
         .await;
+}
+
+/// A worker reads the age of its own work stream's oldest message
+/// (`tenure.queue.oldest_age`): its role may get messages of that stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_reads_its_own_oldest_message_age() {
+    init_logs();
+    let producer = deployed().await;
+    producer
+        .enqueue_json("nobody.registers", "oldest", serde_json::json!(1))
+        .await
+        .unwrap();
+    let queue = Queue::connect(&worker_cfg("aged")).await.unwrap();
+    let age = queue.oldest_stored_age("nobody.registers").await;
+    assert!(
+        matches!(age, Ok(Some(_))),
+        "the worker role reads its work stream: {age:?}"
+    );
 }
 
 /// The config of `stream` as the server has it.

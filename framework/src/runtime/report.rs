@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
@@ -29,6 +30,9 @@ pub(super) struct Reporter {
     unrouted: Arc<std::sync::Mutex<BTreeSet<String>>>,
     /// The job types last recorded with a backlog (recorded 0 once they have none).
     backlog: Arc<std::sync::Mutex<BTreeSet<String>>>,
+    /// The job types last recorded with an oldest message (recorded 0 once
+    /// they have none).
+    oldest: Arc<std::sync::Mutex<BTreeSet<String>>>,
 }
 
 impl Reporter {
@@ -40,6 +44,7 @@ impl Reporter {
             stopped: Arc::default(),
             unrouted: Arc::default(),
             backlog: Arc::default(),
+            oldest: Arc::default(),
         }
     }
 
@@ -100,12 +105,16 @@ impl Reporter {
 
 impl Reporter {
     /// Records `tenure.queue.backlog` (the messages stored in the work stream
-    /// per job type) and `tenure.queue.unrouted` (those of types no live
-    /// worker registers, from the workers' reports); a type recorded before
-    /// that has none now is recorded 0. One read of each server per report.
+    /// per job type), `tenure.queue.unrouted` (those of types no live
+    /// worker registers, from the workers' reports) and
+    /// `tenure.queue.oldest_age` (the age of each type's oldest message); a
+    /// type recorded before that has none now is recorded 0. One read of
+    /// each server per report, then one message read per type with a
+    /// backlog, all within half a TTL.
     async fn record_queue(&self) {
         let sh = &self.shared;
         let bound = sh.cfg.lease_ttl / 2;
+        let deadline = tokio::time::Instant::now() + bound;
         let read = async {
             (
                 sh.queue.stored_by_type().await,
@@ -128,8 +137,41 @@ impl Reporter {
             .filter(|(t, _)| !routed.contains(*t))
             .map(|(t, n)| (t.clone(), *n))
             .collect();
+        let oldest = self.oldest_ages(backlog.keys(), deadline).await;
         record_gauges(&self.backlog, backlog, |t, n| sh.metrics.backlog(t, n));
         record_gauges(&self.unrouted, unrouted, |t, n| sh.metrics.unrouted(t, n));
+        record_gauges(&self.oldest, oldest, |t, ms| {
+            sh.metrics.oldest_age(t, Duration::from_millis(ms));
+        });
+    }
+
+    /// The age (ms) of the oldest stored message of each of `types`, read
+    /// concurrently by `deadline`; a type whose read fails is left out.
+    async fn oldest_ages(
+        &self,
+        types: impl Iterator<Item = &String>,
+        deadline: tokio::time::Instant,
+    ) -> BTreeMap<String, u64> {
+        let queue = &self.shared.queue;
+        let reads = types.map(|t| async move { (t.clone(), queue.oldest_stored_age(t).await) });
+        let Ok(ages) = tokio::time::timeout_at(deadline, futures::future::join_all(reads)).await
+        else {
+            tracing::debug!("reading the oldest message ages timed out");
+            return BTreeMap::new();
+        };
+        let mut out = BTreeMap::new();
+        for (t, age) in ages {
+            match age {
+                Ok(Some(age)) => {
+                    out.insert(t, u64::try_from(age.as_millis()).unwrap_or(u64::MAX));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(job_type = %t, error = %e, "reading the oldest message failed")
+                }
+            }
+        }
+        out
     }
 }
 

@@ -29,6 +29,7 @@
 //! | `tenure.job.in_flight` | up-down counter | worker |
 //! | `tenure.job.completed` | counter | job_type |
 //! | `tenure.queue.backlog` | gauge (messages stored in the work stream per type: waiting, delayed ones not yet due excluded, and in flight; every worker records it with each report) | job_type |
+//! | `tenure.queue.oldest_age` | gauge (s; how long the oldest message of the type has been stored in the work stream: a job waiting, or running, since its enqueue or due-time publish; 0 without one; every worker records it with each report) | job_type |
 //! | `tenure.queue.unrouted` | gauge (messages waiting in the work stream of a type no live worker registers; every worker records it with each report) | job_type |
 //! | `tenure.job.cancelled` | counter | job_type (deliveries ended, acked, because an operator cancelled the job) |
 //! | `tenure.cancel.unconfirmed` | counter | worker (cancel notices for a job running here that no cancel confirmed: forged, or a failed check; the step went on) |
@@ -171,6 +172,7 @@ pub(crate) struct Metrics {
     completed: Counter<u64>,
     unrouted: Gauge<i64>,
     backlog: Gauge<i64>,
+    oldest_age: Gauge<f64>,
     cancelled: Counter<u64>,
     unconfirmed: Counter<u64>,
     partitions: Counter<u64>,
@@ -278,6 +280,11 @@ impl Metrics {
                 .i64_gauge("tenure.queue.backlog")
                 .with_description("messages stored in the work stream, per job type")
                 .build(),
+            oldest_age: meter
+                .f64_gauge("tenure.queue.oldest_age")
+                .with_unit("s")
+                .with_description("age of the oldest message stored in the work stream, per job type")
+                .build(),
             unrouted: meter
                 .i64_gauge("tenure.queue.unrouted")
                 .with_description("messages waiting for a job type no live worker registers")
@@ -324,6 +331,13 @@ impl Metrics {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         self.backlog
             .record(n, &[KeyValue::new("job_type", job_type.to_string())]);
+    }
+    /// The oldest stored message of `job_type` is `age` old (0: none).
+    pub fn oldest_age(&self, job_type: &str, age: std::time::Duration) {
+        self.oldest_age.record(
+            age.as_secs_f64(),
+            &[KeyValue::new("job_type", job_type.to_string())],
+        );
     }
     /// `n` messages of `job_type`, which no live worker registers, wait.
     pub fn unrouted(&self, job_type: &str, n: u64) {

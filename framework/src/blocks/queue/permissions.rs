@@ -62,7 +62,8 @@ impl NatsPermissions {
     /// - the worker: publish work (due jobs), dead letters and completion
     ///   notices; create, pull from and ack the consumers of the work and
     ///   advisory streams; remove the legacy consumer; read the DLQ by
-    ///   subject; subscribe to cancel and completion notices. No stream
+    ///   subject and the work stream's messages (the oldest one's age);
+    ///   subscribe to cancel and completion notices. No stream
     ///   create, update, delete or purge, no cancel notices;
     /// - the producer: publish work and cancel notices, subscribe to
     ///   completion notices;
@@ -102,6 +103,8 @@ impl NatsPermissions {
                     format!("$JS.API.DIRECT.GET.{}", n.dlq_stream),
                     format!("$JS.API.DIRECT.GET.{}.>", n.dlq_stream),
                     format!("$JS.API.STREAM.MSG.GET.{}", n.dlq_stream),
+                    // The oldest work message's age (`tenure.queue.oldest_age`).
+                    format!("$JS.API.STREAM.MSG.GET.{}", n.stream),
                 ]);
                 subscribe.extend([own("cancel.*"), own("finished.>")]);
             }

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use async_nats::jetstream::consumer;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use futures::StreamExt;
 
 use super::setup::{Provisioning, ensure_consumer};
@@ -201,6 +202,40 @@ impl Queue {
             }
         }
         Ok(out)
+    }
+}
+
+impl Queue {
+    /// How long the oldest message of `job_type` has been stored in the work
+    /// stream (a job waiting, or one running: a work-stream message stays
+    /// until its job is settled); `None` when the type has none. One
+    /// `STREAM.MSG.GET` (the first message on the type's subjects).
+    ///
+    /// # Errors
+    /// [`QueueError::Read`].
+    pub async fn oldest_stored_age(
+        &self,
+        job_type: &str,
+    ) -> Result<Option<std::time::Duration>, QueueError> {
+        let names = &self.inner.names;
+        let subject = match self.inner.settings.partitions {
+            Some(_) => format!("{}{job_type}.*", names.subject_prefix),
+            None => format!("{}{job_type}", names.subject_prefix),
+        };
+        let stream = &self.inner.work_stream;
+        let message = match stream.get_first_raw_message_by_subject(subject, 0).await {
+            Ok(m) => m,
+            Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(read(&names.stream)(e)),
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let stored = u128::try_from(message.time.unix_timestamp_nanos()).unwrap_or(0);
+        let age = u64::try_from(now.saturating_sub(stored)).unwrap_or(u64::MAX);
+        Ok(Some(std::time::Duration::from_nanos(age)))
     }
 }
 
