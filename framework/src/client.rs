@@ -391,12 +391,11 @@ impl Client {
                 });
             }
         };
-        if duplicate || delayed {
-            if let Some(row) = self.store.job(job_id).await? {
-                if row.status.is_terminal() || row.awaiting_publish {
-                    return Ok(Enqueued { job_id, duplicate });
-                }
-            }
+        if (duplicate || delayed)
+            && let Some(row) = self.store.job(job_id).await?
+            && (row.status.is_terminal() || row.awaiting_publish)
+        {
+            return Ok(Enqueued { job_id, duplicate });
         }
         self.queue.publish_job(job_id, job_type, payload).await?;
         Ok(Enqueued { job_id, duplicate })
@@ -490,10 +489,8 @@ impl Client {
             // A dead job whose `on_dead` hook has not committed is not over
             // yet: its completion notice follows the compensation.
             let compensating = row.status == JobStatus::Dead && row.compensation_pending;
-            if !compensating {
-                if let Some(output) = output_of::<J>(row)? {
-                    return Ok(output);
-                }
+            if !compensating && let Some(output) = output_of::<J>(row)? {
+                return Ok(output);
             }
             match tokio::time::timeout_at(deadline, notices.next()).await {
                 Ok(true) => {}

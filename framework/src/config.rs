@@ -480,13 +480,13 @@ impl Config {
             return invalid("etcd_user", "set both the etcd user and its password");
         }
         for (name, tls) in [("etcd_tls", &self.etcd_tls), ("nats_tls", &self.nats_tls)] {
-            if let Some(t) = tls {
-                if t.cert_file.is_some() != t.key_file.is_some() {
-                    return invalid(
-                        name,
-                        "a client certificate needs its key, and the other way round",
-                    );
-                }
+            if let Some(t) = tls
+                && t.cert_file.is_some() != t.key_file.is_some()
+            {
+                return invalid(
+                    name,
+                    "a client certificate needs its key, and the other way round",
+                );
             }
         }
         self.validate_transport()

@@ -162,10 +162,10 @@ impl Auth {
     pub fn login(&self, client: IpAddr, given: &str) -> Result<(String, String), Refused> {
         let now = Instant::now();
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(until) = failures.get(&client).and_then(|f| f.locked_until) {
-            if until > now {
-                return Err(Refused::LockedOut(until - now));
-            }
+        if let Some(until) = failures.get(&client).and_then(|f| f.locked_until)
+            && until > now
+        {
+            return Err(Refused::LockedOut(until - now));
         }
         let Some(role) = self.role_of(given) else {
             if failures.len() >= MAX_TRACKED && !failures.contains_key(&client) {

@@ -62,10 +62,10 @@ impl DevStack {
                 match etcd_status(&endpoint, &options).await {
                     Ok((_, leader)) if leader != 0 => {
                         for (i, ep) in self.etcd_endpoints().iter().enumerate() {
-                            if let Ok((id, _)) = etcd_status(ep, &options).await {
-                                if id == leader {
-                                    return Ok(i);
-                                }
+                            if let Ok((id, _)) = etcd_status(ep, &options).await
+                                && id == leader
+                            {
+                                return Ok(i);
                             }
                         }
                     }

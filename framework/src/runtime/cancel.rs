@@ -82,12 +82,12 @@ impl CancelWatch {
 
 impl Drop for CancelWatch {
     fn drop(&mut self) {
-        if let Ok(mut map) = self.cancels.0.lock() {
-            if let Some(entry) = map.get_mut(&self.job_id) {
-                entry.watchers = entry.watchers.saturating_sub(1);
-                if entry.watchers == 0 {
-                    map.remove(&self.job_id);
-                }
+        if let Ok(mut map) = self.cancels.0.lock()
+            && let Some(entry) = map.get_mut(&self.job_id)
+        {
+            entry.watchers = entry.watchers.saturating_sub(1);
+            if entry.watchers == 0 {
+                map.remove(&self.job_id);
             }
         }
     }

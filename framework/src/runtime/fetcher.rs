@@ -264,11 +264,11 @@ fn share_out<T>(round: &Round, mut holds: Vec<T>) -> Vec<Vec<T>> {
     while !holds.is_empty() {
         let mut dealt = false;
         for (share, &(_, _, _, room)) in shares.iter_mut().zip(round) {
-            if share.len() < room {
-                if let Some(h) = holds.pop() {
-                    share.push(h);
-                    dealt = true;
-                }
+            if share.len() < room
+                && let Some(h) = holds.pop()
+            {
+                share.push(h);
+                dealt = true;
             }
         }
         if !dealt {

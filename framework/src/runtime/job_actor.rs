@@ -346,15 +346,15 @@ impl JobRun {
         // The session may have been lost while the delivery waited: its lock is
         // gone (or going) with the lease, and a newer owner may hold the job.
         // Do not claim with a token that no longer guards anything.
-        if let Held::Lock { session, .. } = &a.held {
-            if session.health() == Health::Lost {
-                tracing::info!(
-                    "the session was lost while the delivery waited for a run slot; giving it back"
-                );
-                return Err(Outcome::Retry {
-                    delay: Duration::ZERO,
-                });
-            }
+        if let Held::Lock { session, .. } = &a.held
+            && session.health() == Health::Lost
+        {
+            tracing::info!(
+                "the session was lost while the delivery waited for a run slot; giving it back"
+            );
+            return Err(Outcome::Retry {
+                delay: Duration::ZERO,
+            });
         }
         Ok(())
     }
@@ -597,12 +597,12 @@ impl Holding {
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        if let Ok(mut held) = self.shared.holding.lock() {
-            if let Some(n) = held.get_mut(&self.job_id) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    held.remove(&self.job_id);
-                }
+        if let Ok(mut held) = self.shared.holding.lock()
+            && let Some(n) = held.get_mut(&self.job_id)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.job_id);
             }
         }
     }

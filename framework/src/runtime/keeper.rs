@@ -191,10 +191,10 @@ where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
     while let Some(ended) = tasks.try_join_next() {
-        if let Err(e) = ended {
-            if e.is_panic() {
-                tracing::error!(error = %e, "a lease keeper task panicked");
-            }
+        if let Err(e) = ended
+            && e.is_panic()
+        {
+            tracing::error!(error = %e, "a lease keeper task panicked");
         }
     }
     tasks.spawn(task);

@@ -57,10 +57,8 @@ impl JobRun {
         let past_grace = claim
             .incompatible_for
             .map_or(grace.is_zero(), |waited| waited >= grace);
-        if !past_grace {
-            if let Err(e) = claim_tx.mark_incompatible().await {
-                return self.bookkeeping_failed(claim_tx, &e).await;
-            }
+        if !past_grace && let Err(e) = claim_tx.mark_incompatible().await {
+            return self.bookkeeping_failed(claim_tx, &e).await;
         }
         // The release or the dead mark is fenced on its own connection: make
         // the claim (and the mark) durable first.

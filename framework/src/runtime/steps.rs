@@ -350,10 +350,10 @@ impl JobRun {
                     desk.cancel.cancel();
                 }
                 _ = ticker.tick() => {
-                    if owned.session.health() == Health::Healthy {
-                        if let Err(e) = delivery.progress().await {
-                            tracing::debug!(error = %e, "progress ack failed");
-                        }
+                    if owned.session.health() == Health::Healthy
+                        && let Err(e) = delivery.progress().await
+                    {
+                        tracing::debug!(error = %e, "progress ack failed");
                     }
                 }
             }

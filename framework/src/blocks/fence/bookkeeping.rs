@@ -73,10 +73,12 @@ impl FenceStore {
                 return Ok(());
             }
             let diag = self.diag(&self.pool, id).await?;
-            if let Some(d) = diag {
-                if d.fence == token.get() && d.released && !d.status.is_terminal() {
-                    return Ok(());
-                }
+            if let Some(d) = diag
+                && d.fence == token.get()
+                && d.released
+                && !d.status.is_terminal()
+            {
+                return Ok(());
             }
             let err = verdict(id, token, diag, None);
             log_refusal(&err);
@@ -119,10 +121,11 @@ impl FenceStore {
                 return Ok(());
             }
             let diag = self.diag(&self.pool, id).await?;
-            if let Some(d) = diag {
-                if d.fence == token.get() && d.status == JobStatus::Dead {
-                    return Ok(());
-                }
+            if let Some(d) = diag
+                && d.fence == token.get()
+                && d.status == JobStatus::Dead
+            {
+                return Ok(());
             }
             let err = match diag {
                 // Our own released generation may still mark dead: only a newer

@@ -296,10 +296,10 @@ async fn execute(
     plan: &mut Plan,
     metrics: &Metrics,
 ) -> Option<PendingCheck> {
-    if !out.fold {
-        if let Some(p) = pending.take() {
-            p.verify_alone().await;
-        }
+    if !out.fold
+        && let Some(p) = pending.take()
+    {
+        p.verify_alone().await;
     }
     let mut next: Option<PendingCheck> = None;
     for g in groups(out) {
