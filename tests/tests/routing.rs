@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, GaugeDataPoint, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tenure::blocks::fence::JobStatus;
 use tenure::devstack::DevStack;
@@ -161,8 +161,7 @@ async fn all_done(client: &Client, ids: &[JobId], within: Duration) -> bool {
     .await
 }
 
-/// The last value of gauge `name` with `job_type` = `t`.
-/// The value of the f64 gauge `name` for job type `t` in the last export.
+/// The last value of gauge `name` (i64 or f64) with `job_type` = `t`.
 fn gauge_f64(
     provider: &SdkMeterProvider,
     exporter: &InMemoryMetricExporter,
@@ -175,44 +174,42 @@ fn gauge_f64(
     let rm = exported.last()?;
     for scope in rm.scope_metrics() {
         for metric in scope.metrics().filter(|m| m.name() == name) {
-            if let AggregatedMetrics::F64(MetricData::Gauge(g)) = metric.data() {
-                for p in g.data_points() {
-                    if p.attributes()
-                        .any(|kv| kv.key.as_str() == "job_type" && kv.value.as_str() == t)
-                    {
-                        return Some(p.value());
-                    }
+            let value = match metric.data() {
+                AggregatedMetrics::I64(MetricData::Gauge(g)) => {
+                    of_type(g.data_points(), t).map(|v| v as f64)
                 }
+                AggregatedMetrics::F64(MetricData::Gauge(g)) => of_type(g.data_points(), t),
+                _ => None,
+            };
+            if value.is_some() {
+                return value;
             }
         }
     }
     None
 }
 
+/// The value of the point with `job_type` = `t`.
+fn of_type<'a, T: Copy + 'a>(
+    mut points: impl Iterator<Item = &'a GaugeDataPoint<T>>,
+    t: &str,
+) -> Option<T> {
+    points
+        .find(|p| {
+            p.attributes()
+                .any(|kv| kv.key.as_str() == "job_type" && kv.value.as_str() == t)
+        })
+        .map(|p| p.value())
+}
+
+/// The last value of the i64 gauge `name` with `job_type` = `t`.
 fn gauge(
     provider: &SdkMeterProvider,
     exporter: &InMemoryMetricExporter,
     name: &str,
     t: &str,
 ) -> Option<i64> {
-    exporter.reset();
-    provider.force_flush().expect("flush");
-    let exported = exporter.get_finished_metrics().expect("metrics");
-    let rm = exported.last()?;
-    for scope in rm.scope_metrics() {
-        for metric in scope.metrics().filter(|m| m.name() == name) {
-            if let AggregatedMetrics::I64(MetricData::Gauge(g)) = metric.data() {
-                for p in g.data_points() {
-                    if p.attributes()
-                        .any(|kv| kv.key.as_str() == "job_type" && kv.value.as_str() == t)
-                    {
-                        return Some(p.value());
-                    }
-                }
-            }
-        }
-    }
-    None
+    gauge_f64(provider, exporter, name, t).map(|v| v as i64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

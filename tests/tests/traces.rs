@@ -89,6 +89,15 @@ fn attr(span: &SpanData, key: &str) -> Option<String> {
         .map(|kv| kv.value.to_string())
 }
 
+/// Asserts that `job` ran under at least one job span, each in `trace`.
+fn assert_ran_in(job: JobId, trace: TraceId) {
+    let jobs = job_spans(job);
+    assert!(!jobs.is_empty(), "{job} ran under a span");
+    for s in &jobs {
+        assert_eq!(s.span_context.trace_id(), trace, "{job}: job span {s:?}");
+    }
+}
+
 /// The job spans of `job`.
 fn job_spans(job: JobId) -> Vec<SpanData> {
     let id = job.to_string();
@@ -166,11 +175,7 @@ async fn a_delayed_job_joins_its_producers_trace_from_the_row(env: TestEnv) {
     let row = env.run_until_done(job, WAIT).await.unwrap();
     assert_eq!(row.status, JobStatus::Done);
     w.shutdown().await.unwrap();
-    let jobs = job_spans(job);
-    assert!(!jobs.is_empty(), "the job ran under a span");
-    for s in &jobs {
-        assert_eq!(s.span_context.trace_id(), trace, "job span {s:?}");
-    }
+    assert_ran_in(job, trace);
 }
 
 /// A job enqueued in the caller's own transaction (the outbox) joins the
@@ -193,11 +198,7 @@ async fn an_outbox_job_joins_the_trace_it_was_enqueued_in(env: TestEnv) {
     let row = env.run_until_done(job, WAIT).await.unwrap();
     assert_eq!(row.status, JobStatus::Done);
     w.shutdown().await.unwrap();
-    let jobs = job_spans(job);
-    assert!(!jobs.is_empty(), "the job ran under a span");
-    for s in &jobs {
-        assert_eq!(s.span_context.trace_id(), trace, "job span {s:?}");
-    }
+    assert_ran_in(job, trace);
 }
 
 /// Every job of one `enqueue_many` call joins the caller's trace.
@@ -215,11 +216,7 @@ async fn a_batchs_jobs_join_the_trace_they_were_enqueued_in(env: TestEnv) {
         let job = JobId::from_key("trace.two", key);
         let row = env.run_until_done(job, WAIT).await.unwrap();
         assert_eq!(row.status, JobStatus::Done);
-        let jobs = job_spans(job);
-        assert!(!jobs.is_empty(), "{key} ran under a span");
-        for s in &jobs {
-            assert_eq!(s.span_context.trace_id(), trace, "{key}: job span {s:?}");
-        }
+        assert_ran_in(job, trace);
     }
     w.shutdown().await.unwrap();
 }
