@@ -16,6 +16,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use crate::queue::headers;
 use crate::runtime::handover::{Asks, Handover};
 use crate::{FencingToken, JobId, StepIndex};
 
@@ -371,8 +372,7 @@ pub enum StepErrorKind {
 /// enqueued again with [`Client::enqueue_after`](crate::Client::enqueue_after)).
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
-/// The source of a [`StepError`]: any error, boxed.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub use crate::types::BoxError;
 
 /// A step's failure. Anything that converts into a boxed error converts into a
 /// retryable one with `?`: every `std::error::Error + Send + Sync`, an
@@ -627,13 +627,6 @@ pub struct StepCtx {
     pub(crate) mysql: Option<crate::fence::mysql::MySqlFencedTx>,
 }
 
-/// Header carrying the job id next to [`FENCE_TOKEN_HEADER`]
-/// (`Tenure-Fence-Job-Id`, the same as [`crate::queue::headers::FENCE_JOB_ID`]).
-pub const FENCE_JOB_HEADER: &str = crate::queue::headers::FENCE_JOB_ID;
-/// Header carrying the fencing token to a downstream resource (`Tenure-Fence`,
-/// the same as [`crate::queue::headers::FENCE_TOKEN`]).
-pub const FENCE_TOKEN_HEADER: &str = crate::queue::headers::FENCE_TOKEN;
-
 impl StepCtx {
     /// A context without a database, for unit tests of step functions.
     #[cfg(any(test, feature = "testing"))]
@@ -749,7 +742,9 @@ impl StepCtx {
     }
 
     /// Headers that carry this owner's fence to a resource that enforces fences
-    /// on its own writes (`Tenure-Fence-Job-Id`, `Tenure-Fence`), as name/value
+    /// on its own writes (`Tenure-Fence-Job-Id`, `Tenure-Fence`: the names are
+    /// [`FENCE_JOB_ID`](crate::queue::headers::FENCE_JOB_ID) and
+    /// [`FENCE_TOKEN`](crate::queue::headers::FENCE_TOKEN)), as name/value
     /// pairs for any transport (HTTP headers, gRPC metadata). For NATS, the same
     /// headers as a `HeaderMap` come from [`crate::queue::headers::fence_headers`],
     /// and the receiver reads them with [`crate::queue::headers::read_fence`].
@@ -769,8 +764,8 @@ impl StepCtx {
     /// [`crate::fence::TokenGate`]).
     pub fn fence_headers(&self) -> [(&'static str, String); 2] {
         [
-            (FENCE_JOB_HEADER, self.job_id.to_string()),
-            (FENCE_TOKEN_HEADER, self.token.to_string()),
+            (headers::FENCE_JOB_ID, self.job_id.to_string()),
+            (headers::FENCE_TOKEN, self.token.to_string()),
         ]
     }
 

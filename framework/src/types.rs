@@ -5,6 +5,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// Any error, boxed: the source of a [`StepError`](crate::StepError) and of a
+/// [`QueueError`](crate::blocks::queue::QueueError) (public as
+/// `tenure::job::BoxError`).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A job's stable identity, determined by its job type and the enqueuer's
 /// idempotency key: the same key always names the same job.
 ///

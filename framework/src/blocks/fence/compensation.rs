@@ -26,20 +26,20 @@ use super::tx::FencedTx;
 /// What a compensation needs to know of its dead job
 /// ([`FenceStore::claim_compensation`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct DeadRow {
+pub(crate) struct DeadRow {
     /// The job's input as enqueued.
-    pub input: serde_json::Value,
+    pub(crate) input: serde_json::Value,
     /// The step it died at (the number of committed steps).
-    pub step: StepIndex,
+    pub(crate) step: StepIndex,
     /// The last committed step's output (`None`: no step committed).
-    pub checkpoint: Option<serde_json::Value>,
+    pub(crate) checkpoint: Option<serde_json::Value>,
     /// Why it died.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The row's recorded step names
     /// ([`JobRow::step_names`](super::JobRow::step_names)): the first `step`
     /// of them are the steps that committed, the last of those wrote
     /// `checkpoint` (`None`: the row recorded none).
-    pub step_names: Option<Vec<String>>,
+    pub(crate) step_names: Option<Vec<String>>,
 }
 
 impl FenceStore {
@@ -54,7 +54,7 @@ impl FenceStore {
     ///
     /// # Fencing
     /// `WHERE status = 'dead' AND compensation = 'pending' AND fence <= $token`.
-    pub async fn claim_compensation(
+    pub(crate) async fn claim_compensation(
         &self,
         id: JobId,
         token: FencingToken,
@@ -102,7 +102,7 @@ impl FenceStore {
     }
 
     /// Opens the fenced transaction of dead job `id`'s compensation under
-    /// `token` (after [`claim_compensation`](Self::claim_compensation)): the
+    /// `token` (after the runtime's `claim_compensation`): the
     /// row is locked `FOR UPDATE` while `fence = token`, `status = 'dead'` and
     /// `compensation = 'pending'`, and the guard's settings are set, so the
     /// hook may write to guarded tables through [`FencedTx::conn`].

@@ -18,17 +18,17 @@ use super::{FenceError, FenceStore};
 
 /// A delayed job that is due and not yet published.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DueJob {
+pub(crate) struct DueJob {
     /// The job.
-    pub id: JobId,
+    pub(crate) id: JobId,
     /// Its type.
-    pub job_type: String,
+    pub(crate) job_type: String,
     /// Its input.
-    pub input: serde_json::Value,
+    pub(crate) input: serde_json::Value,
     /// When it was due.
-    pub run_at: DateTime<Utc>,
+    pub(crate) run_at: DateTime<Utc>,
     /// The producer's trace context (`telemetry::propagation`), if it had one.
-    pub trace_context: Option<serde_json::Value>,
+    pub(crate) trace_context: Option<serde_json::Value>,
 }
 
 /// The holder of an elected role, as PostgreSQL last accepted it.
@@ -150,7 +150,7 @@ impl FenceStore {
     ///
     /// # Errors
     /// [`FenceError::Db`].
-    pub async fn due_jobs(&self, limit: usize) -> Result<Vec<DueJob>, FenceError> {
+    pub(crate) async fn due_jobs(&self, limit: usize) -> Result<Vec<DueJob>, FenceError> {
         let sql = format!(
             "SELECT id, job_type, input, run_at, trace_context FROM {} \
              WHERE awaiting_publish AND run_at <= now() \

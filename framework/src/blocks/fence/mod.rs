@@ -102,7 +102,7 @@ mod tx;
 
 pub use access::{connect_options, pool_options};
 pub use cancel_key::CancelKey;
-pub use compensation::DeadRow;
+pub(crate) use compensation::DeadRow;
 pub use error::{ARGUMENT_REFUSED_SQLSTATE, FenceError, GUARD_SQLSTATE, is_guard_refusal};
 pub use gate::{
     Admitted, FenceMarks, GateError, MemoryFenceMarks, MemoryTx, PgFenceMarks, StaleToken,
@@ -113,7 +113,8 @@ pub use history::{
     WorkerSeen,
 };
 pub use history_admin::WorkerReport;
-pub use leader::{DueJob, LeaderRow};
+pub(crate) use leader::DueJob;
+pub use leader::LeaderRow;
 pub use outbox::{BatchInserted, NewJob, OutboxListener};
 pub use row::{Cancelled, Claim, Inserted, JobRow, JobStatus, UnknownStatus};
 pub use schedules::{ScheduleRow, TickBatch, tick_key};

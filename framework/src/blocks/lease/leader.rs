@@ -14,7 +14,7 @@ use super::error::LeaseError;
 
 /// The result of [`Session::campaign`].
 #[derive(Debug)]
-pub enum Campaign {
+pub(crate) enum Campaign {
     /// This session leads; fence every write with [`Leadership::token`].
     Elected(Leadership),
     /// Another session leads (or leadership could not be verified).
@@ -23,7 +23,7 @@ pub enum Campaign {
 
 /// A verified leader key of this session.
 #[derive(Debug, Clone)]
-pub struct Leadership {
+pub(crate) struct Leadership {
     role: String,
     key: String,
     token: FencingToken,
@@ -31,18 +31,13 @@ pub struct Leadership {
 
 impl Leadership {
     /// The role.
-    pub fn role(&self) -> &str {
+    pub(crate) fn role(&self) -> &str {
         &self.role
     }
 
     /// The leader's token: the key's `create_revision`.
-    pub fn token(&self) -> FencingToken {
+    pub(crate) fn token(&self) -> FencingToken {
         self.token
-    }
-
-    /// The etcd key.
-    pub fn key(&self) -> &str {
-        &self.key
     }
 }
 
@@ -60,7 +55,7 @@ impl Session {
     ///
     /// # Errors
     /// [`LeaseError::SessionLost`], [`LeaseError::Etcd`], [`LeaseError::Timeout`].
-    pub async fn campaign(&self, role: &str) -> Result<Campaign, LeaseError> {
+    pub(crate) async fn campaign(&self, role: &str) -> Result<Campaign, LeaseError> {
         self.campaign_at(role, self.leader_key(role)).await
     }
 
@@ -127,27 +122,12 @@ impl Session {
         }
     }
 
-    /// Whether `lead`'s key still exists with its token (a linearizable read).
-    ///
-    /// # Errors
-    /// [`LeaseError::Etcd`], [`LeaseError::Timeout`].
-    pub async fn still_leads(&self, lead: &Leadership) -> Result<bool, LeaseError> {
-        let read = self
-            .txn(
-                "still_leads",
-                Txn::new().and_then([TxnOp::get(lead.key.as_str(), None)]),
-            )
-            .await?;
-        Ok(held_by(&read.op_responses())
-            .is_some_and(|(lease, rev)| lease == self.lease.get() && rev == lead.token.get()))
-    }
-
     /// Gives leadership up: deletes the key only while it carries `lead`'s
     /// token. Returns whether it was deleted.
     ///
     /// # Errors
     /// [`LeaseError::Etcd`], [`LeaseError::Timeout`].
-    pub async fn resign(&self, lead: Leadership) -> Result<bool, LeaseError> {
+    pub(crate) async fn resign(&self, lead: Leadership) -> Result<bool, LeaseError> {
         let txn = Txn::new()
             .when([Compare::create_revision(
                 lead.key.as_str(),

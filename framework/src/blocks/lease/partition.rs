@@ -178,7 +178,7 @@ impl Session {
     ///
     /// # Errors
     /// [`LeaseError::SessionLost`], [`LeaseError::Etcd`], [`LeaseError::Timeout`].
-    pub async fn own_partition(
+    pub(crate) async fn own_partition(
         &self,
         job_type: &str,
         partition: u32,
@@ -210,7 +210,7 @@ impl Session {
     ///
     /// # Errors
     /// [`LeaseError::Etcd`], [`LeaseError::Timeout`].
-    pub async fn watch_ownership(&self) -> Result<OwnershipWatch, LeaseError> {
+    pub(crate) async fn watch_ownership(&self) -> Result<OwnershipWatch, LeaseError> {
         let prefix = format!("{}own/", self.namespace_prefix);
         let client = self.client.watch_client();
         let stream = bounded("watch_ownership", self.request_timeout, || {
@@ -225,7 +225,7 @@ impl Session {
 
 /// A watch on a namespace's members and partition owners.
 #[derive(Debug)]
-pub struct OwnershipWatch {
+pub(crate) struct OwnershipWatch {
     stream: WatchStream,
 }
 
@@ -235,7 +235,7 @@ impl OwnershipWatch {
     /// # Errors
     /// [`LeaseError::Etcd`] if the watch failed, [`LeaseError::Unexpected`]
     /// if etcd ended or cancelled it: open a new one.
-    pub async fn changed(&mut self) -> Result<(), LeaseError> {
+    pub(crate) async fn changed(&mut self) -> Result<(), LeaseError> {
         loop {
             let msg = self
                 .stream

@@ -10,7 +10,7 @@ use super::{Queue, QueueError, boxed};
 use crate::JobId;
 
 /// A worker's subscription to its namespace's cancel notices.
-pub struct CancelNotices {
+pub(crate) struct CancelNotices {
     sub: async_nats::Subscriber,
     prefix: String,
 }
@@ -26,7 +26,7 @@ impl std::fmt::Debug for CancelNotices {
 impl CancelNotices {
     /// The next cancelled job's id; `None` once the subscription ended. A
     /// subject whose last token is not a job id is skipped.
-    pub async fn next(&mut self) -> Option<JobId> {
+    pub(crate) async fn next(&mut self) -> Option<JobId> {
         while let Some(msg) = self.sub.next().await {
             let tail = msg.subject.as_str().strip_prefix(self.prefix.as_str());
             match tail.map(str::parse::<JobId>) {
@@ -67,7 +67,7 @@ impl Queue {
     ///
     /// # Errors
     /// [`QueueError::Setup`] if the subscription was refused.
-    pub async fn cancel_notices(&self) -> Result<CancelNotices, QueueError> {
+    pub(crate) async fn cancel_notices(&self) -> Result<CancelNotices, QueueError> {
         let prefix = self.inner.names.cancel_subject_prefix.clone();
         let sub = self
             .inner

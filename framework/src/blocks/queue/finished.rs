@@ -14,7 +14,7 @@ use crate::JobId;
 
 /// A subscription to one job's completion notices
 /// ([`Queue::finished_notices`]).
-pub struct FinishedNotices {
+pub(crate) struct FinishedNotices {
     sub: async_nats::Subscriber,
     job_id: JobId,
 }
@@ -30,7 +30,7 @@ impl std::fmt::Debug for FinishedNotices {
 impl FinishedNotices {
     /// Waits for the next notice: `true` when one came (the caller reads the
     /// row for the status), `false` once the subscription ended.
-    pub async fn next(&mut self) -> bool {
+    pub(crate) async fn next(&mut self) -> bool {
         self.sub.next().await.is_some()
     }
 }
@@ -68,7 +68,10 @@ impl Queue {
     ///
     /// # Errors
     /// [`QueueError::Setup`] if the subscription was refused.
-    pub async fn finished_notices(&self, job_id: JobId) -> Result<FinishedNotices, QueueError> {
+    pub(crate) async fn finished_notices(
+        &self,
+        job_id: JobId,
+    ) -> Result<FinishedNotices, QueueError> {
         let subject = self.inner.names.finished_subject(job_id);
         let setup = |source| QueueError::Setup {
             what: format!("the completion notice subscription {subject}"),

@@ -88,15 +88,13 @@ use crate::JobId;
 use crate::config::{BackoffConfig, ConfigError};
 
 pub use batch::JobMessage;
-pub use cancel::CancelNotices;
+pub(crate) use cancel::CancelNotices;
 pub use delivery::{BadMessage, Delivery, HandedBack};
 pub use dlq::{AdvisoryListener, DeadLetter, DeadLetterInfo, GaveUp, GaveUpNotice, reasons};
-pub use finished::FinishedNotices;
 pub use permissions::{NatsPermissions, NatsRole};
 pub use setup::nats_client;
 
-/// A boxed error from the NATS client, kept as the `source` of a [`QueueError`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+use crate::types::BoxError;
 
 /// Errors of the queue.
 #[derive(Debug, thiserror::Error)]
