@@ -23,9 +23,8 @@
 mod cancel;
 mod compensate;
 #[cfg(feature = "testing")]
-pub(crate) mod faults;
+mod faults;
 mod fetcher;
-pub(crate) mod handover;
 mod job_actor;
 mod keeper;
 mod outcome;

@@ -12,7 +12,7 @@ use super::history::{CheckError, History, Report};
 use super::process::{self, WorkerProcess};
 use super::proxy::EtcdProxy;
 use crate::devstack::{DevStack, DevStackOptions};
-use crate::runtime::faults::{Fault, FaultHit, FaultPlan, Injector};
+use crate::faults::{Fault, FaultHit, FaultPlan, Injector};
 use crate::{Client, ClientError, Config, Job, JobId, JobRow, JobStatus, Worker, WorkerBuilder};
 
 /// How a `#[tenure::test]` asked to be run (built by the attribute).

@@ -29,7 +29,7 @@ mod proxy;
 #[cfg(feature = "devstack")]
 mod step;
 
-pub use crate::runtime::faults::{Fault, FaultHit, FaultPlan, FaultPoint, FaultRule, Injector};
+pub use crate::faults::{Fault, FaultHit, FaultPlan, FaultPoint, FaultRule, Injector};
 #[cfg(feature = "devstack")]
 pub use env::{TestEnv, TestError, TestResult};
 pub use history::{CheckError, History, Report, StepRecord, Violation, judge_commits};

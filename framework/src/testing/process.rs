@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::env::{TestError, TestSpec, tune};
 use super::history::History;
-use crate::runtime::faults::{Fault, FaultHit, FaultPlan, FaultRule, Injector};
+use crate::faults::{Fault, FaultHit, FaultPlan, FaultRule, Injector};
 use crate::{FencingToken, JobId, StepIndex, WorkerObserver};
 
 /// The environment variable that makes a test binary a worker process.

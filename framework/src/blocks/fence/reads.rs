@@ -4,8 +4,8 @@
 use sqlx::{Executor, Postgres};
 use tracing::Instrument;
 
-use crate::job::StepInfo;
-use crate::job::step_list;
+use crate::steps as step_list;
+use crate::steps::StepInfo;
 use crate::types::JobId;
 
 use super::FenceStore;
