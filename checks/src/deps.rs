@@ -185,7 +185,10 @@ impl Index {
                 module: at.clone(),
                 file: m.file,
             };
-            if m.children.contains(seg) {
+            // A module and a function may share a name (`mod setup;` and
+            // `fn setup`): a path's last segment names the item.
+            let last = i + 1 == path.len();
+            if m.children.contains(seg) && !(last && m.items.contains(seg)) {
                 at.push(seg.clone());
                 continue;
             }

@@ -33,6 +33,7 @@ mod readiness;
 mod registry;
 mod report;
 mod routes;
+mod run;
 mod scheduler;
 mod slots;
 mod stage;

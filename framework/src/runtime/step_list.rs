@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use super::job_actor::JobRun;
 use super::outcome::{DeadCode, Outcome, Owned};
+use super::run::JobRun;
 use crate::fence::{Claim, FencedTx};
 use crate::retry;
 use crate::steps::{self as step_list, Fit};

@@ -19,8 +19,8 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use super::env::{TestError, TestSpec, tune};
 use super::history::History;
+use super::spec::{TestError, TestSpec, tune};
 use crate::faults::{Fault, FaultHit, FaultPlan, FaultRule, Injector};
 use crate::{FencingToken, JobId, StepIndex, WorkerObserver};
 

@@ -97,6 +97,7 @@ mod retention;
 mod row;
 mod schedules;
 mod sql;
+mod status;
 mod store;
 mod tx;
 
@@ -115,7 +116,8 @@ pub use history::{
 pub use history_admin::WorkerReport;
 pub use leader::{DueJob, LeaderRow};
 pub use outbox::{BatchInserted, NewJob, OutboxListener};
-pub use row::{Cancelled, Claim, Inserted, JobRow, JobStatus, UnknownStatus};
+pub use row::{Cancelled, Claim, Inserted, JobRow};
 pub use schedules::{ScheduleRow, TickBatch, tick_key};
+pub use status::{JobStatus, UnknownStatus};
 pub use store::FenceStore;
 pub use tx::FencedTx;

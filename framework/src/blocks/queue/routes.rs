@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use async_nats::jetstream::consumer;
 use futures::StreamExt;
 
-use super::setup::{Provisioning, ensure_consumer};
+use super::provision::{Provisioning, ensure_consumer};
 use super::{Queue, QueueError, QueueNames, Settings, read, validate_job_type};
 
 /// The per-type consumers a queue handle has opened.
