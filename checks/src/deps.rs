@@ -911,3 +911,182 @@ fn sccs<N: Ord + Clone>(graph: &BTreeMap<N, BTreeSet<N>>) -> Vec<Vec<N>> {
     s.out.sort();
     s.out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, module: &[&str], text: &str) -> SourceFile {
+        SourceFile {
+            path: path.into(),
+            module: module.iter().map(|s| s.to_string()).collect(),
+            text: text.into(),
+        }
+    }
+
+    const RULES: &str = "intro
+<!-- dependency-rules:begin -->
+| module | may use |
+|---|---|
+| `crate` (the facade) | everything |
+| `types` | nothing |
+| `low` | `types` |
+| `high` | `low`, `types` |
+<!-- dependency-rules:end -->
+";
+
+    /// A crate: `types` (a file), `low` (a directory: `mod.rs`, `a.rs`,
+    /// `b.rs`), `high`; the root re-exports `types::Id`.
+    fn krate(low_a: &str, low_b: &str, types: &str) -> Vec<SourceFile> {
+        vec![
+            file(
+                "lib.rs",
+                &[],
+                "mod high; mod low; mod types; pub use types::Id;",
+            ),
+            file("types.rs", &["types"], types),
+            file("low/mod.rs", &["low"], "mod a; mod b; pub use a::A;"),
+            file("low/a.rs", &["low", "a"], low_a),
+            file("low/b.rs", &["low", "b"], low_b),
+            file(
+                "high.rs",
+                &["high"],
+                "use crate::low::A;\nfn f() -> crate::Id { todo!() }",
+            ),
+        ]
+    }
+
+    fn report(files: &[SourceFile], rules: &str) -> Report {
+        let rules = parse_rules(rules).expect("rules");
+        check(files, &rules).expect("check")
+    }
+
+    #[test]
+    fn rules_are_read_from_the_marked_table() {
+        let rules = parse_rules(RULES).expect("rules");
+        assert_eq!(rules.may_use["crate"], None);
+        assert_eq!(rules.may_use["types"], Some(BTreeSet::new()));
+        let high: BTreeSet<String> = ["low", "types"].map(String::from).into();
+        assert_eq!(rules.may_use["high"], Some(high));
+        assert!(rules.cycle().is_none());
+        assert!(parse_rules("no markers").is_err());
+        let unknown = RULES.replace("`low`, `types`", "`nowhere`");
+        assert!(parse_rules(&unknown).is_err(), "a name without a row");
+    }
+
+    #[test]
+    fn a_layered_crate_is_clean() {
+        let files = krate("pub struct A;", "use super::A;", "pub struct Id;");
+        let r = report(&files, RULES);
+        assert!(r.is_clean(), "{r}");
+    }
+
+    #[test]
+    fn a_use_against_the_rules_is_reported_with_its_line() {
+        let types = "pub struct Id;\n\nuse crate::low::A;";
+        let files = krate("pub struct A;", "", types);
+        let r = report(&files, RULES);
+        assert_eq!(r.violations.len(), 1, "{r}");
+        let v = &r.violations[0];
+        assert_eq!((v.file.as_str(), v.line), ("framework/src/types.rs", 3));
+        assert_eq!((v.from.as_str(), v.to.as_str()), ("types", "low"));
+        assert_eq!(v.rule, "nothing");
+    }
+
+    #[test]
+    fn paths_in_code_and_macros_count_and_re_exports_resolve() {
+        // `crate::Id` is `types::Id`: allowed for `low`. A path in a macro
+        // body and one in a signature to `high` are not.
+        let low_a = "pub struct A;\nfn f(_: crate::Id) {}\nfn g() { println!(\"{}\", crate::high::X); }\nfn h(_: crate::high::Y) {}";
+        let files = krate(low_a, "", "pub struct Id;");
+        let r = report(&files, RULES);
+        let lines: Vec<(usize, &str)> = r
+            .violations
+            .iter()
+            .map(|v| (v.line, v.to.as_str()))
+            .collect();
+        assert_eq!(lines, [(3, "high"), (4, "high")], "{r}");
+    }
+
+    #[test]
+    fn test_only_items_and_visibility_paths_do_not_count() {
+        let types = "pub struct Id;\npub(in crate::types) struct P;\n#[cfg(test)]\nmod tests { use crate::high::X; }";
+        let files = krate("pub struct A;", "", types);
+        let r = report(&files, RULES);
+        assert!(r.is_clean(), "{r}");
+    }
+
+    #[test]
+    fn files_importing_from_each_other_are_a_cycle() {
+        let files = krate(
+            "pub struct A;\nuse super::b::B;",
+            "pub struct B;\nuse super::a::A;",
+            "pub struct Id;",
+        );
+        let r = report(&files, RULES);
+        assert!(r.violations.is_empty(), "{r}");
+        assert_eq!(r.cycles.len(), 1, "{r}");
+        assert_eq!(
+            r.cycles[0].files,
+            ["framework/src/low/a.rs", "framework/src/low/b.rs"]
+        );
+        // Through the parent's re-export (`super::A` is `a.rs`'s) it is the
+        // same cycle; a child reading its parent's own items is none.
+        let files = krate(
+            "pub struct A;\nuse super::b::B;",
+            "pub struct B;\nuse super::A;",
+            "pub struct Id;",
+        );
+        assert_eq!(report(&files, RULES).cycles.len(), 1);
+        let exempt = format!(
+            "{}\n\n| allowed exception | reason |\n|---|---|\n| `framework/src/low/a.rs` <-> `framework/src/low/b.rs` | a reason |\n{END}",
+            RULES.replace(END, "").trim_end()
+        );
+        assert!(report(&files, &exempt).is_clean());
+    }
+
+    #[test]
+    fn an_allowed_exception_silences_its_edge_only() {
+        let types = "pub struct Id;\nuse crate::low::A;\nuse crate::high::H;";
+        let files = krate("pub struct A;", "", types);
+        let rules = format!(
+            "{}\n\n| allowed exception | reason |\n|---|---|\n| `types` -> `low` | a reason |\n{END}",
+            RULES.replace(END, "").trim_end()
+        );
+        let r = report(&files, &rules);
+        let to: Vec<&str> = r.violations.iter().map(|v| v.to.as_str()).collect();
+        assert_eq!(to, ["high"], "{r}");
+    }
+
+    #[test]
+    fn a_module_without_a_row_and_a_layering_cycle_are_problems() {
+        let mut files = krate("pub struct A;", "", "pub struct Id;");
+        files[0].text.push_str(" mod extra {}");
+        let cyclic = RULES.replace("| `low` | `types` |", "| `low` | `high` |");
+        let r = report(&files, &cyclic);
+        assert!(
+            r.problems.iter().any(|p| p.contains("`extra` has no row")),
+            "{r}"
+        );
+        assert!(r.problems.iter().any(|p| p.contains("has a cycle")), "{r}");
+    }
+
+    #[test]
+    fn a_function_and_a_module_of_one_name_resolve_by_position() {
+        let idx_files = vec![
+            file("lib.rs", &[], "mod q;"),
+            file("q/mod.rs", &["q"], "mod setup; fn setup() {} pub struct Q;"),
+            file("q/setup.rs", &["q", "setup"], "pub struct S;"),
+        ];
+        let (index, _) = references(&idx_files).expect("refs");
+        let path = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            index.resolve(&path(&["q", "setup"])).map(|t| t.file),
+            Some(1)
+        );
+        assert_eq!(
+            index.resolve(&path(&["q", "setup", "S"])).map(|t| t.file),
+            Some(2)
+        );
+    }
+}

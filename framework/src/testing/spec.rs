@@ -77,7 +77,7 @@ pub enum TestError {
     /// `worker_process` without `#[tenure::test(worker = ...)]`.
     #[error("worker processes need #[tenure::test(worker = path::to::fn)]")]
     NoWorkerFn,
-    /// [`TestEnv::run_step`] could not run or commit the step.
+    /// [`TestEnv::run_step`](super::TestEnv::run_step) could not run or commit the step.
     #[error("run_step: {0}")]
     Step(String),
     /// A worker process could not be started or did not get ready.
