@@ -224,7 +224,7 @@ pub struct Config {
     /// points of jobs ([`crate::testing::FaultPlan`]); `None` in every real run.
     #[cfg(feature = "testing")]
     #[doc(hidden)]
-    pub fault_plan: Option<crate::testing::FaultPlan>,
+    pub fault_plan: Option<crate::faults::FaultPlan>,
 }
 
 /// The largest [`Config::prefetch`].
@@ -496,8 +496,12 @@ impl Config {
     /// unless [`allow_insecure_transport`](Self::allow_insecure_transport).
     fn validate_transport(&self) -> Result<(), ConfigError> {
         use crate::security::transport;
-        let mut links = transport::etcd_links(self);
-        links.extend(transport::nats_links(self));
+        let mut links = transport::etcd_links(&self.etcd_endpoints, self.etcd_user.is_some());
+        links.extend(transport::nats_links(
+            &self.nats_url,
+            &self.nats_auth,
+            self.nats_tls.is_some(),
+        ));
         links.push(transport::pg_link(&self.database_options()?));
         for link in &links {
             transport::check(link, self.allow_insecure_transport)?;

@@ -16,8 +16,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use crate::handover::{Asks, Handover};
 use crate::queue::headers;
-use crate::runtime::handover::{Asks, Handover};
 use crate::{FencingToken, JobId, StepIndex};
 
 #[cfg(feature = "mysql")]
@@ -27,12 +27,7 @@ pub mod step_list;
 /// A boxed, `Send` future, as returned by [`Job::run_step`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Static facts about one step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepInfo {
-    /// The step's name (the method name).
-    pub name: &'static str,
-}
+pub use crate::steps::StepInfo;
 
 /// A job type: a fenced state machine of steps.
 ///
@@ -256,13 +251,13 @@ impl DeadJob {
         step_names: Option<Vec<String>>,
     ) -> Self {
         let committed = usize::try_from(step.get()).unwrap_or(usize::MAX);
-        let fit = step_list::fit(step_names.as_deref(), committed, definition);
+        let fit = crate::steps::fit(step_names.as_deref(), committed, definition);
         Self {
             reason,
             step,
             checkpoint,
             step_names,
-            fits: !matches!(fit, step_list::Fit::Incompatible(_)),
+            fits: !matches!(fit, crate::steps::Fit::Incompatible(_)),
             definition,
         }
     }

@@ -222,6 +222,9 @@
 pub mod blocks;
 mod client;
 pub mod config;
+#[cfg(feature = "testing")]
+mod faults;
+mod handover;
 pub mod job;
 #[cfg(feature = "http")]
 pub mod probe;
@@ -229,6 +232,7 @@ mod retry;
 mod runtime;
 mod schedule;
 pub mod security;
+mod steps;
 pub mod telemetry;
 mod types;
 

@@ -13,32 +13,11 @@ use std::sync::Arc;
 
 use futures::FutureExt as _;
 
-use super::job_actor::JobRun;
-use super::outcome::Outcome;
-use super::registry::DynJob;
+use super::outcome::{Compensated, Compensation, Outcome};
+use super::run::JobRun;
 use crate::job::{DeadJob, StepCtx, StepErrorKind};
-use crate::lease::Session;
+use crate::retry;
 use crate::telemetry::StaleAt;
-use crate::{FencingToken, JobId, retry};
-
-/// How a compensation ended, when it did not end the delivery otherwise.
-pub(super) enum Compensated {
-    /// The hook committed now, or nothing was pending.
-    Done,
-    /// The hook failed permanently: its compensation stays pending (a
-    /// redrive resets it), and the job is dead-lettered with this note.
-    Failed(String),
-}
-
-/// The compensation to run: the job, its owner's token and session, and the
-/// delivery's attempt number (for the backoff of a retryable hook failure).
-pub(super) struct Compensation<'a> {
-    pub(super) job: &'a Arc<dyn DynJob>,
-    pub(super) job_id: JobId,
-    pub(super) token: FencingToken,
-    pub(super) session: &'a Session,
-    pub(super) attempt: u32,
-}
 
 impl JobRun {
     /// Runs the job's `on_dead` hook if its compensation is pending: `Err` is

@@ -12,11 +12,11 @@ use tokio::time::Instant;
 use tracing::{Instrument, field};
 
 use super::Shared;
-use super::compensate::{Compensated, Compensation};
-use super::outcome::{Attempt, DeadCode, Grant, Held, Outcome, Owned};
+use super::outcome::{Attempt, Compensated, Compensation, DeadCode, Grant, Held, Outcome, Owned};
 use super::partitions::Ownership;
 use super::registry::DynJob;
-use super::slots::{HoldSlot, Slots};
+use super::run::{Holding, JobRun};
+use super::slots::HoldSlot;
 use super::standing::Server;
 use crate::fence::{Claim, FenceError, FenceStore, FencedTx, JobRow, JobStatus};
 use crate::lease::{Acquire, Coming, Health, Session};
@@ -98,12 +98,6 @@ impl Actor for JobActor {
         }
         Ok(())
     }
-}
-
-pub(super) struct JobRun {
-    pub(super) shared: Arc<Shared>,
-    pub(super) me: ractor::ActorCell,
-    slots: Arc<Slots>,
 }
 
 impl JobRun {
@@ -566,45 +560,6 @@ fn dead_row(row: Option<&JobRow>) -> Outcome {
     Outcome::DeadLetter {
         code: DeadCode::Dead,
         reason,
-    }
-}
-
-/// A job actor's entry in [`Shared::holding`](super::Shared), from before it
-/// asks for the job's lock until the actor ends.
-pub(super) struct Holding {
-    shared: Arc<Shared>,
-    job_id: JobId,
-}
-
-impl Holding {
-    fn start(shared: Arc<Shared>, job_id: JobId) -> Self {
-        if let Ok(mut held) = shared.holding.lock() {
-            *held.entry(job_id).or_default() += 1;
-        }
-        Holding { shared, job_id }
-    }
-
-    /// Whether another job actor of this worker (besides the caller's own entry)
-    /// works on `job_id`. A poisoned map says yes: never delete a lock that may
-    /// be in use.
-    fn others_hold(shared: &Shared, job_id: JobId) -> bool {
-        shared
-            .holding
-            .lock()
-            .map_or(true, |held| held.get(&job_id).is_some_and(|n| *n > 1))
-    }
-}
-
-impl Drop for Holding {
-    fn drop(&mut self) {
-        if let Ok(mut held) = self.shared.holding.lock()
-            && let Some(n) = held.get_mut(&self.job_id)
-        {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                held.remove(&self.job_id);
-            }
-        }
     }
 }
 

@@ -23,10 +23,9 @@
 mod cancel;
 mod compensate;
 #[cfg(feature = "testing")]
-pub(crate) mod faults;
+mod faults;
 mod fetcher;
 mod gave_up;
-pub(crate) mod handover;
 mod job_actor;
 mod keeper;
 mod outcome;
@@ -35,6 +34,7 @@ mod readiness;
 mod registry;
 mod report;
 mod routes;
+mod run;
 mod scheduler;
 mod slots;
 mod stage;

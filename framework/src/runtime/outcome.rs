@@ -13,10 +13,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::cancel::CancelWatch;
-use super::compensate::{Compensated, Compensation};
-use super::job_actor::{Holding, JobRun};
 use super::partitions::PartitionGrant;
 use super::registry::DynJob;
+use super::run::{Holding, JobRun};
 use super::slots::RunSlot;
 use crate::fence::{FenceError, JobRow, JobStatus};
 use crate::lease::{JobLock, ReleaseMode, Session};
@@ -276,6 +275,25 @@ impl Attempt {
     pub(super) fn delivery(&self) -> &Delivery {
         &self.delivery
     }
+}
+
+/// How a compensation ended, when it did not end the delivery otherwise.
+pub(super) enum Compensated {
+    /// The hook committed now, or nothing was pending.
+    Done,
+    /// The hook failed permanently: its compensation stays pending (a
+    /// redrive resets it), and the job is dead-lettered with this note.
+    Failed(String),
+}
+
+/// The compensation to run: the job, its owner's token and session, and the
+/// delivery's attempt number (for the backoff of a retryable hook failure).
+pub(super) struct Compensation<'a> {
+    pub(super) job: &'a Arc<dyn DynJob>,
+    pub(super) job_id: JobId,
+    pub(super) token: FencingToken,
+    pub(super) session: &'a Session,
+    pub(super) attempt: u32,
 }
 
 impl JobRun {

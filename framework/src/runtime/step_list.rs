@@ -11,11 +11,11 @@
 
 use std::time::Duration;
 
-use super::job_actor::JobRun;
 use super::outcome::{DeadCode, Outcome, Owned};
+use super::run::JobRun;
 use crate::fence::{Claim, FencedTx};
-use crate::job::step_list::{self, Fit};
 use crate::retry;
+use crate::steps::{self as step_list, Fit};
 
 /// The shortest hand-back delay of a job whose definition does not fit.
 const MIN_HAND_BACK: Duration = Duration::from_millis(100);

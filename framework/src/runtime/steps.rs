@@ -10,12 +10,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::handover::{Handover, Offer};
-use super::job_actor::{JobRun, lease_health_now};
+use super::job_actor::lease_health_now;
 use super::outcome::{DeadCode, Outcome, Owned};
+use super::run::JobRun;
 use super::stage::{StageOutcome, run_stage};
 use crate::StepIndex;
 use crate::fence::{Claim, FenceError, FencedTx, JobStatus};
+use crate::handover::{Handover, Offer};
 use crate::job::{StepCtx, StepError, StepErrorKind};
 use crate::lease::Health;
 use crate::queue::Delivery;

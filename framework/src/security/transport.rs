@@ -14,7 +14,6 @@ use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use super::{InsecureTransport, Server};
-use crate::config::Config;
 
 /// How a connection to one server is protected, as Tenure will open it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,10 +108,11 @@ pub(crate) fn url_has_credentials(url: &str) -> bool {
         })
 }
 
-/// Every etcd endpoint, with the etcd user as its credential.
-pub(crate) fn etcd_links(cfg: &Config) -> Vec<Link> {
-    let credential = cfg.etcd_user.as_ref().map(|_| "a user and password");
-    cfg.etcd_endpoints
+/// Every etcd endpoint, with the etcd user (if `has_user`) as its credential.
+/// (`Config::validate` passes its fields: `security` sits below `config`.)
+pub(crate) fn etcd_links(endpoints: &[String], has_user: bool) -> Vec<Link> {
+    let credential = has_user.then_some("a user and password");
+    endpoints
         .iter()
         .map(|endpoint| {
             let address = super::address_of(endpoint);
@@ -135,25 +135,25 @@ pub(crate) fn etcd_links(cfg: &Config) -> Vec<Link> {
         .collect()
 }
 
-/// Every NATS server of [`Config::nats_url`] (a comma-separated list), with
-/// [`Config::nats_auth`] or the URL's user part as its credential.
-pub(crate) fn nats_links(cfg: &Config) -> Vec<Link> {
+/// Every NATS server of [`Config::nats_url`](crate::Config::nats_url) (a comma-separated list), with
+/// [`Config::nats_auth`](crate::Config::nats_auth) or the URL's user part as its credential.
+pub(crate) fn nats_links(nats_url: &str, auth: &super::NatsAuth, has_tls: bool) -> Vec<Link> {
     use super::NatsAuth;
-    let configured = match &cfg.nats_auth {
+    let configured = match auth {
         NatsAuth::None => None,
         NatsAuth::UserPassword { .. } => Some("a user and password"),
         NatsAuth::Token(_) => Some("a token"),
         NatsAuth::CredsFile(_) => Some("a .creds file's JWT"),
         NatsAuth::NKey(_) => Some("an nkey signature"),
     };
-    cfg.nats_url
+    nats_url
         .split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .map(|url| {
             let address = super::address_of(url);
             let tls_scheme = matches!(scheme_of(url).as_deref(), Some("tls" | "wss"));
-            let protection = if cfg.nats_tls.is_some() || tls_scheme {
+            let protection = if has_tls || tls_scheme {
                 Protection::Verified
             } else {
                 Protection::Unverified(
@@ -308,12 +308,17 @@ mod mysql {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::security::{NatsAuth, Secret, TlsFiles};
 
     /// The first refusal of `cfg`'s links, as `Config::validate` would meet it.
     fn refusal(cfg: &Config) -> Option<InsecureTransport> {
-        let mut links = etcd_links(cfg);
-        links.extend(nats_links(cfg));
+        let mut links = etcd_links(&cfg.etcd_endpoints, cfg.etcd_user.is_some());
+        links.extend(nats_links(
+            &cfg.nats_url,
+            &cfg.nats_auth,
+            cfg.nats_tls.is_some(),
+        ));
         let pg = pg_options(&cfg.database_url, cfg.database_password.as_ref()).unwrap();
         links.push(pg_link(&pg));
         links

@@ -8,39 +8,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::history::{CheckError, History, Report};
+use super::history::{History, Report};
 use super::process::{self, WorkerProcess};
 use super::proxy::EtcdProxy;
+use super::spec::{TestError, TestSpec, tune};
 use crate::devstack::{DevStack, DevStackOptions};
-use crate::runtime::faults::{Fault, FaultHit, FaultPlan, Injector};
-use crate::{Client, ClientError, Config, Job, JobId, JobRow, JobStatus, Worker, WorkerBuilder};
-
-/// How a `#[tenure::test]` asked to be run (built by the attribute).
-#[derive(Debug, Clone, Copy)]
-pub struct TestSpec {
-    /// `module_path!()::name` of the test function.
-    pub path: &'static str,
-    /// The lease TTL of its workers, in seconds.
-    pub ttl_secs: u64,
-    /// Whether it starts a dev stack of its own (for server faults) instead of
-    /// sharing the test binary's.
-    pub own_stack: bool,
-    /// What a worker process of this test runs (`worker = path` argument: an
-    /// `async fn(Config) -> WorkerBuilder`).
-    pub worker: Option<WorkerFn>,
-}
-
-/// A test's worker function, boxed: `worker = path` of `#[tenure::test]`.
-pub type WorkerFn = fn(Config) -> BoxFuture<'static, WorkerBuilder>;
-
-impl TestSpec {
-    /// The test's name as libtest knows it (the module path without the crate).
-    pub(super) fn test_name(&self) -> &'static str {
-        self.path
-            .split_once("::")
-            .map_or(self.path, |(_, rest)| rest)
-    }
-}
+use crate::faults::{Fault, FaultHit, FaultPlan, Injector};
+use crate::{Client, Config, Job, JobId, JobRow, Worker, WorkerBuilder};
 
 /// What a test function of `#[tenure::test]` may return: `()` or a `Result`
 /// whose error is `Debug`.
@@ -105,53 +79,6 @@ impl StackRef {
     }
 }
 
-/// Why a test's environment could not do what it was asked.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TestError {
-    /// The dev stack did not start.
-    #[error("dev stack: {0}")]
-    Stack(String),
-    /// A client call failed.
-    #[error(transparent)]
-    Client(#[from] ClientError),
-    /// A worker did not start.
-    #[error(transparent)]
-    Worker(#[from] crate::WorkerError),
-    /// The history could not be checked.
-    #[error(transparent)]
-    Check(#[from] CheckError),
-    /// A job did not finish in time.
-    #[error("job {job} not finished after {waited:?} (status {status:?})")]
-    Timeout {
-        /// The job.
-        job: JobId,
-        /// How long we waited.
-        waited: Duration,
-        /// Its last status (`None`: no row).
-        status: Option<JobStatus>,
-    },
-    /// A fault this kind of worker cannot apply (e.g. a crash in process).
-    #[error("fault {fault:?} cannot be applied {where_}: {hint}")]
-    Unsupported {
-        /// The fault.
-        fault: Fault,
-        /// In process or in a worker process.
-        where_: &'static str,
-        /// What to do instead.
-        hint: &'static str,
-    },
-    /// `worker_process` without `#[tenure::test(worker = ...)]`.
-    #[error("worker processes need #[tenure::test(worker = path::to::fn)]")]
-    NoWorkerFn,
-    /// [`TestEnv::run_step`] could not run or commit the step.
-    #[error("run_step: {0}")]
-    Step(String),
-    /// A worker process could not be started or did not get ready.
-    #[error("worker process: {0}")]
-    Process(String),
-}
-
 /// A test's environment: the dev stack, a namespace and schema of its own
 /// (migrated), a client and config, its [`History`], and ways to start
 /// workers. See [`guide::testing`](crate::guide::testing).
@@ -184,16 +111,6 @@ fn config_for(stack: &DevStack, ns: &str, ttl: Duration) -> Config {
         .with_lease_ttl(ttl);
     tune(&mut cfg);
     cfg
-}
-
-/// Short backoffs: tests wait for retries and takeovers.
-pub(super) fn tune(cfg: &mut Config) {
-    cfg.contention_backoff.base = Duration::from_millis(50);
-    cfg.contention_backoff.cap = Duration::from_millis(500);
-    cfg.retry_backoff.base = Duration::from_millis(50);
-    cfg.retry_backoff.cap = Duration::from_millis(500);
-    cfg.session_backoff.base = Duration::from_millis(100);
-    cfg.session_backoff.cap = Duration::from_secs(1);
 }
 
 impl TestEnv {

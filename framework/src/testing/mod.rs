@@ -27,18 +27,25 @@ mod process;
 #[cfg(feature = "devstack")]
 mod proxy;
 #[cfg(feature = "devstack")]
+mod spec;
+#[cfg(feature = "devstack")]
 mod step;
 
-pub use crate::runtime::faults::{Fault, FaultHit, FaultPlan, FaultPoint, FaultRule, Injector};
+pub use crate::faults::{Fault, FaultHit, FaultPlan, FaultPoint, FaultRule, Injector};
 #[cfg(feature = "devstack")]
-pub use env::{TestEnv, TestError, TestResult};
+pub use env::{TestEnv, TestResult};
 pub use history::{CheckError, History, Report, StepRecord, Violation, judge_commits};
 #[cfg(feature = "devstack")]
 pub use process::WorkerProcess;
 #[cfg(feature = "devstack")]
 pub use proxy::Relay;
+#[cfg(feature = "devstack")]
+pub use spec::TestError;
 
 /// Used by the code `#[tenure::test]` generates. Not a public API.
 #[cfg(feature = "devstack")]
 #[doc(hidden)]
-pub use env::{TestSpec, WorkerFn, run as __run};
+pub use env::run as __run;
+#[cfg(feature = "devstack")]
+#[doc(hidden)]
+pub use spec::{TestSpec, WorkerFn};

@@ -19,9 +19,9 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use super::env::{TestError, TestSpec, tune};
 use super::history::History;
-use crate::runtime::faults::{Fault, FaultHit, FaultPlan, FaultRule, Injector};
+use super::spec::{TestError, TestSpec, tune};
+use crate::faults::{Fault, FaultHit, FaultPlan, FaultRule, Injector};
 use crate::{FencingToken, JobId, StepIndex, WorkerObserver};
 
 /// The environment variable that makes a test binary a worker process.

@@ -2,7 +2,8 @@
 //! owner: a session of its own in etcd, the job's lock (its token), the claim
 //! and the step's fenced transaction on the test's database.
 
-use super::env::{TestEnv, TestError};
+use super::env::TestEnv;
+use super::spec::TestError;
 use crate::fence::FencedTx;
 use crate::job::StepCtx;
 use crate::lease::{Acquire, Campaign, Session};

@@ -1,6 +1,7 @@
 //! Reaching PostgreSQL securely: TLS through the URL (`sslmode`, `sslrootcert`,
 //! `sslcert`, `sslkey`; rustls), a password kept out of the URL, an existing
-//! pool; naming a refusal as an [`AccessError`].
+//! pool. (A refusal is named as an
+//! [`AccessError`](crate::security::AccessError) by `error.rs`.)
 
 use std::time::Duration;
 
@@ -8,7 +9,6 @@ use sqlx::Executor;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::config::Config;
-use crate::security::{AccessError, AccessStep, Server};
 
 /// The connect options of [`Config::database_url`] (and
 /// [`Config::database_password`]), with libpq's rule that `sslmode=require`
@@ -91,18 +91,6 @@ fn session_settings(idle: Duration, lock: Duration) -> String {
         idle.as_millis(),
         lock.as_millis()
     )
-}
-
-/// PostgreSQL's refusal of us, as [`error::classify`](super::error::classify)
-/// read it (`PgFailure::Refused`); the address is filled in where it is known
-/// (a connect).
-pub(super) fn refusal(step: AccessStep, detail: String) -> AccessError {
-    AccessError {
-        server: Server::Postgres,
-        address: String::new(),
-        step,
-        detail,
-    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use crate::types::{FencingToken, JobId};
 use super::FenceStore;
 use super::claims::{CLAIM_RETRIES, log_refusal, verdict};
 use super::error::FenceError;
-use super::row::{Cancelled, JobStatus};
+use super::row::Cancelled;
+use super::status::JobStatus;
 
 impl FenceStore {
     /// Records a failed attempt of generation `token`: `attempts + 1`, `last_error`,

@@ -10,7 +10,8 @@ use crate::types::{FencingToken, JobId, ObservedFence, StepIndex};
 
 use super::FenceStore;
 use super::error::FenceError;
-use super::row::{Claim, Diag, JobStatus, claim_from, step_to_sql};
+use super::row::{Claim, Diag, claim_from, step_to_sql};
+use super::status::JobStatus;
 use super::tx::FencedTx;
 
 /// How often a claim re-reads and retries when the row changed between its update

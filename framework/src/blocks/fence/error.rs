@@ -1,11 +1,11 @@
 //! [`FenceError`]: everything the fence can refuse, kept apart by cause, and
 //! [`classify`]: the one place where a database error's SQLSTATE or text is read.
 
-use crate::security::{AccessStep, error_chain, tls_failure};
+use crate::security::{AccessError, AccessStep, Server, error_chain, tls_failure};
 use crate::types::{JobId, ObservedFence, StepIndex};
 
-use super::row::JobStatus;
 use super::sql::CAS_REFUSED_SQLSTATE;
+use super::status::JobStatus;
 
 /// The SQLSTATE the guard trigger raises when it refuses a write
 /// (see [`FenceStore::install_guard`](super::FenceStore::install_guard)).
@@ -415,9 +415,7 @@ impl FenceError {
                 message,
                 source: err,
             },
-            PgFailure::Refused { step, detail } => {
-                FenceError::Access(super::access::refusal(step, detail))
-            }
+            PgFailure::Refused { step, detail } => FenceError::Access(refusal(step, detail)),
             PgFailure::CasRefused | PgFailure::Other => FenceError::Db(err),
         }
     }
@@ -440,6 +438,17 @@ fn partitions_text(p: Option<u32>) -> String {
     match p {
         Some(n) => format!("{n} partitions per job type"),
         None => "one etcd lock per job".into(),
+    }
+}
+
+/// PostgreSQL's refusal of us, as [`classify`] read it (`PgFailure::Refused`); the address is filled in where it is known
+/// (a connect).
+fn refusal(step: AccessStep, detail: String) -> AccessError {
+    AccessError {
+        server: Server::Postgres,
+        address: String::new(),
+        step,
+        detail,
     }
 }
 

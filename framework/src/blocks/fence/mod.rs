@@ -97,6 +97,7 @@ mod retention;
 mod row;
 mod schedules;
 mod sql;
+mod status;
 mod store;
 mod tx;
 
@@ -116,7 +117,8 @@ pub use history_admin::WorkerReport;
 pub(crate) use leader::DueJob;
 pub use leader::LeaderRow;
 pub use outbox::{BatchInserted, NewJob, OutboxListener};
-pub use row::{Cancelled, Claim, Inserted, JobRow, JobStatus, UnknownStatus};
+pub use row::{Cancelled, Claim, Inserted, JobRow};
 pub use schedules::{ScheduleRow, TickBatch, tick_key};
+pub use status::{JobStatus, UnknownStatus};
 pub use store::FenceStore;
 pub use tx::FencedTx;

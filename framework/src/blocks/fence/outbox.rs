@@ -13,7 +13,7 @@
 use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, Row};
 
-use crate::job::{StepInfo, step_list};
+use crate::steps::{self as step_list, StepInfo};
 use crate::types::JobId;
 
 use super::claims::CLAIM_RETRIES;

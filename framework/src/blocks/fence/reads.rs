@@ -4,14 +4,15 @@
 use sqlx::{Executor, Postgres};
 use tracing::Instrument;
 
-use crate::job::StepInfo;
-use crate::job::step_list;
+use crate::steps as step_list;
+use crate::steps::StepInfo;
 use crate::types::JobId;
 
 use super::FenceStore;
 use super::claims::CLAIM_RETRIES;
 use super::error::FenceError;
-use super::row::{Diag, Inserted, JobRow, JobStatus, diag_from, job_row};
+use super::row::{Diag, Inserted, JobRow, diag_from, job_row};
+use super::status::JobStatus;
 
 impl FenceStore {
     /// Inserts a `pending` job row. Idempotent: the same id with the same job type and

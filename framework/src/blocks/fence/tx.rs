@@ -296,7 +296,7 @@ impl FencedTx {
     /// # Errors
     /// Zero rows: the refusal (e.g. [`FenceError::FencedOut`]); [`FenceError::Db`].
     pub(crate) async fn record_steps(&mut self, names: &[String]) -> Result<(), FenceError> {
-        let fingerprint = crate::job::step_list::fingerprint(names);
+        let fingerprint = crate::steps::fingerprint(names);
         let done = sqlx::query(&self.store.sql.record_steps)
             .bind(self.job_id.as_uuid())
             .bind(self.token.get())

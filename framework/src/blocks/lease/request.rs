@@ -3,28 +3,13 @@
 
 use std::time::Duration;
 
-use etcd_client::{Txn, TxnResponse};
 use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::types::LeaseId;
 
-use super::Session;
 use super::access;
 use super::error::{EtcdFailure, LeaseError, classify};
-
-impl Session {
-    /// One Txn, bounded by `etcd_request_timeout`, its failure named.
-    pub(super) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse, LeaseError> {
-        let kv = self.client.kv_client();
-        bounded(op, self.request_timeout, || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        })
-        .await
-        .map_err(|e| named(&self.endpoints, e))
-    }
-}
 
 /// Pause between retries of a request that never reached etcd.
 const RETRY_PAUSE: Duration = Duration::from_millis(10);

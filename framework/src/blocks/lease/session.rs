@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use etcd_client::{Txn, TxnResponse};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -421,5 +422,19 @@ fn spawn_keeper(
         cancel,
         keepalive_rtt,
         task,
+    }
+}
+
+// One Txn (`request.rs` runs it: bounded, retried only if never sent, named).
+impl Session {
+    /// One Txn, bounded by `etcd_request_timeout`, its failure named.
+    pub(super) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse, LeaseError> {
+        let kv = self.client.kv_client();
+        bounded(op, self.request_timeout, || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+        .map_err(|e| named(&self.endpoints, e))
     }
 }

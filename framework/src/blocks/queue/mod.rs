@@ -71,6 +71,7 @@ mod dlq;
 mod finished;
 pub mod headers;
 mod permissions;
+mod provision;
 mod pull;
 mod routes;
 mod setup;

@@ -16,7 +16,7 @@ use async_nats::jetstream::consumer;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use futures::StreamExt;
 
-use super::setup::{Provisioning, ensure_consumer};
+use super::provision::{Provisioning, ensure_consumer};
 use super::{Queue, QueueError, QueueNames, Settings, read, validate_job_type};
 
 /// The per-type consumers a queue handle has opened.

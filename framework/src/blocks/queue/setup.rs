@@ -22,25 +22,15 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::ErrorCode;
-use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamError, GetStreamErrorKind};
+use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self, consumer, stream};
 use async_nats::{ConnectOptions, Event};
 use tokio::sync::watch;
 
+use super::provision::{Provisioning, ensure_consumer};
 use super::{Inner, Queue, QueueError, QueueNames, Settings, boxed, setup};
 use crate::Config;
-
-/// What opening a queue may do to the server's streams and consumers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Provisioning {
-    /// Bind to what exists; change nothing.
-    Bind,
-    /// Create what is missing; change nothing that exists.
-    CreateMissing,
-    /// Create or update everything to the caller's configuration.
-    Apply,
-}
 
 impl Queue {
     /// Connects to [`Config::nats_url`] and binds to the namespace's existing
@@ -331,38 +321,5 @@ fn stream_missing_or(e: GetStreamError, name: &str) -> QueueError {
             }
         }
         _ => setup(name)(e),
-    }
-}
-
-/// The durable consumer `spec` names on `stream`, bound, created or updated.
-pub(super) async fn ensure_consumer(
-    stream: &Stream<()>,
-    spec: consumer::pull::Config,
-    mode: Provisioning,
-) -> Result<consumer::PullConsumer, QueueError> {
-    let name = spec.durable_name.clone().unwrap_or_default();
-    match mode {
-        Provisioning::Bind => {
-            if let Err(e) = stream.consumer_info(&name).await {
-                return Err(match e.kind() {
-                    ConsumerInfoErrorKind::NotFound => QueueError::NotProvisioned {
-                        what: format!("consumer {name}"),
-                    },
-                    _ => setup(&name)(e),
-                });
-            }
-            stream
-                .get_consumer(&name)
-                .await
-                .map_err(|source| QueueError::Setup {
-                    what: name.clone(),
-                    source,
-                })
-        }
-        Provisioning::CreateMissing => stream
-            .get_or_create_consumer(&name, spec)
-            .await
-            .map_err(setup(&name)),
-        Provisioning::Apply => stream.create_consumer(spec).await.map_err(setup(&name)),
     }
 }

@@ -1,0 +1,78 @@
+//! A job's status, as a row records it (below `row.rs` and `error.rs`, which
+//! both name it).
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A job's status.
+///
+/// `pending` (no live owner), `running` (a generation has claimed it and not
+/// released it), `done` (the last step committed), `dead` (given up: poison,
+/// retries exhausted, bad input), `cancelled` (an operator cancelled it,
+/// [`Client::cancel`](crate::Client::cancel)). `done`, `dead` and `cancelled`
+/// are terminal: no claim, no step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobStatus {
+    /// Not owned by a live generation.
+    Pending,
+    /// Claimed by the generation in `fence`.
+    Running,
+    /// Finished: the last step committed.
+    Done,
+    /// Given up (in the DLQ); an operator may redrive it.
+    Dead,
+    /// Cancelled by an operator: ends as it is, never retried nor redriven.
+    Cancelled,
+}
+
+impl JobStatus {
+    /// The status as stored in the `status` column.
+    ///
+    /// ```
+    /// use tenure::blocks::fence::JobStatus;
+    /// assert_eq!(JobStatus::Dead.as_str(), "dead");
+    /// assert_eq!("running".parse::<JobStatus>().unwrap(), JobStatus::Running);
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::Running => "running",
+            JobStatus::Done => "done",
+            JobStatus::Dead => "dead",
+            JobStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// `done`, `dead` or `cancelled`.
+    pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobStatus::Done | JobStatus::Dead | JobStatus::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A status string that is not one of `pending|running|done|dead|cancelled`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown job status {0:?}")]
+pub struct UnknownStatus(pub String);
+
+impl FromStr for JobStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pending" => Ok(JobStatus::Pending),
+            "running" => Ok(JobStatus::Running),
+            "done" => Ok(JobStatus::Done),
+            "dead" => Ok(JobStatus::Dead),
+            "cancelled" => Ok(JobStatus::Cancelled),
+            other => Err(UnknownStatus(other.to_string())),
+        }
+    }
+}
