@@ -6,7 +6,7 @@ use async_nats::jetstream::consumer;
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::stream::Stream;
 
-use super::{QueueError, setup};
+use super::{QueueError, setup_failed};
 
 /// What opening a queue may do to the server's streams and consumers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub(super) async fn ensure_consumer(
                     ConsumerInfoErrorKind::NotFound => QueueError::NotProvisioned {
                         what: format!("consumer {name}"),
                     },
-                    _ => setup(&name)(e),
+                    _ => setup_failed(&name)(e),
                 });
             }
             stream
@@ -47,7 +47,10 @@ pub(super) async fn ensure_consumer(
         Provisioning::CreateMissing => stream
             .get_or_create_consumer(&name, spec)
             .await
-            .map_err(setup(&name)),
-        Provisioning::Apply => stream.create_consumer(spec).await.map_err(setup(&name)),
+            .map_err(setup_failed(&name)),
+        Provisioning::Apply => stream
+            .create_consumer(spec)
+            .await
+            .map_err(setup_failed(&name)),
     }
 }

@@ -251,7 +251,7 @@ pub(super) async fn remove_legacy_consumer(
     stream
         .delete_consumer(&names.legacy_consumer)
         .await
-        .map_err(super::setup(&names.legacy_consumer))?;
+        .map_err(super::setup_failed(&names.legacy_consumer))?;
     tracing::warn!(
         consumer = %names.legacy_consumer,
         "removed the consumer of all job types (Tenure before routing by job type); its messages go to the per-type consumers"

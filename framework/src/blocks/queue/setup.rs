@@ -29,7 +29,7 @@ use async_nats::{ConnectOptions, Event};
 use tokio::sync::watch;
 
 use super::provision::{Provisioning, ensure_consumer};
-use super::{Inner, Queue, QueueError, QueueNames, Settings, boxed, setup};
+use super::{Inner, Queue, QueueError, QueueNames, Settings, boxed, setup_failed};
 use crate::Config;
 
 impl Queue {
@@ -242,11 +242,15 @@ async fn ensure_stream(
                 .map_err(|e| stream_missing_or(e, &name))?;
         }
         Provisioning::CreateMissing => {
-            js.get_or_create_stream(spec).await.map_err(setup(&name))?;
+            js.get_or_create_stream(spec)
+                .await
+                .map_err(setup_failed(&name))?;
         }
         Provisioning::Apply => apply_stream(js, spec).await?,
     }
-    js.get_stream_no_info(&name).await.map_err(setup(&name))
+    js.get_stream_no_info(&name)
+        .await
+        .map_err(setup_failed(&name))
 }
 
 /// Creates the stream `spec` names, or updates it when a setting Tenure owns
@@ -268,7 +272,7 @@ async fn apply_stream(js: &jetstream::Context, spec: stream::Config) -> Result<(
             GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {
                 ("CREATE", "it does not exist".to_string())
             }
-            _ => return Err(setup(&name)(e)),
+            _ => return Err(setup_failed(&name)(e)),
         },
     };
     tracing::info!(stream = %name, verb, changes, "provisioning the stream");
@@ -320,6 +324,6 @@ fn stream_missing_or(e: GetStreamError, name: &str) -> QueueError {
                 what: format!("stream {name}"),
             }
         }
-        _ => setup(name)(e),
+        _ => setup_failed(name)(e),
     }
 }
