@@ -28,7 +28,7 @@ pub enum QueueError {
     #[error(transparent)]
     Access(#[from] crate::security::AccessError),
     /// A stream or consumer of the namespace does not exist, and the call only
-    /// binds to existing ones ([`Queue::connect`]): no worker has provisioned the
+    /// binds to existing ones ([`Queue::connect`](super::Queue::connect)): no worker has provisioned the
     /// namespace yet, or the namespace or NATS URL is not the workers'.
     #[error(
         "{what} does not exist: start a worker in this namespace first (tools never create or change streams)"

@@ -53,7 +53,7 @@ pub struct QueueNames {
     /// The inbox prefix of every NATS connection Tenure makes for the
     /// namespace, `_INBOX_<ns>`: replies and pull deliveries come to
     /// `_INBOX_<ns>.<id>`, and a namespace's users may subscribe to their own
-    /// prefix only ([`NatsPermissions`]), not to another namespace's.
+    /// prefix only ([`NatsPermissions`](super::NatsPermissions)), not to another namespace's.
     pub inbox_prefix: String,
 }
 
