@@ -174,6 +174,11 @@ fn snapshot(provider: &SdkMeterProvider, exporter: &InMemoryMetricExporter) -> V
                         push(attrs(&mut p.attributes()), p.value() as f64, 0, 0.0);
                     }
                 }
+                AggregatedMetrics::F64(MetricData::Gauge(g)) => {
+                    for p in g.data_points() {
+                        push(attrs(&mut p.attributes()), p.value(), 0, 0.0);
+                    }
+                }
                 AggregatedMetrics::F64(MetricData::Histogram(h)) => {
                     for p in h.data_points() {
                         let max = p.max().unwrap_or(0.0);

@@ -310,14 +310,25 @@ impl TestEnv {
     }
 
     /// Waits until job `id` is `done` (or ended otherwise: dead, cancelled)
-    /// and returns its row.
+    /// and returns its row. A failed read is retried until `timeout`: a test
+    /// that restarts PostgreSQL (a fault plan's `RestartPostgres`) reads
+    /// through the restart.
     ///
     /// # Errors
-    /// [`TestError::Timeout`] if it is still pending or running after `timeout`.
+    /// [`TestError::Timeout`] if it is still pending or running after
+    /// `timeout`; the read's error if the last read failed.
     pub async fn run_until_done(&self, id: JobId, timeout: Duration) -> Result<JobRow, TestError> {
         let until = tokio::time::Instant::now() + timeout;
         loop {
-            let row = self.client.job(id).await?;
+            let row = match self.client.job(id).await {
+                Ok(row) => row,
+                Err(e) if tokio::time::Instant::now() >= until => return Err(e.into()),
+                Err(e) => {
+                    tracing::debug!(job_id = %id, error = %e, "reading the job failed; retried");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
             match row {
                 Some(r) if r.status.is_terminal() => return Ok(r),
                 _ if tokio::time::Instant::now() >= until => {
