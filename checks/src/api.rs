@@ -25,6 +25,8 @@ use std::path::{Path, PathBuf};
 
 use syn::{Attribute, ImplItem, Item, Meta, TraitItem, UseTree, Visibility};
 
+use crate::item_attrs;
+
 /// The public API of the crate whose root is `lib` (e.g. `framework/src/lib.rs`),
 /// read from disk, as sorted `kind path` lines under the name `crate_name`.
 pub fn list(lib: &Path, crate_name: &str) -> Result<Vec<String>, String> {
@@ -291,27 +293,6 @@ impl Loader<'_> {
 struct Dirs {
     child: PathBuf,
     path_base: PathBuf,
-}
-
-fn item_attrs(item: &Item) -> &[Attribute] {
-    match item {
-        Item::Const(i) => &i.attrs,
-        Item::Enum(i) => &i.attrs,
-        Item::ExternCrate(i) => &i.attrs,
-        Item::Fn(i) => &i.attrs,
-        Item::ForeignMod(i) => &i.attrs,
-        Item::Impl(i) => &i.attrs,
-        Item::Macro(i) => &i.attrs,
-        Item::Mod(i) => &i.attrs,
-        Item::Static(i) => &i.attrs,
-        Item::Struct(i) => &i.attrs,
-        Item::Trait(i) => &i.attrs,
-        Item::TraitAlias(i) => &i.attrs,
-        Item::Type(i) => &i.attrs,
-        Item::Union(i) => &i.attrs,
-        Item::Use(i) => &i.attrs,
-        _ => &[],
-    }
 }
 
 /// A named item other than a module, a `use`, an impl or a macro.

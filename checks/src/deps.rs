@@ -21,6 +21,8 @@ use std::path::Path;
 use proc_macro2::{TokenStream, TokenTree};
 use syn::visit::Visit;
 
+use crate::item_attrs;
+
 /// A module path from the crate root, `["blocks", "fence", "row"]`.
 pub type ModPath = Vec<String>;
 
@@ -439,27 +441,6 @@ fn is_test_only(attrs: &[syn::Attribute]) -> bool {
         a.path().is_ident("cfg")
             && matches!(&a.meta, syn::Meta::List(l) if l.tokens.to_string() == "test")
     })
-}
-
-fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
-    match item {
-        syn::Item::Const(i) => &i.attrs,
-        syn::Item::Enum(i) => &i.attrs,
-        syn::Item::ExternCrate(i) => &i.attrs,
-        syn::Item::Fn(i) => &i.attrs,
-        syn::Item::ForeignMod(i) => &i.attrs,
-        syn::Item::Impl(i) => &i.attrs,
-        syn::Item::Macro(i) => &i.attrs,
-        syn::Item::Mod(i) => &i.attrs,
-        syn::Item::Static(i) => &i.attrs,
-        syn::Item::Struct(i) => &i.attrs,
-        syn::Item::Trait(i) => &i.attrs,
-        syn::Item::TraitAlias(i) => &i.attrs,
-        syn::Item::Type(i) => &i.attrs,
-        syn::Item::Union(i) => &i.attrs,
-        syn::Item::Use(i) => &i.attrs,
-        _ => &[],
-    }
 }
 
 impl<'ast> Visit<'ast> for Collector<'_> {
