@@ -106,8 +106,7 @@ impl Delivery {
         let info = message.info()?;
         let delivered = u64::try_from(info.delivered)?;
         let stream_sequence = info.stream_sequence;
-        let nanos = u64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(0);
-        let published = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos);
+        let published = super::stored_at(info.published.unix_timestamp_nanos());
         let message = async_nats::Message::from(message);
         let reply = message
             .reply

@@ -234,6 +234,13 @@ fn job_headers(job_id: JobId, job_type: &str, msg_id: &str) -> HeaderMap {
     h
 }
 
+/// When the server stored a message, from its time in nanoseconds since the
+/// Unix epoch (the epoch itself for a time outside what a `u64` holds).
+fn stored_at(unix_nanos: i128) -> std::time::SystemTime {
+    let nanos = u64::try_from(unix_nanos).unwrap_or(0);
+    std::time::UNIX_EPOCH + Duration::from_nanos(nanos)
+}
+
 impl Queue {
     /// The names of the streams, subjects and consumers.
     pub fn names(&self) -> &QueueNames {

@@ -203,9 +203,7 @@ impl Queue {
         }
         Ok(out)
     }
-}
 
-impl Queue {
     /// How long the oldest message of `job_type` has been stored in the work
     /// stream (a job waiting, or one running: a work-stream message stays
     /// until its job is settled); `None` when the type has none. One
@@ -230,12 +228,9 @@ impl Queue {
             }
             Err(e) => return Err(read(&names.stream)(e)),
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let stored = u128::try_from(message.time.unix_timestamp_nanos()).unwrap_or(0);
-        let age = u64::try_from(now.saturating_sub(stored)).unwrap_or(u64::MAX);
-        Ok(Some(std::time::Duration::from_nanos(age)))
+        let stored = super::stored_at(message.time.unix_timestamp_nanos());
+        let age = std::time::SystemTime::now().duration_since(stored);
+        Ok(Some(age.unwrap_or_default()))
     }
 }
 
