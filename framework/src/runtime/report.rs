@@ -140,18 +140,16 @@ impl Reporter {
         let oldest = self.oldest_ages(backlog.keys(), deadline).await;
         record_gauges(&self.backlog, backlog, |t, n| sh.metrics.backlog(t, n));
         record_gauges(&self.unrouted, unrouted, |t, n| sh.metrics.unrouted(t, n));
-        record_gauges(&self.oldest, oldest, |t, ms| {
-            sh.metrics.oldest_age(t, Duration::from_millis(ms));
-        });
+        record_gauges(&self.oldest, oldest, |t, age| sh.metrics.oldest_age(t, age));
     }
 
-    /// The age (ms) of the oldest stored message of each of `types`, read
+    /// The age of the oldest stored message of each of `types`, read
     /// concurrently by `deadline`; a type whose read fails is left out.
     async fn oldest_ages(
         &self,
         types: impl Iterator<Item = &String>,
         deadline: tokio::time::Instant,
-    ) -> BTreeMap<String, u64> {
+    ) -> BTreeMap<String, Duration> {
         let queue = &self.shared.queue;
         let reads = types.map(|t| async move { (t.clone(), queue.oldest_stored_age(t).await) });
         let Ok(ages) = tokio::time::timeout_at(deadline, futures::future::join_all(reads)).await
@@ -163,7 +161,7 @@ impl Reporter {
         for (t, age) in ages {
             match age {
                 Ok(Some(age)) => {
-                    out.insert(t, u64::try_from(age.as_millis()).unwrap_or(u64::MAX));
+                    out.insert(t, age);
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -175,16 +173,16 @@ impl Reporter {
     }
 }
 
-/// Records `now` through `record`, and 0 for each type in `last` not in
+/// Records `now` through `record`, and zero for each type in `last` not in
 /// `now`; `last` becomes `now`'s types.
-fn record_gauges(
+fn record_gauges<V: Copy + Default>(
     last: &std::sync::Mutex<BTreeSet<String>>,
-    now: BTreeMap<String, u64>,
-    record: impl Fn(&str, u64),
+    now: BTreeMap<String, V>,
+    record: impl Fn(&str, V),
 ) {
     let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
     for gone in last.iter().filter(|t| !now.contains_key(*t)) {
-        record(gone, 0);
+        record(gone, V::default());
     }
     for (t, n) in &now {
         record(t, *n);
