@@ -306,11 +306,11 @@ impl Config {
     /// A missing server variable; a value that is not of its kind or out of
     /// bounds, as [`ConfigError::Invalid`] naming its variable.
     pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let given = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
-        if let Some(missing) = SERVER_VARS.iter().find(|k| given(k).is_none()) {
+        let blank = |k: &str| lookup(k).is_none_or(|v| v.trim().is_empty());
+        if let Some(missing) = SERVER_VARS.iter().find(|k| blank(k)) {
             return Err(ConfigError::Missing(missing));
         }
-        Config::new("tenure").with_vars(given)
+        Config::new("tenure").with_vars(lookup)
     }
 
     /// This configuration with every setting `lookup` gives applied over
@@ -336,10 +336,9 @@ impl Config {
         mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let given = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
-        self.apply_vars(given)?;
+        let applied = self.apply_vars(lookup)?;
         self.validate()
-            .map_err(|e| settings::by_variable(e, given))?;
+            .map_err(|e| settings::by_variable(e, &applied))?;
         Ok(self)
     }
 

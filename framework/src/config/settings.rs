@@ -320,6 +320,8 @@ impl Config {
     /// a blank value counts as unset. Does not validate: see
     /// [`Config::with_vars`].
     ///
+    /// Returns the variables it applied.
+    ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming the first variable whose value is not
     /// of its kind, or two that contradict each other. `self` may then be
@@ -327,13 +329,21 @@ impl Config {
     pub(crate) fn apply_vars(
         &mut self,
         lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<(), ConfigError> {
-        let given = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+    ) -> Result<Vec<&'static str>, ConfigError> {
+        let given: Vec<(&'static Setting, String)> = SETTINGS
+            .iter()
+            .filter_map(|s| {
+                lookup(s.var)
+                    .filter(|v| !v.trim().is_empty())
+                    .map(|v| (s, v))
+            })
+            .collect();
+        let applied: Vec<&'static str> = given.iter().map(|(s, _)| s.var).collect();
         for group in [&NATS_CREDENTIALS[..], &LEASE_TTL_VARS[..]] {
             let set: Vec<&'static str> = group
                 .iter()
                 .copied()
-                .filter(|k| given(k).is_some())
+                .filter(|k| applied.contains(k))
                 .collect();
             if let [first, second, ..] = set[..] {
                 return Err(ConfigError::Invalid {
@@ -342,23 +352,22 @@ impl Config {
                 });
             }
         }
-        for setting in SETTINGS {
-            if let Some(text) = given(setting.var) {
-                setting.apply(self, &text)?;
-            }
+        for (setting, text) in &given {
+            setting.apply(self, text)?;
         }
-        Ok(())
+        Ok(applied)
     }
 }
 
-/// A [`Config::validate`] refusal of a field that a variable set, renamed
-/// to name the variable (`TENURE_PARTITIONS`, not `partitions`).
-pub(super) fn by_variable(err: ConfigError, given: impl Fn(&str) -> Option<String>) -> ConfigError {
+/// A [`Config::validate`] refusal of a field that a variable set (one of
+/// `applied`), renamed to name the variable (`TENURE_PARTITIONS`, not
+/// `partitions`).
+pub(super) fn by_variable(err: ConfigError, applied: &[&'static str]) -> ConfigError {
     match err {
         ConfigError::Invalid { name, reason } => {
             let var = SETTINGS
                 .iter()
-                .find(|s| s.field == name && given(s.var).is_some())
+                .find(|s| s.field == name && applied.contains(&s.var))
                 .map_or(name, |s| s.var);
             ConfigError::Invalid { name: var, reason }
         }
