@@ -22,13 +22,19 @@ pub fn config_for(stack: &DevStack, ns: &str, ttl: Duration) -> Config {
         .with_nats_url(stack.nats_url())
         .with_database_url(stack.database_url())
         .with_lease_ttl(ttl);
+    short_backoffs(&mut cfg);
+    cfg
+}
+
+/// Short backoffs (contention, retry, session): tests wait for retries and
+/// takeovers.
+pub fn short_backoffs(cfg: &mut Config) {
     cfg.contention_backoff.base = Duration::from_millis(50);
     cfg.contention_backoff.cap = Duration::from_millis(500);
     cfg.retry_backoff.base = Duration::from_millis(50);
     cfg.retry_backoff.cap = Duration::from_millis(500);
     cfg.session_backoff.base = Duration::from_millis(100);
     cfg.session_backoff.cap = Duration::from_secs(1);
-    cfg
 }
 
 /// A fresh namespace on the shared dev stack with lease TTL `ttl`: its name,

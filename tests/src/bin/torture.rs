@@ -577,12 +577,7 @@ async fn tenure_worker(
         .with_database_url(flag_value(args, "--db")?)
         .with_lease_ttl(ttl)
         .with_worker_id(id.clone());
-    cfg.contention_backoff.base = Duration::from_millis(50);
-    cfg.contention_backoff.cap = Duration::from_millis(500);
-    cfg.retry_backoff.base = Duration::from_millis(50);
-    cfg.retry_backoff.cap = Duration::from_millis(500);
-    cfg.session_backoff.base = Duration::from_millis(100);
-    cfg.session_backoff.cap = Duration::from_secs(1);
+    tenure_tests::short_backoffs(&mut cfg);
     cfg.max_in_flight = 16;
     cfg.unsafe_no_fencing = args.iter().any(|a| a == "--unsafe-no-fencing");
     if let Ok(p) = flag_value(args, "--partitions") {
