@@ -38,14 +38,20 @@ impl Flaky {
     }
 }
 
-/// Runs `tenure` with the servers of `cfg` as flags (and no `TENURE_*` variables).
-fn tenure(cfg: &Config, args: &[&str]) -> Output {
+/// A `tenure` command without any of this process's `TENURE_*` variables.
+fn bare_tenure() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
     for (k, _) in std::env::vars() {
         if k.starts_with("TENURE_") {
             cmd.env_remove(k);
         }
     }
+    cmd
+}
+
+/// Runs `tenure` with the servers of `cfg` as flags (and no `TENURE_*` variables).
+fn tenure(cfg: &Config, args: &[&str]) -> Output {
+    let mut cmd = bare_tenure();
     cmd.args([
         "--etcd",
         &cfg.etcd_endpoints.join(","),
@@ -1088,10 +1094,7 @@ async fn the_cli_reads_the_workers_variables_and_refuses_a_bad_one() {
         .await
         .unwrap();
     let with_env = |var: &str, value: &str| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
-        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TENURE_")) {
-            cmd.env_remove(k);
-        }
+        let mut cmd = bare_tenure();
         cmd.env("TENURE_NATS_URL", &cfg.nats_url)
             .env("TENURE_DATABASE_URL", &cfg.database_url)
             .env("TENURE_NAMESPACE", &cfg.namespace)
