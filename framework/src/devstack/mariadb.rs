@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::process::Spec;
+use super::process::{Spec, setpriv};
 use super::ready::{Probe, free_ports, poll_ready};
 use super::{DATABASE, DevStack, DevStackError, ServerProcess, chown_to, set_mode};
 
@@ -203,11 +203,7 @@ fn mariadb_spec(dir: &Path, data: &Path, port: u16, run_as: Option<(u32, u32)>) 
 /// the bootstrap's temporary tables (seen as "Unknown table
 /// 'mysql.tmp_proxies_priv'").
 fn install_db(data: &Path, tmp: &Path, run_as: Option<(u32, u32)>) -> Result<(), DevStackError> {
-    let mut cmd = std::process::Command::new("setpriv");
-    if let Some((uid, gid)) = run_as {
-        cmd.args(["--reuid", &uid.to_string(), "--regid", &gid.to_string()])
-            .arg("--init-groups");
-    }
+    let mut cmd = setpriv(run_as);
     cmd.arg("--")
         .arg(MARIADB_INSTALL_DB)
         .arg("--no-defaults")

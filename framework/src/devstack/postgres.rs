@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::process::Spec;
+use super::process::{Spec, setpriv};
 use super::ready::{Probe, free_ports, poll_ready};
 use super::{
     DATABASE, DevStack, DevStackError, DevStackOptions, PG_BIN, ServerProcess, secure, set_mode,
@@ -69,16 +69,7 @@ impl DevStack {
         run_as: Option<(u32, u32)>,
     ) -> Result<(), DevStackError> {
         let initdb = Path::new(PG_BIN).join("initdb");
-        let mut cmd = std::process::Command::new("setpriv");
-        if let Some((uid, gid)) = run_as {
-            cmd.args([
-                "--reuid",
-                &uid.to_string(),
-                "--regid",
-                &gid.to_string(),
-                "--init-groups",
-            ]);
-        }
+        let mut cmd = setpriv(run_as);
         cmd.arg("--")
             .arg(&initdb)
             .arg("-D")

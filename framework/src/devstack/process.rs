@@ -91,16 +91,7 @@ impl ServerProcess {
         let log2 = log
             .try_clone()
             .map_err(|e| DevStackError::io("clone log handle", e))?;
-        let mut cmd = Command::new("setpriv");
-        if let Some((uid, gid)) = self.spec.run_as {
-            cmd.args([
-                "--reuid",
-                &uid.to_string(),
-                "--regid",
-                &gid.to_string(),
-                "--init-groups",
-            ]);
-        }
+        let mut cmd = setpriv(self.spec.run_as);
         cmd.args(["--pdeathsig", "KILL", "--"])
             .arg(&self.spec.program)
             .args(&self.spec.args)
@@ -266,4 +257,20 @@ fn is_alive(pid: Pid) -> bool {
             .is_some_and(|state| state != "Z" && state != "X"),
         Err(_) => false,
     }
+}
+
+/// A `setpriv` command that runs what follows as `run_as` (`uid`, `gid`, with
+/// its groups), or as the current user for `None`.
+pub(super) fn setpriv(run_as: Option<(u32, u32)>) -> Command {
+    let mut cmd = Command::new("setpriv");
+    if let Some((uid, gid)) = run_as {
+        cmd.args([
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &gid.to_string(),
+            "--init-groups",
+        ]);
+    }
+    cmd
 }
