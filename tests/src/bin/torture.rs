@@ -76,6 +76,8 @@ use tokio::time::Instant;
 mod cancel;
 #[path = "../torture/cron.rs"]
 mod cron;
+#[path = "../torture/nats_state.rs"]
+mod nats_state;
 #[path = "../torture/redis_lock.rs"]
 mod redis_lock;
 #[path = "../torture/resource.rs"]
@@ -1720,6 +1722,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     for id in &verdict.lost_ids {
         diagnose(&client, &s, *id, &dir).await;
         lock_holder(&run.stack.etcd_endpoints(), &ns, *id).await;
+        nats_state::dump(&client, &run.stack.nats_url(), *id).await;
     }
     for i in 0..run.slots.len() {
         run.kill_worker(i);
