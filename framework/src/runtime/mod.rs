@@ -1,12 +1,5 @@
-//! The runtime: ractor actor trees that run fenced state machines.
-//!
-//! ```text
-//! WorkerSupervisor (one per Worker; owns the etcd session via LeaseKeeper)
-//!  |- LeaseKeeper            session, health, new session with backoff after Lost
-//!  |- Fetcher                pulls from JetStream while Healthy, bounded concurrency
-//!  '- JobActor (per job)     admit, acquire, claim, poison check, steps, ack
-//!      '- StageActor (per step) runs one step function under StepCtx
-//! ```
+//! The runtime: ractor actor trees that run fenced state machines. What a
+//! running worker spawns, and the order it stops them in, is `lifecycle`'s.
 //!
 //! ```no_run
 //! # use tenure::{Config, Worker};
@@ -28,6 +21,7 @@ mod fetcher;
 mod gave_up;
 mod job_actor;
 mod keeper;
+mod lifecycle;
 mod outcome;
 mod partitions;
 mod readiness;
@@ -41,10 +35,10 @@ mod stage;
 mod standing;
 mod step_list;
 mod steps;
+mod supervisor;
 
 use std::sync::Arc;
 
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -57,12 +51,11 @@ use crate::schedule::{Parsed, Schedule, ScheduleError};
 use crate::telemetry::Metrics;
 use crate::{Config, FencingToken, JobId, StepIndex};
 
-use fetcher::{Fetcher, FetcherArgs, FetcherMsg};
-use keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
+use keeper::KeeperArgs;
+use lifecycle::{Lifecycle, Parts, Stops};
 pub use readiness::{READINESS_TIMEOUT, Readiness, ReadinessCheck, WorkerProbe};
 pub use registry::JobLimits;
 use registry::Registry;
-use report::Reporter;
 use slots::Slots;
 
 /// Errors starting or stopping a worker.
@@ -186,20 +179,6 @@ impl Shared {
         if let Some(reach) = &self.reach {
             reach.failed(server);
         }
-    }
-}
-
-/// Partition mode: the probes of a suspected server ([`standing::keep`]).
-struct ServerProbe(Arc<Shared>);
-
-impl standing::Probe for ServerProbe {
-    fn probe(&self, server: standing::Server) -> futures::future::BoxFuture<'_, bool> {
-        Box::pin(async move {
-            match server {
-                standing::Server::Postgres => self.0.store.ping().await.is_ok(),
-                standing::Server::Nats => self.0.queue.ping().await.is_ok(),
-            }
-        })
     }
 }
 
@@ -339,18 +318,8 @@ impl WorkerBuilder {
     /// Invalid configuration, no or duplicate job types,
     /// [`FenceError::PartitionsChanged`] (as [`WorkerError::Fence`]), or a
     /// server that cannot be reached.
-    pub async fn start(self) -> Result<Worker, WorkerError> {
-        self.cfg.validate()?;
-        if let Some(name) = self.duplicate {
-            return Err(WorkerError::DuplicateJob(name));
-        }
-        if self.registry.is_empty() {
-            return Err(WorkerError::NoJobs);
-        }
-        if let Some(name) = self.registry.zero_limit() {
-            return Err(WorkerError::ZeroLimit(name));
-        }
-        let schedules = self.schedules.into_iter().collect::<Result<Vec<_>, _>>()?;
+    pub async fn start(mut self) -> Result<Worker, WorkerError> {
+        let schedules = self.checked()?;
         let cfg = self.cfg;
         let metrics = match &self.meter {
             Some(m) => Metrics::new(m, &cfg.worker_id),
@@ -369,12 +338,14 @@ impl WorkerBuilder {
             queue.route(&routes.names()).await?;
         }
         let first = Session::establish(&cfg).await?;
-
-        let draining = CancellationToken::new();
-        let stop_jobs = CancellationToken::new();
-        let stop_all = CancellationToken::new();
+        let stops = Stops::default();
         let mut tasks = tokio::task::JoinSet::new();
-        let locks = LockService::start(stop_all.clone(), metrics.clone(), cfg.tuning, &mut tasks);
+        let locks = LockService::start(
+            stops.stop_all.clone(),
+            metrics.clone(),
+            cfg.tuning,
+            &mut tasks,
+        );
         let (current_tx, current_rx) = watch::channel(None);
         let shared = Arc::new(Shared {
             cfg: cfg.clone(),
@@ -384,8 +355,8 @@ impl WorkerBuilder {
             metrics: metrics.clone(),
             locks,
             session: current_rx,
-            draining: draining.clone(),
-            stop_jobs: stop_jobs.clone(),
+            draining: stops.draining.clone(),
+            stop_jobs: stops.stop_jobs.clone(),
             observer: self.observer,
             holding: Default::default(),
             cancels: Default::default(),
@@ -394,75 +365,46 @@ impl WorkerBuilder {
                 .partitions
                 .map(|_| standing::Reachability::new(cfg.stand_down_after())),
         });
-        if let Some(reach) = &shared.reach {
-            let probe = ServerProbe(shared.clone());
-            let period = cfg.tuning.server_probe;
-            tasks.spawn(standing::keep(
-                reach.clone(),
-                probe,
-                period,
-                stop_all.clone(),
-            ));
-        }
-        // Its own task, stopped before the session is revoked at shutdown: it
-        // holds the session, which is revoked only once nobody else does.
-        let rebalancer = shared.ownership.as_ref().map(|ownership| {
-            let stop = stop_all.child_token();
-            let task = tokio::spawn(partitions::rebalance(
-                shared.clone(),
-                ownership.clone(),
-                stop.clone(),
-            ));
-            (stop, tokio_util::task::AbortOnDropHandle::new(task))
-        });
-        // Subscribed before the first fetch: a cancel notice for any job this
-        // worker runs finds the subscription in place.
-        let notices = shared.queue.cancel_notices().await?;
-        let confirm = cancel::Confirm {
-            store: shared.store.clone(),
-            metrics: shared.metrics.clone(),
-        };
-        tasks.spawn(cancel::listen(
-            notices,
-            shared.cancels.clone(),
-            confirm,
-            stop_all.clone(),
-        ));
         let slots = Slots::new(&cfg);
-        let sup_args = SupervisorArgs {
+        let keeper = KeeperArgs {
+            cfg,
+            metrics,
+            current: current_tx,
+            stop: stops.stop_all.clone(),
+            first: Some(first),
+        };
+        let parts = Parts {
             shared: shared.clone(),
             slots: slots.clone(),
             routes,
-            keeper: Some(KeeperArgs {
-                cfg: cfg.clone(),
-                metrics,
-                current: current_tx,
-                stop: stop_all.clone(),
-                first: Some(first),
-            }),
-        };
-        let (supervisor, join) = Actor::spawn(None, WorkerSupervisor, sup_args)
-            .await
-            .map_err(|e| WorkerError::Actor(e.to_string()))?;
-        let advisories = gave_up::spawn_gave_up_marking(&shared, &mut tasks);
-        let reporter = Reporter::new(shared.clone(), slots.clone());
-        tasks.spawn(reporter.clone().run(stop_all.clone()));
-        let scheduler = scheduler::Scheduler {
-            shared: shared.clone(),
+            keeper,
             schedules,
         };
-        tasks.spawn(scheduler.run(stop_all.clone()));
+        let life = Lifecycle::spawn(stops, tasks, parts).await?;
         Ok(Worker {
             shared,
-            supervisor,
-            join: Some(join),
             slots,
-            stop_all,
-            tasks,
-            _advisories: advisories,
-            reporter,
-            rebalancer,
+            life,
         })
+    }
+
+    /// The builder's own checks, before anything connects: the configuration,
+    /// the job types and their limits, the schedules (returned).
+    fn checked(&mut self) -> Result<Vec<(Parsed, &'static str, serde_json::Value)>, WorkerError> {
+        self.cfg.validate()?;
+        if let Some(name) = self.duplicate {
+            return Err(WorkerError::DuplicateJob(name));
+        }
+        if self.registry.is_empty() {
+            return Err(WorkerError::NoJobs);
+        }
+        if let Some(name) = self.registry.zero_limit() {
+            return Err(WorkerError::ZeroLimit(name));
+        }
+        std::mem::take(&mut self.schedules)
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(WorkerError::from)
     }
 }
 
@@ -519,16 +461,9 @@ async fn register_schedules(
 /// ```
 pub struct Worker {
     shared: Arc<Shared>,
-    supervisor: ActorRef<SupervisorMsg>,
-    join: Option<tokio::task::JoinHandle<()>>,
     slots: Arc<Slots>,
-    stop_all: CancellationToken,
-    tasks: tokio::task::JoinSet<()>,
-    _advisories: crate::queue::AdvisoryListener,
-    /// Writes this worker's reports for operators (`stopped` at shutdown).
-    reporter: Reporter,
-    /// Partition mode: the rebalancing task and its stop.
-    rebalancer: Option<(CancellationToken, tokio_util::task::AbortOnDropHandle<()>)>,
+    /// Every task and actor the worker spawned, and their stops.
+    life: Lifecycle,
 }
 
 impl std::fmt::Debug for Worker {
@@ -575,11 +510,7 @@ impl Worker {
     /// A handle on this worker's liveness and readiness that outlives it,
     /// for a probe server (`probe::ProbeServer`, feature `http`).
     pub fn probe(&self) -> WorkerProbe {
-        WorkerProbe::new(
-            self.shared.clone(),
-            self.supervisor.clone(),
-            self.stop_all.clone(),
-        )
+        self.life.probe(&self.shared)
     }
 
     /// Whether this worker can do work now, per check: see [`Readiness`]
@@ -640,154 +571,7 @@ impl Worker {
     /// # Errors
     /// Never fails today; the `Result` leaves room for reporting.
     pub async fn shutdown(mut self) -> Result<(), WorkerError> {
-        let sh = self.shared.clone();
-        sh.draining.cancel();
-        let drained = tokio::time::timeout(sh.cfg.shutdown_grace, self.slots.all_back())
-            .await
-            .is_ok();
-        if !drained {
-            tracing::warn!("shutdown grace over: cancelling running steps");
-            sh.stop_jobs.cancel();
-            let _ = tokio::time::timeout(sh.cfg.tuning.shutdown_cancel_wait, self.slots.all_back())
-                .await;
-        }
-        self.reporter.stopped().await;
-        if let Some((stop, task)) = self.rebalancer.take() {
-            stop.cancel();
-            let _ = task.await;
-        }
-        let _ = ractor::call!(self.supervisor, SupervisorMsg::CloseSession);
-        self.stop_all.cancel();
-        self.supervisor.stop(Some("shutdown".into()));
-        if let Some(join) = self.join.take() {
-            let _ = join.await;
-        }
-        self.tasks.shutdown().await;
-        Ok(())
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if self.join.is_some() {
-            self.stop_all.cancel();
-            self.shared.draining.cancel();
-            self.shared.stop_jobs.cancel();
-            self.supervisor.kill();
-        }
-    }
-}
-
-struct SupervisorArgs {
-    shared: Arc<Shared>,
-    slots: Arc<Slots>,
-    routes: Arc<routes::TypeRoutes>,
-    keeper: Option<KeeperArgs>,
-}
-
-pub(crate) enum SupervisorMsg {
-    CloseSession(ractor::RpcReplyPort<()>),
-}
-
-struct SupervisorState {
-    args: SupervisorArgs,
-    keeper: Option<ActorRef<KeeperMsg>>,
-    fetcher: Option<ActorRef<FetcherMsg>>,
-}
-
-/// The root of a worker's actor tree.
-struct WorkerSupervisor;
-
-impl WorkerSupervisor {
-    async fn spawn_fetcher(
-        myself: &ActorRef<SupervisorMsg>,
-        st: &mut SupervisorState,
-    ) -> Result<(), ActorProcessingErr> {
-        let args = FetcherArgs {
-            shared: st.args.shared.clone(),
-            slots: st.args.slots.clone(),
-            routes: st.args.routes.clone(),
-            supervisor: myself.get_cell(),
-        };
-        let (fetcher, _) = Actor::spawn_linked(None, Fetcher, args, myself.get_cell()).await?;
-        st.fetcher = Some(fetcher);
-        Ok(())
-    }
-}
-
-impl Actor for WorkerSupervisor {
-    type Msg = SupervisorMsg;
-    type State = SupervisorState;
-    type Arguments = SupervisorArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        mut args: SupervisorArgs,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        let keeper_args = args.keeper.take();
-        let mut st = SupervisorState {
-            args,
-            keeper: None,
-            fetcher: None,
-        };
-        if let Some(k) = keeper_args {
-            let (keeper, _) = Actor::spawn_linked(None, LeaseKeeper, k, myself.get_cell()).await?;
-            st.keeper = Some(keeper);
-        }
-        Self::spawn_fetcher(&myself, &mut st).await?;
-        Ok(st)
-    }
-
-    async fn handle(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        msg: SupervisorMsg,
-        st: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            SupervisorMsg::CloseSession(reply) => {
-                if let Some(keeper) = &st.keeper {
-                    let _ = ractor::call!(keeper, KeeperMsg::Close);
-                }
-                let _ = reply.send(());
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        event: SupervisionEvent,
-        st: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let is = |cell: &ActorCell, r: &Option<ActorRef<FetcherMsg>>| {
-            r.as_ref().is_some_and(|f| f.get_id() == cell.get_id())
-        };
-        match event {
-            SupervisionEvent::ActorFailed(who, err) => {
-                if is(&who, &st.fetcher) {
-                    tracing::error!(error = %err, "fetcher failed; restarting it");
-                    if !st.args.shared.draining.is_cancelled() {
-                        Self::spawn_fetcher(&myself, st).await?;
-                    }
-                } else if st
-                    .keeper
-                    .as_ref()
-                    .is_some_and(|k| k.get_id() == who.get_id())
-                {
-                    tracing::error!(error = %err, "lease keeper failed; stopping the worker");
-                    myself.stop(Some("lease keeper failed".into()));
-                } else {
-                    // A job actor failed outside a step (a bug): its delivery is
-                    // redelivered after AckWait; the worker stays up.
-                    tracing::error!(actor = %who.get_id(), error = %err, "job actor failed");
-                }
-            }
-            SupervisionEvent::ActorTerminated(..) | SupervisionEvent::ActorStarted(_) => {}
-            _ => {}
-        }
+        self.life.shutdown(&self.shared, &self.slots).await;
         Ok(())
     }
 }

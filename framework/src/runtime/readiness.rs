@@ -11,7 +11,8 @@ use ractor::{ActorRef, ActorStatus};
 use tokio_util::sync::CancellationToken;
 
 use super::standing::Standing;
-use super::{Shared, SupervisorMsg, partitions};
+use super::supervisor::SupervisorMsg;
+use super::{Shared, partitions};
 use crate::lease::Health;
 
 /// How long a readiness check that asks a server (PostgreSQL's `SELECT 1`,
