@@ -48,8 +48,7 @@ fn public_api_matches_the_checked_in_listing() {
 
 /// `blocks/mod.rs` says `ARCHITECTURE.md` lists every public item of
 /// `tenure::blocks`: each item's name (not methods; the constants of
-/// `headers` and `reasons` count as their module) must appear in it. Ignored
-/// while ARCHITECTURE.md is being rewritten: run it with `--ignored`.
+/// `headers` and `reasons` count as their module) must appear in it.
 #[test]
 fn architecture_names_every_public_item_of_blocks() {
     let root = workspace_root();
