@@ -553,3 +553,37 @@ async fn the_default_retention_prunes_month_old_done_jobs_and_keeps_their_keys(e
     eprintln!("history of a one-step job: {events} rows, {bytes} bytes of tuples");
     worker.shutdown().await.unwrap();
 }
+
+/// Two messages of one job fetched in one group (its enqueue and a second
+/// copy, as a redrive, a republished duplicate or a renewal leaves behind,
+/// both stored before any worker runs): the job runs once, and the second
+/// message is a duplicate the job row absorbs, never a dead letter that says
+/// the job has no row (it was one: dead-lettered, its message terminated,
+/// while the row stayed `pending` or `running`).
+#[tenure::test]
+async fn two_messages_of_one_job_in_one_fetch_are_absorbed(env: TestEnv) {
+    let client = env.client();
+    let e = client.enqueue::<Pay>("twice", &5).await.unwrap();
+    let payload = serde_json::to_vec(&5).unwrap();
+    client
+        .queue()
+        .publish_redrive(e.job_id, "ops.pay", payload.into())
+        .await
+        .unwrap();
+    let w = env
+        .worker(
+            "w0",
+            |cfg| async move { Worker::builder(cfg).register(Pay) },
+        )
+        .await
+        .unwrap();
+    let row = tenure_tests::wait_terminal(client, e.job_id, Duration::from_secs(30)).await;
+    assert_eq!(row.status, JobStatus::Done, "{:?}", row.last_error);
+    assert_eq!(runs(e.job_id), 1);
+    // The duplicate's delivery settles after the job's: give it a moment.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let dead = client.queue().dead_letters_of(e.job_id, 10).await.unwrap();
+    let reasons: Vec<&str> = dead.iter().map(|d| d.reason.as_str()).collect();
+    assert!(reasons.is_empty(), "a duplicate message was dead-lettered: {reasons:?}");
+    w.shutdown().await.unwrap();
+}

@@ -238,8 +238,11 @@ impl FetcherState {
                 );
                 break;
             };
+            // A row the group's read did not return is read by the job
+            // actor itself: the job may have no row, or a second message of
+            // the same job came in this group and the first took the row.
             let admitted = match (&mut rows, delivery.job_id()) {
-                (Some(rows), Ok(id)) => Some(rows.remove(&id)),
+                (Some(rows), Ok(id)) => rows.remove(&id).map(Some),
                 _ => None,
             };
             let args = JobArgs {
