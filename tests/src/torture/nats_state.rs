@@ -29,8 +29,19 @@ pub async fn dump(client: &Client, nats_url: &str, id: JobId) {
         Err(e) => eprintln!("torture: lost {id}: stream info failed: {e}"),
     }
     consumers(&stream, id).await;
+    scan_all(&stream, id).await;
+    match js.get_stream(&names.dlq_stream).await {
+        Ok(dlq) => scan_all(&dlq, id).await,
+        Err(e) => eprintln!("torture: lost {id}: no stream {}: {e}", names.dlq_stream),
+    }
+}
+
+/// Every stored message of `stream` (up to [`SCAN_LIMIT`]) that names `id`.
+async fn scan_all(stream: &jetstream::stream::Stream, id: JobId) {
+    let mut stream = stream.clone();
     if let Ok(info) = stream.info().await {
         let (first, last) = (info.state.first_sequence, info.state.last_sequence);
+        eprintln!("torture: lost {id}: scanning {}", info.config.name);
         scan(&stream, id, first, last.min(first.saturating_add(SCAN_LIMIT))).await;
     }
 }
