@@ -355,104 +355,86 @@ impl Config {
     /// # Errors
     /// The first invalid setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let ident = |name: &'static str, v: &str| {
-            let ok = !v.is_empty()
-                && v.len() <= 48
-                && v.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-                && !v.starts_with(|c: char| c.is_ascii_digit());
-            if ok {
-                Ok(())
-            } else {
-                Err(ConfigError::Invalid {
-                    name,
-                    reason: format!(
-                        "{v:?} must be 1-48 chars of [a-z0-9_], not starting with a digit"
-                    ),
-                })
-            }
-        };
-        ident("namespace", &self.namespace)?;
-        ident("schema", &self.schema)?;
+        check_ident("namespace", &self.namespace)?;
+        check_ident("schema", &self.schema)?;
         if self.etcd_endpoints.is_empty() {
             return Err(ConfigError::Missing("etcd_endpoints"));
         }
         self.validate_security()?;
+        self.validate_lease()?;
+        self.validate_limits()?;
+        self.tuning.validate()?;
+        self.retention.validate()?;
+        self.validate_retention_windows()
+    }
+
+    /// The lease TTL (whole seconds, at least one) and the NATS request timeout.
+    fn validate_lease(&self) -> Result<(), ConfigError> {
         if self.lease_ttl < Duration::from_secs(1) {
-            return Err(ConfigError::Invalid {
-                name: "lease_ttl",
-                reason: "etcd leases have whole-second TTLs; use at least 1 s".into(),
-            });
+            return Err(invalid(
+                "lease_ttl",
+                "etcd leases have whole-second TTLs; use at least 1 s",
+            ));
         }
         if self.lease_ttl.subsec_nanos() != 0 {
-            return Err(ConfigError::Invalid {
-                name: "lease_ttl",
-                reason: "etcd leases have whole-second TTLs".into(),
-            });
+            return Err(invalid("lease_ttl", "etcd leases have whole-second TTLs"));
         }
         if self.nats_request_timeout.is_zero() {
-            return Err(ConfigError::Invalid {
-                name: "nats_request_timeout",
-                reason: "must be positive".into(),
-            });
+            return Err(invalid("nats_request_timeout", "must be positive"));
         }
+        Ok(())
+    }
+
+    /// In-flight, partition, prefetch and replica counts.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
         if self.max_in_flight == 0 {
-            return Err(ConfigError::Invalid {
-                name: "max_in_flight",
-                reason: "must be at least 1".into(),
-            });
+            return Err(invalid("max_in_flight", "must be at least 1"));
         }
         if let Some(p) = self
             .partitions
             .filter(|p| !(1..=MAX_PARTITIONS).contains(p))
         {
-            return Err(ConfigError::Invalid {
-                name: "partitions",
-                reason: format!("{p} is not between 1 and {MAX_PARTITIONS}"),
-            });
+            return Err(invalid(
+                "partitions",
+                format!("{p} is not between 1 and {MAX_PARTITIONS}"),
+            ));
         }
         if self.prefetch > MAX_PREFETCH {
-            return Err(ConfigError::Invalid {
-                name: "prefetch",
-                reason: format!(
+            return Err(invalid(
+                "prefetch",
+                format!(
                     "{} is more than {MAX_PREFETCH} deliveries ahead of the running jobs",
                     self.prefetch
                 ),
-            });
-        }
-        self.tuning.validate()?;
-        self.retention.validate()?;
-        if self
-            .retention
-            .dlq_max_age
-            .is_some_and(|age| age < self.duplicate_window)
-        {
-            return Err(ConfigError::Invalid {
-                name: "retention.dlq_max_age",
-                reason: "must be at least duplicate_window (the broker refuses a shorter one)"
-                    .into(),
-            });
-        }
-        if self
-            .retention
-            .keys_after
-            .is_some_and(|age| age < self.duplicate_window)
-        {
-            return Err(ConfigError::Invalid {
-                name: "retention.keys_after",
-                reason: "must be at least duplicate_window (a key reopened inside the window \
-                         would have its new message dropped by the broker as a duplicate)"
-                    .into(),
-            });
+            ));
         }
         if !(1..=5).contains(&self.stream_replicas) {
-            return Err(ConfigError::Invalid {
-                name: "stream_replicas",
-                reason: format!(
+            return Err(invalid(
+                "stream_replicas",
+                format!(
                     "{} is not a JetStream replica count (1 to 5)",
                     self.stream_replicas
                 ),
-            });
+            ));
+        }
+        Ok(())
+    }
+
+    /// Retention ages the broker's duplicate window bounds from below.
+    fn validate_retention_windows(&self) -> Result<(), ConfigError> {
+        let shorter = |age: Option<Duration>| age.is_some_and(|a| a < self.duplicate_window);
+        if shorter(self.retention.dlq_max_age) {
+            return Err(invalid(
+                "retention.dlq_max_age",
+                "must be at least duplicate_window (the broker refuses a shorter one)",
+            ));
+        }
+        if shorter(self.retention.keys_after) {
+            return Err(invalid(
+                "retention.keys_after",
+                "must be at least duplicate_window (a key reopened inside the window \
+                 would have its new message dropped by the broker as a duplicate)",
+            ));
         }
         Ok(())
     }
@@ -742,6 +724,32 @@ fn default_worker_id() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "worker".into());
     format!("{host}-{}", std::process::id())
+}
+
+/// A setting `name` refused for `reason`.
+fn invalid(name: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        name,
+        reason: reason.into(),
+    }
+}
+
+/// A namespace or schema name: 1-48 chars of `[a-z0-9_]`, not starting with a
+/// digit (it becomes part of SQL, NATS and etcd names).
+fn check_ident(name: &'static str, v: &str) -> Result<(), ConfigError> {
+    let ok = !v.is_empty()
+        && v.len() <= 48
+        && v.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !v.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            name,
+            format!("{v:?} must be 1-48 chars of [a-z0-9_], not starting with a digit"),
+        ))
+    }
 }
 
 #[cfg(test)]

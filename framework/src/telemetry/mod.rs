@@ -178,6 +178,32 @@ pub(crate) struct Metrics {
     partitions: Counter<u64>,
 }
 
+/// The builders of the instrument kinds most of [`Metrics`] uses.
+struct Instruments<'a>(&'a Meter);
+
+impl Instruments<'_> {
+    fn counter(&self, name: &'static str, description: &'static str) -> Counter<u64> {
+        self.0
+            .u64_counter(name)
+            .with_description(description)
+            .build()
+    }
+
+    fn gauge(&self, name: &'static str, description: &'static str) -> Gauge<i64> {
+        self.0.i64_gauge(name).with_description(description).build()
+    }
+
+    /// A duration histogram in seconds, over [`DURATION_BUCKETS_S`].
+    fn seconds(&self, name: &'static str, description: &'static str) -> Histogram<f64> {
+        self.0
+            .f64_histogram(name)
+            .with_unit("s")
+            .with_description(description)
+            .with_boundaries(DURATION_BUCKETS_S.to_vec())
+            .build()
+    }
+}
+
 /// Bucket boundaries (seconds) of every duration histogram: 1 ms to 30 s, about
 /// 2.5 times apart, so a keepalive round trip (milliseconds) and a step (up to
 /// seconds) each land in a bucket of their own and a p99 against `TTL / 3` can be
@@ -190,121 +216,81 @@ pub const DURATION_BUCKETS_S: [f64; 14] = [
 impl Metrics {
     /// Instruments from `meter` for worker `worker`.
     pub fn new(meter: &Meter, worker: &str) -> Self {
+        let m = Instruments(meter);
         Metrics {
             worker: KeyValue::new("worker", worker.to_string()),
-            lease_grants: meter
-                .u64_counter("tenure.lease.grants")
-                .with_description("etcd session leases granted")
-                .build(),
-            keepalive: meter
-                .f64_histogram("tenure.lease.keepalive.duration")
-                .with_unit("s")
-                .with_description("keepalive round trip")
-                .with_boundaries(DURATION_BUCKETS_S.to_vec())
-                .build(),
-            lease_state: meter
-                .i64_gauge("tenure.lease.state")
-                .with_description("session health: 0 healthy, 1 degraded, 2 lost")
-                .build(),
-            lease_transitions: meter
-                .u64_counter("tenure.lease.transitions")
-                .with_description("session health transitions")
-                .build(),
-            lease_losses: meter
-                .u64_counter("tenure.lease.losses")
-                .with_description("sessions lost, by cause")
-                .build(),
-            contention: meter
-                .u64_counter("tenure.lock.contention")
-                .with_description("job locks found held by another session")
-                .build(),
+            lease_grants: m.counter("tenure.lease.grants", "etcd session leases granted"),
+            keepalive: m.seconds("tenure.lease.keepalive.duration", "keepalive round trip"),
+            lease_state: m.gauge(
+                "tenure.lease.state",
+                "session health: 0 healthy, 1 degraded, 2 lost",
+            ),
+            lease_transitions: m.counter("tenure.lease.transitions", "session health transitions"),
+            lease_losses: m.counter("tenure.lease.losses", "sessions lost, by cause"),
+            contention: m.counter(
+                "tenure.lock.contention",
+                "job locks found held by another session",
+            ),
             lock_batch: meter
                 .u64_histogram("tenure.lock.batch.acquisitions")
                 .with_unit("{lock}")
                 .with_description("job-lock acquisitions per etcd transaction")
                 .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])
                 .build(),
-            claims: meter
-                .u64_counter("tenure.fence.claims")
-                .with_description("fences raised at the resource")
-                .build(),
-            takeovers: meter
-                .u64_counter("tenure.fence.takeovers")
-                .with_description("claims that replaced an owner that did not release")
-                .build(),
-            stale: meter
-                .u64_counter("tenure.fence.stale_rejections")
-                .with_description("writes refused because a newer owner holds the fence")
-                .build(),
-            regressions: meter
-                .u64_counter("tenure.fence.token_regressions")
-                .with_description(
-                    "fresh claims whose token the row already held (etcd revisions went backwards)",
-                )
-                .build(),
-            step_duration: meter
-                .f64_histogram("tenure.step.duration")
-                .with_unit("s")
-                .with_description("step run and commit time")
-                .with_boundaries(DURATION_BUCKETS_S.to_vec())
-                .build(),
-            queue_wait: meter
-                .f64_histogram("tenure.job.queue_wait")
-                .with_unit("s")
-                .with_description("from the job's message being stored to its first claim")
-                .with_boundaries(DURATION_BUCKETS_S.to_vec())
-                .build(),
-            job_duration: meter
-                .f64_histogram("tenure.job.duration")
-                .with_unit("s")
-                .with_description("from the job's message being stored to its last commit")
-                .with_boundaries(DURATION_BUCKETS_S.to_vec())
-                .build(),
-            retries: meter
-                .u64_counter("tenure.job.retries")
-                .with_description("failed attempts scheduled for retry")
-                .build(),
-            dlq: meter
-                .u64_counter("tenure.dlq.routed")
-                .with_description("jobs dead-lettered, by reason")
-                .build(),
+            claims: m.counter("tenure.fence.claims", "fences raised at the resource"),
+            takeovers: m.counter(
+                "tenure.fence.takeovers",
+                "claims that replaced an owner that did not release",
+            ),
+            stale: m.counter(
+                "tenure.fence.stale_rejections",
+                "writes refused because a newer owner holds the fence",
+            ),
+            regressions: m.counter(
+                "tenure.fence.token_regressions",
+                "fresh claims whose token the row already held (etcd revisions went backwards)",
+            ),
+            step_duration: m.seconds("tenure.step.duration", "step run and commit time"),
+            queue_wait: m.seconds(
+                "tenure.job.queue_wait",
+                "from the job's message being stored to its first claim",
+            ),
+            job_duration: m.seconds(
+                "tenure.job.duration",
+                "from the job's message being stored to its last commit",
+            ),
+            retries: m.counter("tenure.job.retries", "failed attempts scheduled for retry"),
+            dlq: m.counter("tenure.dlq.routed", "jobs dead-lettered, by reason"),
             in_flight: meter
                 .i64_up_down_counter("tenure.job.in_flight")
                 .with_description("deliveries being processed")
                 .build(),
-            completed: meter
-                .u64_counter("tenure.job.completed")
-                .with_description("jobs that reached done")
-                .build(),
-            backlog: meter
-                .i64_gauge("tenure.queue.backlog")
-                .with_description("messages stored in the work stream, per job type")
-                .build(),
+            completed: m.counter("tenure.job.completed", "jobs that reached done"),
+            backlog: m.gauge(
+                "tenure.queue.backlog",
+                "messages stored in the work stream, per job type",
+            ),
             oldest_age: meter
                 .f64_gauge("tenure.queue.oldest_age")
                 .with_unit("s")
                 .with_description("age of the oldest message stored in the work stream, per job type")
                 .build(),
-            unrouted: meter
-                .i64_gauge("tenure.queue.unrouted")
-                .with_description("messages waiting for a job type no live worker registers")
-                .build(),
-            cancelled: meter
-                .u64_counter("tenure.job.cancelled")
-                .with_description("deliveries ended (acked) because an operator cancelled the job")
-                .build(),
-            unconfirmed: meter
-                .u64_counter("tenure.cancel.unconfirmed")
-                .with_description(
-                    "cancel notices for a running job that no cancel confirmed (the step went on)",
-                )
-                .build(),
-            partitions: meter
-                .u64_counter("tenure.partition.changes")
-                .with_description(
-                    "partition ownership changes of this worker (partition mode), by change: taken, handed_over, lost",
-                )
-                .build(),
+            unrouted: m.gauge(
+                "tenure.queue.unrouted",
+                "messages waiting for a job type no live worker registers",
+            ),
+            cancelled: m.counter(
+                "tenure.job.cancelled",
+                "deliveries ended (acked) because an operator cancelled the job",
+            ),
+            unconfirmed: m.counter(
+                "tenure.cancel.unconfirmed",
+                "cancel notices for a running job that no cancel confirmed (the step went on)",
+            ),
+            partitions: m.counter(
+                "tenure.partition.changes",
+                "partition ownership changes of this worker (partition mode), by change: taken, handed_over, lost",
+            ),
         }
     }
 
