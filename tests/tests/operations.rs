@@ -584,6 +584,9 @@ async fn two_messages_of_one_job_in_one_fetch_are_absorbed(env: TestEnv) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let dead = client.queue().dead_letters_of(e.job_id, 10).await.unwrap();
     let reasons: Vec<&str> = dead.iter().map(|d| d.reason.as_str()).collect();
-    assert!(reasons.is_empty(), "a duplicate message was dead-lettered: {reasons:?}");
+    assert!(
+        reasons.is_empty(),
+        "a duplicate message was dead-lettered: {reasons:?}"
+    );
     w.shutdown().await.unwrap();
 }

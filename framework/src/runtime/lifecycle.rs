@@ -143,9 +143,7 @@ impl Lifecycle {
     pub(super) async fn shutdown(&mut self, shared: &Shared, slots: &Slots) {
         self.stops.draining.cancel();
         let grace = shared.cfg.shutdown_grace;
-        let drained = tokio::time::timeout(grace, slots.all_back())
-            .await
-            .is_ok();
+        let drained = tokio::time::timeout(grace, slots.all_back()).await.is_ok();
         if !drained {
             tracing::warn!("shutdown grace over: cancelling running steps");
             self.stops.stop_jobs.cancel();

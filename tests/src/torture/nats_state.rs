@@ -42,7 +42,13 @@ async fn scan_all(stream: &jetstream::stream::Stream, id: JobId) {
     if let Ok(info) = stream.info().await {
         let (first, last) = (info.state.first_sequence, info.state.last_sequence);
         eprintln!("torture: lost {id}: scanning {}", info.config.name);
-        scan(&stream, id, first, last.min(first.saturating_add(SCAN_LIMIT))).await;
+        scan(
+            &stream,
+            id,
+            first,
+            last.min(first.saturating_add(SCAN_LIMIT)),
+        )
+        .await;
     }
 }
 
