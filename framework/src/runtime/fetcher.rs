@@ -12,6 +12,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use super::Shared;
 use super::job_actor::{JobActor, JobArgs};
+use super::owning::Source;
 use super::routes::TypeRoutes;
 use super::slots::{HoldSlot, Slots};
 use super::standing::Server;
@@ -79,69 +80,30 @@ impl Actor for Fetcher {
             () = sh.draining.cancelled() => return Ok(()),
             h = st.args.slots.to_fetch() => h,
         };
-        let round = sources(&sh, st.args.routes.round());
-        if round.is_empty() && sh.ownership.as_ref().is_some_and(|o| o.owned() == 0) {
-            // Partition mode, nothing owned yet (or any more): wait for a
-            // partition rather than for a job to end.
-            drop(holds);
-            if let Some(ownership) = &sh.ownership {
-                tokio::select! {
-                    () = sh.draining.cancelled() => return Ok(()),
-                    () = ownership.changed(sh.cfg.tuning.fetch_wait) => {}
-                }
-            }
-        } else if round.is_empty() {
-            // Every type is at its limit: wait for one of its jobs to end.
+        let round = sh.owning.sources(st.args.routes.round());
+        if round.is_empty() {
+            // Nothing to fetch from: every type at its limit, or (partition
+            // mode) no partition led yet or any more.
             drop(holds);
             tokio::select! {
                 () = sh.draining.cancelled() => return Ok(()),
-                () = st.args.routes.freed(sh.cfg.tuning.fetch_wait) => {}
+                () = sh.owning.wait_for_sources(&st.args.routes, sh.cfg.tuning.fetch_wait) => {}
             }
         } else {
             tokio::select! {
                 () = sh.draining.cancelled() => return Ok(()),
                 busy = st.round(round, holds) => st.busy = busy,
             }
-            if !st.busy && sh.ownership.is_some() {
-                // A partition fetch asks once (`Queue::fetch_partition`): the
-                // pause between idle rounds is its wait, the period at which a
-                // type's fetch asks again.
+            if !st.busy {
                 tokio::select! {
                     () = sh.draining.cancelled() => return Ok(()),
-                    () = tokio::time::sleep(sh.cfg.tuning.fetch_wait_several) => {}
+                    () = sh.owning.after_idle_round(sh.cfg.tuning.fetch_wait_several) => {}
                 }
             }
         }
         myself.send_message(FetcherMsg::Tick)?;
         Ok(())
     }
-}
-
-/// A round's sources: (type index, type name, partition in partition mode,
-/// deliveries it may take).
-type Round = Vec<(usize, &'static str, Option<u32>, usize)>;
-
-/// The round's types as sources: each type itself, or in partition mode each
-/// partition of it this worker owns, the type's room shared out among them.
-fn sources(sh: &Shared, types: Vec<(usize, &'static str, usize)>) -> Round {
-    let Some(ownership) = &sh.ownership else {
-        return types
-            .into_iter()
-            .map(|(i, n, room)| (i, n, None, room))
-            .collect();
-    };
-    let mut round = Round::new();
-    for (index, name, room) in types {
-        let owned = ownership.fetchable(name);
-        let k = owned.len();
-        for (j, p) in owned.into_iter().enumerate() {
-            let share = room / k + usize::from(j < room % k);
-            if share > 0 {
-                round.push((index, name, Some(p), share));
-            }
-        }
-    }
-    round
 }
 
 impl FetcherState {
@@ -156,16 +118,15 @@ impl FetcherState {
     /// ending at its type's first message or after `Tuning::fetch_wait_several`,
     /// and each fetch's deliveries started as it ends. The waiting is the
     /// worker's: no pull request waits at the server (`queue/pull.rs`).
-    async fn round(&self, round: Round, mut holds: Vec<HoldSlot>) -> bool {
+    async fn round(&self, round: Vec<Source>, mut holds: Vec<HoldSlot>) -> bool {
         let t = &self.args.shared.cfg.tuning;
         if round.len() > 1 && self.busy {
             let mut got = false;
-            for &(index, name, partition, room) in &round {
+            for &source in &round {
                 if holds.is_empty() {
                     break;
                 }
-                let max = room.min(holds.len());
-                let source = (index, name, partition);
+                let max = source.room.min(holds.len());
                 got |= self.pull(source, max, t.fetch_wait_now, &mut holds).await;
             }
             if got || holds.is_empty() {
@@ -178,13 +139,10 @@ impl FetcherState {
             t.fetch_wait
         };
         let mut pulls = futures::stream::FuturesUnordered::new();
-        for ((index, name, partition, _), mut share) in
-            round.iter().copied().zip(share_out(&round, holds))
-        {
+        for (source, mut share) in round.iter().copied().zip(share_out(&round, holds)) {
             if !share.is_empty() {
                 pulls.push(async move {
                     let max = share.len();
-                    let source = (index, name, partition);
                     self.pull(source, max, wait, &mut share).await
                 });
             }
@@ -196,31 +154,28 @@ impl FetcherState {
         got
     }
 
-    /// One pull request of type `name` for up to `max` deliveries, each
+    /// One pull request from `source` for up to `max` deliveries, each
     /// started with one of `holds`; whether it delivered anything.
     async fn pull(
         &self,
-        (index, name, partition): (usize, &'static str, Option<u32>),
+        source: Source,
         max: usize,
         wait: std::time::Duration,
         holds: &mut Vec<HoldSlot>,
     ) -> bool {
         let sh = &self.args.shared;
-        let fetched = match partition {
-            Some(p) => sh.queue.fetch_partition(name, p, max, wait).await,
-            None => sh.queue.fetch(name, max, wait).await,
-        };
+        let fetched = sh.owning.fetch(&sh.queue, source, max, wait).await;
         match fetched {
             Ok(deliveries) => {
                 let got = !deliveries.is_empty();
-                self.start(index, deliveries, holds).await;
+                self.start(source.index, deliveries, holds).await;
                 got
             }
             Err(e) => {
                 if e.is_transient() {
                     sh.suspect(Server::Nats);
                 }
-                tracing::warn!(job_type = name, error = %e, "fetch failed; retrying");
+                tracing::warn!(job_type = source.job_type, error = %e, "fetch failed; retrying");
                 tokio::time::sleep(sh.cfg.tuning.fetch_error_pause).await;
                 false
             }
@@ -262,12 +217,12 @@ impl FetcherState {
 
 /// The holds dealt out one at a time over the round's types, each type up to
 /// the deliveries it may take.
-fn share_out<T>(round: &Round, mut holds: Vec<T>) -> Vec<Vec<T>> {
+fn share_out<T>(round: &[Source], mut holds: Vec<T>) -> Vec<Vec<T>> {
     let mut shares: Vec<Vec<T>> = round.iter().map(|_| Vec::new()).collect();
     while !holds.is_empty() {
         let mut dealt = false;
-        for (share, &(_, _, _, room)) in shares.iter_mut().zip(round) {
-            if share.len() < room
+        for (share, source) in shares.iter_mut().zip(round) {
+            if share.len() < source.room
                 && let Some(h) = holds.pop()
             {
                 share.push(h);
@@ -317,13 +272,23 @@ mod tests {
 
     #[test]
     fn holds_are_dealt_out_fairly_up_to_each_types_room() {
-        let round: Round = vec![(0, "a", None, 1), (1, "b", None, 10), (2, "c", Some(3), 10)];
+        let source = |index, job_type, partition, room| Source {
+            index,
+            job_type,
+            partition,
+            room,
+        };
+        let round = [
+            source(0, "a", None, 1),
+            source(1, "b", None, 10),
+            source(2, "c", Some(3), 10),
+        ];
         let shares = share_out(&round, (0..6).collect());
         let sizes: Vec<usize> = shares.iter().map(Vec::len).collect();
         assert_eq!(sizes, [1, 3, 2]);
         let few = share_out(&round, vec![1, 2]);
         assert_eq!(few.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 0]);
-        let capped = share_out(&vec![(0, "a", None, 1)], vec![1, 2, 3]);
+        let capped = share_out(&[source(0, "a", None, 1)], vec![1, 2, 3]);
         assert_eq!(capped[0].len(), 1, "the rest go back to the slots");
     }
 }

@@ -38,28 +38,15 @@ pub(super) fn spawn_gave_up_marking(
     advisories
 }
 
-/// Whether a live owner holds the job the broker gave up on: its lock (one
-/// lock per job), or, for a `running` row, its partition (partition mode). Such
-/// a job's message is renewed, never dead-lettered: the broker's count says
-/// only that deliveries waited behind the owner.
+/// Whether a live owner holds the job the broker gave up on (see
+/// `Owning::live_holder`).
 async fn held_by_live_owner(shared: &Shared, g: &crate::queue::GaveUp) -> Result<bool, String> {
     let session = shared
         .session
         .borrow()
         .clone()
         .ok_or_else(|| "no etcd session".to_string())?;
-    let Some(partitions) = shared.cfg.partitions else {
-        let holder = session.lock_holder(g.job_id).await;
-        return holder.map(|h| h.is_some()).map_err(|e| e.to_string());
-    };
-    let row = match shared.store.job(g.job_id).await {
-        Ok(Some(row)) if row.status == crate::fence::JobStatus::Running => row,
-        Ok(_) => return Ok(false),
-        Err(e) => return Err(e.to_string()),
-    };
-    let partition = g.job_id.partition(partitions);
-    let holder = session.partition_holder(&row.job_type, partition).await;
-    holder.map(|h| h.is_some()).map_err(|e| e.to_string())
+    shared.owning.live_holder(shared, &session, g).await
 }
 
 /// Marks the row of a job the broker gave up on `dead`; whether it is terminal now.

@@ -12,14 +12,13 @@ use tokio::time::Instant;
 use tracing::{Instrument, field};
 
 use super::Shared;
-use super::outcome::{Attempt, Compensated, Compensation, DeadCode, Grant, Held, Outcome, Owned};
-use super::partitions::Ownership;
+use super::outcome::{Attempt, Compensated, Compensation, DeadCode, Held, Outcome, Owned};
 use super::registry::DynJob;
-use super::run::{Holding, JobRun};
+use super::run::JobRun;
 use super::slots::HoldSlot;
 use super::standing::Server;
 use crate::fence::{Claim, FenceError, FenceStore, FencedTx, JobRow, JobStatus};
-use crate::lease::{Acquire, Coming, Health, Session};
+use crate::lease::{Coming, Health, Session};
 use crate::queue::Delivery;
 use crate::telemetry::{StaleAt, propagation, spans};
 use crate::{FencingToken, JobId, retry};
@@ -243,82 +242,7 @@ impl JobRun {
             return Err(Outcome::Retry { delay });
         };
         tracing::Span::current().record("lease_id", field::display(session.lease_id()));
-        if let Some(ownership) = &sh.ownership {
-            drop(coming);
-            return self.acquire_partition(a, job_id, session, ownership);
-        }
-        a.holding = Some(Holding::start(sh.clone(), job_id));
-        let acquired = sh
-            .locks
-            .acquire(session.clone(), job_id, coming)
-            .instrument(tracing::info_span!(spans::ACQUIRE, job_id = %job_id))
-            .await;
-        match acquired {
-            Ok(Acquire::Acquired(lock)) => {
-                tracing::Span::current().record("token", lock.token().get());
-                a.held = Held::Lock {
-                    session,
-                    lock: Grant::Lock(lock),
-                };
-                Ok(())
-            }
-            Ok(Acquire::Contended { holder })
-                if holder == Some(session.lease_id()) && !Holding::others_hold(sh, job_id) =>
-            {
-                Err(Outcome::Stranded { session, job_id })
-            }
-            Ok(Acquire::Contended { holder }) => {
-                let attempt = a.delivery().delivery_count().saturating_sub(1);
-                let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
-                // A message comes back while its lock is held only when the holder
-                // stopped progress-acking (paused, partitioned, crashed): its lease
-                // ends within a TTL. Retry at least every TTL/20, so the new owner
-                // acquires soon after the lease ends instead of backing off past it.
-                let delay = retry::jittered(&sh.cfg.contention_backoff, attempt)
-                    .min(sh.cfg.lease_ttl / sh.cfg.tuning.contention_retry_divisor);
-                tracing::debug!(holder = ?holder, ?delay, "job lock held by another session");
-                Err(Outcome::Contended { delay })
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "acquiring the job lock failed");
-                let delay = retry::jittered(&sh.cfg.contention_backoff, 0);
-                Err(Outcome::Retry { delay })
-            }
-        }
-    }
-
-    /// Phase 2 in partition mode: the grant of the job's partition, which
-    /// this worker must own (ownership moved since the fetch: handed back at
-    /// once, to the new owner's fetch), and no other delivery of the same job
-    /// in this worker (the same token: the row cannot tell them apart).
-    fn acquire_partition(
-        &self,
-        a: &mut Attempt,
-        job_id: JobId,
-        session: Arc<Session>,
-        ownership: &Ownership,
-    ) -> Result<(), Outcome> {
-        let sh = &self.shared;
-        let partitions = sh.cfg.partitions.unwrap_or(1);
-        let Some(grant) = ownership.grant(&a.job_type, job_id, partitions, &session) else {
-            tracing::debug!("not the owner of the job's partition (any more); handing it back");
-            return Err(Outcome::Retry {
-                delay: Duration::ZERO,
-            });
-        };
-        let holding = Holding::start(sh.clone(), job_id);
-        if Holding::others_hold(sh, job_id) {
-            let delay = sh.cfg.lease_ttl / sh.cfg.tuning.contention_retry_divisor;
-            tracing::debug!(?delay, "another delivery of this job runs here");
-            return Err(Outcome::Contended { delay });
-        }
-        tracing::Span::current().record("token", grant.token.get());
-        a.holding = Some(holding);
-        a.held = Held::Lock {
-            session,
-            lock: Grant::Partition(grant),
-        };
-        Ok(())
+        sh.owning.acquire(self, a, job_id, session, coming).await
     }
 
     /// A run slot (held until the delivery is settled): at once unless this
@@ -390,10 +314,7 @@ impl JobRun {
         let Held::Lock { session, lock } = std::mem::replace(&mut a.held, Held::Nothing) else {
             unreachable!("checked above")
         };
-        let (lock, partition) = match lock {
-            Grant::Lock(lock) => (Some(lock), None),
-            Grant::Partition(grant) => (None, Some(grant)),
-        };
+        let (lock, partition) = lock.into_kept();
         a.held = Held::Claim(Owned {
             job_id,
             job,
@@ -471,7 +392,7 @@ impl JobRun {
         };
         if e.is_fenced_out() {
             let (now, deadline) = (Instant::now(), session.lost_deadline());
-            let partitioned = matches!(lock, Grant::Partition(_));
+            let partitioned = !lock.live_session_excludes_newer_owners();
             return match claim_refusal(now, deadline, session.health(), partitioned) {
                 ClaimRefusal::NewerOwner => Outcome::Stale {
                     at: StaleAt::Claim,

@@ -39,13 +39,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::keeper::KeeperArgs;
+use super::owning::Owning;
 use super::readiness::WorkerProbe;
 use super::report::Reporter;
 use super::routes::TypeRoutes;
 use super::scheduler::Scheduler;
 use super::slots::Slots;
 use super::supervisor::{SupervisorArgs, SupervisorMsg, WorkerSupervisor};
-use super::{Shared, WorkerError, cancel, gave_up, partitions, standing};
+use super::{Shared, WorkerError, cancel, gave_up};
 use crate::queue::AdvisoryListener;
 use crate::schedule::Parsed;
 
@@ -97,8 +98,7 @@ impl Lifecycle {
             schedules,
         } = parts;
         let stop_all = &stops.stop_all;
-        spawn_standing(&shared, stop_all, &mut tasks);
-        let rebalancer = spawn_rebalancer(&shared, stop_all);
+        let rebalancer = Owning::spawn_tasks(&shared, stop_all, &mut tasks);
         // Subscribed before the first fetch: a cancel notice for any job this
         // worker runs finds the subscription in place.
         spawn_cancel_listener(&shared, stop_all, &mut tasks).await?;
@@ -178,37 +178,6 @@ impl Drop for Lifecycle {
     }
 }
 
-/// Partition mode: the probes of a suspected server.
-fn spawn_standing(shared: &Arc<Shared>, stop_all: &CancellationToken, tasks: &mut JoinSet<()>) {
-    if let Some(reach) = &shared.reach {
-        let probe = ServerProbe(shared.clone());
-        let period = shared.cfg.tuning.server_probe;
-        tasks.spawn(standing::keep(
-            reach.clone(),
-            probe,
-            period,
-            stop_all.clone(),
-        ));
-    }
-}
-
-/// Partition mode: the rebalancer, in a task of its own, stopped before the
-/// session is revoked at shutdown.
-fn spawn_rebalancer(
-    shared: &Arc<Shared>,
-    stop_all: &CancellationToken,
-) -> Option<(CancellationToken, AbortOnDropHandle<()>)> {
-    shared.ownership.as_ref().map(|ownership| {
-        let stop = stop_all.child_token();
-        let task = tokio::spawn(partitions::rebalance(
-            shared.clone(),
-            ownership.clone(),
-            stop.clone(),
-        ));
-        (stop, AbortOnDropHandle::new(task))
-    })
-}
-
 /// The worker's one subscription to operator cancel notices.
 async fn spawn_cancel_listener(
     shared: &Arc<Shared>,
@@ -227,18 +196,4 @@ async fn spawn_cancel_listener(
         stop_all.clone(),
     ));
     Ok(())
-}
-
-/// Partition mode: the probes of a suspected server ([`standing::keep`]).
-struct ServerProbe(Arc<Shared>);
-
-impl standing::Probe for ServerProbe {
-    fn probe(&self, server: standing::Server) -> futures::future::BoxFuture<'_, bool> {
-        Box::pin(async move {
-            match server {
-                standing::Server::Postgres => self.0.store.ping().await.is_ok(),
-                standing::Server::Nats => self.0.queue.ping().await.is_ok(),
-            }
-        })
-    }
 }

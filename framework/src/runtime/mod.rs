@@ -23,6 +23,7 @@ mod job_actor;
 mod keeper;
 mod lifecycle;
 mod outcome;
+mod owning;
 mod partitions;
 mod readiness;
 mod registry;
@@ -156,11 +157,8 @@ pub(crate) struct Shared {
     pub(crate) holding: std::sync::Mutex<std::collections::HashMap<JobId, u32>>,
     /// The jobs in flight here that an operator's cancel notice can reach.
     pub(crate) cancels: cancel::Cancels,
-    /// Partition mode: the partitions this worker owns.
-    pub(crate) ownership: Option<Arc<partitions::Ownership>>,
-    /// Partition mode: whether this worker can reach PostgreSQL and NATS
-    /// (the rebalancer stands down when it cannot).
-    pub(crate) reach: Option<Arc<standing::Reachability>>,
+    /// How this worker owns a job: one lock per job, or partitions.
+    pub(crate) owning: owning::Owning,
 }
 
 impl Shared {
@@ -176,9 +174,7 @@ impl Shared {
     /// A call to `server` failed as if it were unreachable: in partition
     /// mode, the server is suspected and probed (see `standing`).
     pub(crate) fn suspect(&self, server: standing::Server) {
-        if let Some(reach) = &self.reach {
-            reach.failed(server);
-        }
+        self.owning.suspect(server);
     }
 }
 
@@ -333,10 +329,8 @@ impl WorkerBuilder {
         let queue = Queue::provision(&cfg).await?;
         let schedules = register_schedules(&store, &queue, schedules).await?;
         let routes = routes::TypeRoutes::new(self.registry.routes());
-        if cfg.partitions.is_none() {
-            // Partition mode opens each owned partition's consumer instead.
-            queue.route(&routes.names()).await?;
-        }
+        let owning = owning::Owning::new(&cfg);
+        owning.open(&queue, &routes).await?;
         let first = Session::establish(&cfg).await?;
         let stops = Stops::default();
         let mut tasks = tokio::task::JoinSet::new();
@@ -360,10 +354,7 @@ impl WorkerBuilder {
             observer: self.observer,
             holding: Default::default(),
             cancels: Default::default(),
-            ownership: cfg.partitions.map(|_| Arc::default()),
-            reach: cfg
-                .partitions
-                .map(|_| standing::Reachability::new(cfg.stand_down_after())),
+            owning,
         });
         let slots = Slots::new(&cfg);
         let keeper = KeeperArgs {

@@ -158,10 +158,11 @@ impl DeadCode {
     }
 }
 
-/// What a delivery runs its job under until its claim: the job's own lock
-/// (one lock per job) or its partition's grant (partition mode).
+/// What a delivery runs its job under until its claim.
 pub(super) enum Grant {
+    /// The job's own etcd lock.
     Lock(JobLock),
+    /// Its partition's grant.
     Partition(PartitionGrant),
 }
 
@@ -177,6 +178,22 @@ impl Grant {
         match self {
             Grant::Lock(l) => l.token(),
             Grant::Partition(g) => g.token,
+        }
+    }
+
+    /// Whether a live session proves that no newer owner can exist: true of
+    /// a job's lock; not of a partition's grant, whose partition may have
+    /// moved away and back since (each move a new token).
+    pub(super) fn live_session_excludes_newer_owners(&self) -> bool {
+        matches!(self, Grant::Lock(_))
+    }
+
+    /// What the claimed job keeps: the lock (deleted when the delivery
+    /// settles), or the partition's grant (its hand-over stops the job).
+    pub(super) fn into_kept(self) -> (Option<JobLock>, Option<PartitionGrant>) {
+        match self {
+            Grant::Lock(lock) => (Some(lock), None),
+            Grant::Partition(grant) => (None, Some(grant)),
         }
     }
 }

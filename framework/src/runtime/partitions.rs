@@ -38,12 +38,23 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use super::standing::{Server, Standing};
+use super::standing::{Reachability, Server, Standing};
 use crate::config::BackoffConfig;
 use crate::fence::FenceError;
 use crate::lease::{Campaign, Health, Leadership, LeaseError, OwnershipView, Session};
 use crate::retry::Backoff;
 use crate::types::{FencingToken, JobId, LeaseId};
+
+/// What partition mode keeps.
+pub(crate) struct Partitioned {
+    /// `Config::partitions`.
+    pub(crate) count: u32,
+    /// The partitions this worker leads.
+    pub(crate) owned: Arc<Ownership>,
+    /// Whether this worker can reach PostgreSQL and NATS (it stands down,
+    /// handing its partitions back, when it cannot).
+    pub(crate) reach: Arc<Reachability>,
+}
 
 /// One owned partition of one job type.
 struct Unit {
@@ -245,22 +256,48 @@ pub(crate) fn share_of(
     (fair_share(partitions, members.len(), index), index)
 }
 
+/// Partition mode's readiness: not stood down, and holding the fair share of
+/// every registered type's partitions that etcd's members give this worker
+/// (the owners read within `timeout`).
+pub(super) async fn readiness(
+    sh: &Shared,
+    p: &Partitioned,
+    timeout: Duration,
+) -> Result<(), String> {
+    if *p.reach.watch().borrow() == Standing::StoodDown {
+        return Err("stood down: PostgreSQL or NATS unreachable for too long".into());
+    }
+    let Some(session) = sh.healthy_session() else {
+        return Err("no healthy etcd session".into());
+    };
+    let view = match tokio::time::timeout(timeout, session.ownership()).await {
+        Ok(Ok(view)) => view,
+        Ok(Err(e)) => return Err(format!("reading the owners: {e}")),
+        Err(_) => return Err("reading the owners timed out".into()),
+    };
+    for job_type in sh.registry.names() {
+        let (share, _) = share_of(&view, &job_type, session.lease_id(), p.count);
+        let held = p.owned.fetchable(&job_type).len();
+        if held < share {
+            return Err(format!(
+                "holds {held} of its {share} partitions of {job_type}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Keeps this worker's share of every registered type's partitions until
 /// `stop`: on every session, join the members, then reconcile on every change
 /// under `<ns>/own/` (and every `Tuning::partition_resync` as a backstop).
 pub(crate) async fn rebalance(
     shared: Arc<Shared>,
-    ownership: Arc<Ownership>,
+    partitioned: Arc<Partitioned>,
     stop: CancellationToken,
 ) {
-    let Some(partitions) = shared.cfg.partitions else {
-        return;
-    };
+    let (partitions, ownership) = (partitioned.count, &partitioned.owned);
     let types = shared.registry.names();
-    let standing = match &shared.reach {
-        Some(reach) => reach.watch(),
-        None => watch::channel(Standing::Ready).1,
-    };
+    let standing = partitioned.reach.watch();
     let mut current = shared.session.clone();
     loop {
         let session = current.borrow_and_update().clone();
@@ -268,7 +305,7 @@ pub(crate) async fn rebalance(
             Some(session) => {
                 let round = Rebalance {
                     shared: &shared,
-                    ownership: &ownership,
+                    ownership,
                     session: &session,
                     partitions,
                     types: &types,

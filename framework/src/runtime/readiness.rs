@@ -10,9 +10,8 @@ use std::time::Duration;
 use ractor::{ActorRef, ActorStatus};
 use tokio_util::sync::CancellationToken;
 
-use super::standing::Standing;
+use super::Shared;
 use super::supervisor::SupervisorMsg;
-use super::{Shared, partitions};
 use crate::lease::Health;
 
 /// How long a readiness check that asks a server (PostgreSQL's `SELECT 1`,
@@ -165,7 +164,12 @@ impl WorkerProbe {
             format!("etcd session {}", health.as_str())
         });
         let nats = ReadinessCheck::failed_if(!sh.queue.is_connected(), || "not connected".into());
-        let (postgres, partitions) = tokio::join!(postgres(sh), partitions(sh));
+        let owning = sh.owning.readiness(sh, READINESS_TIMEOUT);
+        let (postgres, partitions) = tokio::join!(postgres(sh), owning);
+        let partitions = partitions.map(|r| match r {
+            Ok(()) => ReadinessCheck::Passed,
+            Err(why) => ReadinessCheck::Failed(why),
+        });
         Readiness {
             running,
             lease,
@@ -183,41 +187,6 @@ async fn postgres(sh: &Shared) -> ReadinessCheck {
         Ok(Err(e)) => ReadinessCheck::Failed(e.to_string()),
         Err(_) => ReadinessCheck::Failed(format!("SELECT 1 timed out after {READINESS_TIMEOUT:?}")),
     }
-}
-
-/// Partition mode: not stood down, and holding the fair share of every
-/// registered type's partitions that etcd's members give this worker.
-async fn partitions(sh: &Shared) -> Option<ReadinessCheck> {
-    let (ownership, count) = (sh.ownership.as_ref()?, sh.cfg.partitions?);
-    if let Some(reach) = &sh.reach
-        && *reach.watch().borrow() == Standing::StoodDown
-    {
-        return Some(ReadinessCheck::Failed(
-            "stood down: PostgreSQL or NATS unreachable for too long".into(),
-        ));
-    }
-    let Some(session) = sh.healthy_session() else {
-        return Some(ReadinessCheck::Failed("no healthy etcd session".into()));
-    };
-    let view = match tokio::time::timeout(READINESS_TIMEOUT, session.ownership()).await {
-        Ok(Ok(view)) => view,
-        Ok(Err(e)) => return Some(ReadinessCheck::Failed(format!("reading the owners: {e}"))),
-        Err(_) => {
-            return Some(ReadinessCheck::Failed(
-                "reading the owners timed out".into(),
-            ));
-        }
-    };
-    for job_type in sh.registry.names() {
-        let (share, _) = partitions::share_of(&view, &job_type, session.lease_id(), count);
-        let held = ownership.fetchable(&job_type).len();
-        if held < share {
-            return Some(ReadinessCheck::Failed(format!(
-                "holds {held} of its {share} partitions of {job_type}"
-            )));
-        }
-    }
-    Some(ReadinessCheck::Passed)
 }
 
 #[cfg(test)]

@@ -404,19 +404,9 @@ impl Queue {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
-        let span = tracing::debug_span!(
-            "tenure.queue.fetch",
-            job_type,
-            max,
-            got = tracing::field::Empty
-        );
         let consumer = self.type_consumer(job_type).await?;
-        let name = &consumer.cached_info().name;
-        let messages = self
-            .poll(&consumer, name, max, wait)
-            .instrument(span.clone())
-            .await?;
-        Ok(self.deliveries(messages, &span))
+        self.fetch_from(&consumer, (job_type, None), max, wait)
+            .await
     }
 
     /// As [`Queue::fetch`], from the consumer of partition `partition` of
@@ -435,6 +425,21 @@ impl Queue {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
+        let consumer = self.partition_consumer(job_type, partition).await?;
+        self.fetch_from(&consumer, (job_type, Some(partition)), max, wait)
+            .await
+    }
+
+    /// The one fetch path: a type's consumer is asked every poll period
+    /// until something comes or `wait` passes; a partition's is asked once
+    /// (`wait` bounds only a wait for the connection).
+    async fn fetch_from(
+        &self,
+        consumer: &consumer::PullConsumer,
+        (job_type, partition): (&str, Option<u32>),
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
         let span = tracing::debug_span!(
             "tenure.queue.fetch",
             job_type,
@@ -442,12 +447,14 @@ impl Queue {
             max,
             got = tracing::field::Empty
         );
-        let consumer = self.partition_consumer(job_type, partition).await?;
         let name = &consumer.cached_info().name;
         let messages = async {
+            if partition.is_none() {
+                return self.poll(consumer, name, max, wait).await;
+            }
             self.wait_connected(wait).await?;
             let quiet = wait.max(self.inner.settings.poll_period);
-            self.pull(&consumer, name, max, quiet).await
+            self.pull(consumer, name, max, quiet).await
         }
         .instrument(span.clone())
         .await?;
