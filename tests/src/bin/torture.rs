@@ -850,6 +850,18 @@ impl Fault {
         Fault::WorkerCutFromNats,
     ];
 
+    /// A fault of the coordinator's servers (Redis's in redis-lock mode).
+    fn is_coordinator_fault(self) -> bool {
+        matches!(
+            self,
+            Fault::EtcdKill
+                | Fault::EtcdLeaderKill
+                | Fault::EtcdQuorumLoss
+                | Fault::EtcdRestore
+                | Fault::EtcdRestoreBumped
+        )
+    }
+
     fn name(self) -> &'static str {
         match self {
             Fault::WorkerPause => "worker_sigstop",
@@ -1196,164 +1208,213 @@ impl Run {
         armed: bool,
         rng: &mut StdRng,
     ) -> anyhow::Result<()> {
-        let ttl = self.args.ttl;
-        let coordinator = matches!(
-            f,
-            Fault::EtcdKill
-                | Fault::EtcdLeaderKill
-                | Fault::EtcdQuorumLoss
-                | Fault::EtcdRestore
-                | Fault::EtcdRestoreBumped
-        );
-        if coordinator && self.args.mode == RunMode::RedisLock {
+        let injected = if f.is_coordinator_fault() && self.args.mode == RunMode::RedisLock {
             self.redis_fault(f, rng).await?;
-            self.count(f);
-            return Ok(());
-        }
+            f
+        } else {
+            self.inject_kind(f, w, armed, rng).await?
+        };
+        self.count(injected);
+        Ok(())
+    }
+
+    /// Injects `f` and heals it; returns the fault that happened (a kill after
+    /// commit with no commit in time is a plain kill).
+    async fn inject_kind(
+        &mut self,
+        f: Fault,
+        w: usize,
+        armed: bool,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<Fault> {
+        let ttl = self.args.ttl;
         match f {
-            Fault::WorkerPause => {
-                // Longer than the lease and the broker's ack wait, so another worker
-                // takes the jobs over while this one sleeps right before a write.
-                let hold =
-                    ttl * 2 + ms(rng, Duration::from_millis(500), Duration::from_millis(1500));
-                self.pause_before_write(w, hold).await;
-            }
-            Fault::WorkerKill => {
-                tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(300))).await;
-                self.kill_worker(w);
-                tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
-                self.spawn(w)?;
-            }
-            Fault::KillAfterCommit => {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                let mut crashed = false;
-                while armed && Instant::now() < deadline {
-                    if let Some(c) = self.slots[w].child.as_mut()
-                        && let Ok(Some(_)) = c.try_wait()
-                    {
-                        crashed = true;
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                self.kill_worker(w);
-                self.spawn(w)?;
-                if !crashed {
-                    // No commit came in time: it was a plain kill.
-                    self.count(Fault::WorkerKill);
-                    return Ok(());
-                }
-            }
+            Fault::WorkerPause => self.worker_pause(w, rng).await,
+            Fault::WorkerKill => self.worker_kill(w, rng).await?,
+            Fault::KillAfterCommit => return self.kill_after_commit(w, armed).await,
             Fault::EtcdKill | Fault::EtcdLeaderKill => {
-                let leader = self.stack.etcd_leader().await.unwrap_or(0);
-                let m = if f == Fault::EtcdLeaderKill {
-                    leader
-                } else {
-                    (leader + rng.random_range(1..self.stack.etcd_members()))
-                        % self.stack.etcd_members()
-                };
-                self.stack.etcd_member(m).kill()?;
-                tokio::time::sleep(ms(
-                    rng,
-                    Duration::from_millis(500),
-                    Duration::from_millis(2500),
-                ))
-                .await;
-                self.stack.etcd_member(m).restart()?;
-                self.ready().await?;
+                self.etcd_member_kill(f == Fault::EtcdLeaderKill, rng)
+                    .await?;
             }
-            Fault::EtcdQuorumLoss => {
-                let n = self.stack.etcd_members();
-                let a = rng.random_range(0..n);
-                let b = (a + rng.random_range(1..n)) % n;
-                self.stack.etcd_member(a).pause()?;
-                self.stack.etcd_member(b).pause()?;
-                tokio::time::sleep(ms(rng, Duration::from_millis(500), ttl * 2)).await;
-                self.stack.etcd_member(a).resume()?;
-                self.stack.etcd_member(b).resume()?;
-                self.ready().await?;
-            }
+            Fault::EtcdQuorumLoss => self.etcd_quorum_loss(rng).await?,
             Fault::NatsRestart => {
                 self.stack.nats().restart()?;
                 self.ready().await?;
             }
-            Fault::PgRestart => {
-                self.stack.postgres().restart()?;
-                if self.mysql_url.is_some() {
-                    // The fenced resource of --target mariadb goes down too.
-                    self.stack.mariadb_server().restart()?;
-                }
-                self.ready().await?;
-            }
-            Fault::EtcdPartition => {
-                // The worker still reaches NATS and PostgreSQL directly.
-                self.slots[w].proxy.set(Mode::Cut);
-                tokio::time::sleep(ms(rng, ttl.mul_f64(1.2), ttl.mul_f64(2.5))).await;
-                self.slots[w].proxy.set(Mode::Pass);
-            }
-            Fault::SlowKeepalive => {
-                let d = ms(rng, ttl / 6, ttl.mul_f64(0.6));
-                self.slots[w].proxy.set(Mode::Delay(d));
-                tokio::time::sleep(ms(rng, Duration::from_secs(2), Duration::from_secs(5))).await;
-                self.slots[w].proxy.set(Mode::Pass);
-            }
+            Fault::PgRestart => self.postgres_restart().await?,
+            // The worker still reaches NATS and PostgreSQL directly.
+            Fault::EtcdPartition => cut_for_a_while(&self.slots[w].proxy, ttl, rng).await,
+            Fault::SlowKeepalive => self.slow_keepalives(w, rng).await,
             Fault::EtcdRestore | Fault::EtcdRestoreBumped => {
                 self.restore_etcd(f == Fault::EtcdRestoreBumped, rng)
                     .await?;
             }
             Fault::OperatorRedriveRunning => self.redrive_running().await?,
-            Fault::WorkerCutFromPostgres | Fault::WorkerCutFromNats => {
-                // Alive in etcd, unable to work: its lease and its share stay.
-                let slot = &self.slots[w];
-                let proxy = if f == Fault::WorkerCutFromPostgres {
-                    &slot.pg_proxy
-                } else {
-                    &slot.nats_proxy
-                };
-                proxy.set(Mode::Cut);
-                tokio::time::sleep(ms(rng, ttl.mul_f64(1.2), ttl.mul_f64(2.5))).await;
-                proxy.set(Mode::Pass);
+            // Alive in etcd, unable to work: its lease and its share stay.
+            Fault::WorkerCutFromPostgres => {
+                cut_for_a_while(&self.slots[w].pg_proxy, ttl, rng).await
             }
-            Fault::EtcdPauseDuringHandover => {
-                // A graceful leave hands the worker's partitions over while
-                // etcd's leader is paused: the resigns may time out.
-                let leader = self.stack.etcd_leader().await.unwrap_or(0);
-                self.leave_started(w);
-                self.stack.etcd_member(leader).pause()?;
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                self.stack.etcd_member(leader).resume()?;
-                self.leave_finished(w).await;
-                self.ready().await?;
-                tokio::time::sleep(ms(rng, Duration::from_millis(200), ttl)).await;
-                self.spawn(w)?;
-                self.joined(w).await;
-            }
-            Fault::NatsPause => {
-                // Publishes, fetches and acks stall; leases go on.
-                self.stack.nats().pause()?;
-                tokio::time::sleep(ms(rng, Duration::from_millis(500), ttl * 2)).await;
-                self.stack.nats().resume()?;
-                self.ready().await?;
-            }
-            Fault::WorkerJoin => {
-                let spare = self.args.workers;
-                if self.slots[spare].active {
-                    self.leave(spare).await;
-                    tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
-                }
-                self.spawn(spare)?;
-                self.joined(spare).await;
-            }
+            Fault::WorkerCutFromNats => cut_for_a_while(&self.slots[w].nats_proxy, ttl, rng).await,
+            Fault::EtcdPauseDuringHandover => self.etcd_pause_during_handover(w, rng).await?,
+            Fault::NatsPause => self.nats_pause(rng).await?,
+            Fault::WorkerJoin => self.worker_join(rng).await?,
             Fault::WorkerLeaveGraceful => {
                 self.leave(w).await;
-                tokio::time::sleep(ms(rng, Duration::from_millis(200), ttl)).await;
-                self.spawn(w)?;
-                self.joined(w).await;
+                self.rejoin_after_a_while(w, rng).await?;
             }
         }
-        self.count(f);
+        Ok(f)
+    }
+
+    /// `worker_sigstop`: longer than the lease and the broker's ack wait, so
+    /// another worker takes the jobs over while this one sleeps right before a
+    /// write.
+    async fn worker_pause(&mut self, w: usize, rng: &mut StdRng) {
+        let hold =
+            self.args.ttl * 2 + ms(rng, Duration::from_millis(500), Duration::from_millis(1500));
+        self.pause_before_write(w, hold).await;
+    }
+
+    /// `worker_sigkill`: worker `w` killed at a random moment, replaced a moment later.
+    async fn worker_kill(&mut self, w: usize, rng: &mut StdRng) -> anyhow::Result<()> {
+        tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(300))).await;
+        self.kill_worker(w);
+        tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
+        self.spawn(w)
+    }
+
+    /// `worker_kill_after_commit`: worker `w`, if `armed` to crash after its
+    /// next commit, gets up to 10 s to do so; then it is killed and replaced.
+    /// Returns the fault that happened: with no commit in time, a plain kill.
+    async fn kill_after_commit(&mut self, w: usize, armed: bool) -> anyhow::Result<Fault> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut crashed = false;
+        while armed && Instant::now() < deadline {
+            if let Some(c) = self.slots[w].child.as_mut()
+                && let Ok(Some(_)) = c.try_wait()
+            {
+                crashed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.kill_worker(w);
+        self.spawn(w)?;
+        Ok(if crashed {
+            Fault::KillAfterCommit
+        } else {
+            Fault::WorkerKill
+        })
+    }
+
+    /// `etcd_member_kill` (a follower, drawn by `rng`) or `etcd_leader_kill`:
+    /// the member is down for 0.5 to 2.5 s.
+    async fn etcd_member_kill(
+        &mut self,
+        leader_only: bool,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<()> {
+        let leader = self.stack.etcd_leader().await.unwrap_or(0);
+        let m = if leader_only {
+            leader
+        } else {
+            (leader + rng.random_range(1..self.stack.etcd_members())) % self.stack.etcd_members()
+        };
+        self.stack.etcd_member(m).kill()?;
+        tokio::time::sleep(ms(
+            rng,
+            Duration::from_millis(500),
+            Duration::from_millis(2500),
+        ))
+        .await;
+        self.stack.etcd_member(m).restart()?;
+        self.ready().await
+    }
+
+    /// `etcd_quorum_loss`: two members paused for up to twice the TTL.
+    async fn etcd_quorum_loss(&mut self, rng: &mut StdRng) -> anyhow::Result<()> {
+        let n = self.stack.etcd_members();
+        let a = rng.random_range(0..n);
+        let b = (a + rng.random_range(1..n)) % n;
+        self.stack.etcd_member(a).pause()?;
+        self.stack.etcd_member(b).pause()?;
+        tokio::time::sleep(ms(rng, Duration::from_millis(500), self.args.ttl * 2)).await;
+        self.stack.etcd_member(a).resume()?;
+        self.stack.etcd_member(b).resume()?;
+        self.ready().await
+    }
+
+    /// `postgres_restart`, and with `--target mariadb` a restart of the fenced
+    /// resource too.
+    async fn postgres_restart(&mut self) -> anyhow::Result<()> {
+        self.stack.postgres().restart()?;
+        if self.mysql_url.is_some() {
+            self.stack.mariadb_server().restart()?;
+        }
+        self.ready().await
+    }
+
+    /// `slow_keepalives`: worker `w`'s etcd link delayed for 2 to 5 s.
+    async fn slow_keepalives(&mut self, w: usize, rng: &mut StdRng) {
+        let ttl = self.args.ttl;
+        let d = ms(rng, ttl / 6, ttl.mul_f64(0.6));
+        self.slots[w].proxy.set(Mode::Delay(d));
+        tokio::time::sleep(ms(rng, Duration::from_secs(2), Duration::from_secs(5))).await;
+        self.slots[w].proxy.set(Mode::Pass);
+    }
+
+    /// `etcd_pause_during_handover`: a graceful leave hands worker `w`'s
+    /// partitions over while etcd's leader is paused (the resigns may time
+    /// out); it joins again later.
+    async fn etcd_pause_during_handover(
+        &mut self,
+        w: usize,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<()> {
+        let leader = self.stack.etcd_leader().await.unwrap_or(0);
+        self.leave_started(w);
+        self.stack.etcd_member(leader).pause()?;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        self.stack.etcd_member(leader).resume()?;
+        self.leave_finished(w).await;
+        self.ready().await?;
+        self.rejoin_after_a_while(w, rng).await
+    }
+
+    /// `nats_pause`: publishes, fetches and acks stall; leases go on.
+    async fn nats_pause(&mut self, rng: &mut StdRng) -> anyhow::Result<()> {
+        self.stack.nats().pause()?;
+        tokio::time::sleep(ms(rng, Duration::from_millis(500), self.args.ttl * 2)).await;
+        self.stack.nats().resume()?;
+        self.ready().await
+    }
+
+    /// `worker_join`: the spare worker joins (leaving first if it runs).
+    async fn worker_join(&mut self, rng: &mut StdRng) -> anyhow::Result<()> {
+        let spare = self.args.workers;
+        if self.slots[spare].active {
+            self.leave(spare).await;
+            tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
+        }
+        self.spawn(spare)?;
+        self.joined(spare).await;
         Ok(())
     }
+
+    /// Restarts worker `w` after 0.2 s to a TTL and waits until it joined.
+    async fn rejoin_after_a_while(&mut self, w: usize, rng: &mut StdRng) -> anyhow::Result<()> {
+        tokio::time::sleep(ms(rng, Duration::from_millis(200), self.args.ttl)).await;
+        self.spawn(w)?;
+        self.joined(w).await;
+        Ok(())
+    }
+}
+
+/// Cuts the link through `proxy` for 1.2 to 2.5 lease TTLs.
+async fn cut_for_a_while(proxy: &Proxy, ttl: Duration, rng: &mut StdRng) {
+    proxy.set(Mode::Cut);
+    tokio::time::sleep(ms(rng, ttl.mul_f64(1.2), ttl.mul_f64(2.5))).await;
+    proxy.set(Mode::Pass);
 }
 
 impl Run {
