@@ -1562,40 +1562,152 @@ struct Verdict {
 
 async fn parent_main(args: Args) -> anyhow::Result<i32> {
     let started = Instant::now();
-    let stack = DevStack::start_with(tenure::devstack::DevStackOptions {
-        redis: args.mode == RunMode::RedisLock,
-        mariadb: args.target == Target::Mariadb,
-        ..Default::default()
-    })
-    .await
-    .context("dev stack")?;
-    let ns = DevStack::unique_namespace("torture");
-    let dir = std::env::temp_dir().join(&ns);
-    std::fs::create_dir_all(&dir)?;
-    let exe = std::env::current_exe()?;
-    let mut cfg = Config::new(ns.clone())
-        .with_schema(ns.clone())
+    let (mut run, mariadb) = Run::start(args).await?;
+    run.start_workers().await?;
+    let args = run.args.clone();
+    let (client, s, dir) = (run.client.clone(), run.ns.clone(), run.dir.clone());
+
+    // The load and the schedule, both from the seed.
+    let jobs = transfers(&args);
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let kinds = Fault::kinds(args.partitions.is_some(), args.cut_faults);
+    let schedule = fault_schedule(&args, &kinds, &mut rng)?;
+    let load = run
+        .load_under_faults(&jobs, &schedule, &mut rng, started)
+        .await?;
+
+    run.quiesce(load.ids.len()).await?;
+    let verdict = settled_verdict(&client, &s, mariadb.as_ref(), &load, &dir).await?;
+    // The cron schedule (Tenure's modes: the Redis runner has no scheduler).
+    let cron = if args.mode == RunMode::RedisLock {
+        cron::Verdict::default()
+    } else {
+        cron::check(&client, &s, Duration::from_secs(30)).await?
+    };
+    for id in &verdict.lost_ids {
+        diagnose(&client, &s, *id, &dir).await;
+        lock_holder(&run.stack.etcd_endpoints(), &s, *id).await;
+    }
+    for i in 0..run.slots.len() {
+        run.kill_worker(i);
+    }
+
+    print_fault_counts(&kinds, &run.counts);
+    let alarms = regression_alarms(&dir, &run.reused_revisions)?;
+    if args.cancel > 0.0 {
+        print_cancels(&client, &load.cancels).await;
+    }
+    let outcome = Outcome {
+        verdict,
+        alarms,
+        cron,
+    };
+    outcome.print(&run, load.ids.len(), started);
+    let code = outcome.exit_code(args.mode);
+    if code == 0 && std::env::var_os("TORTURE_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("torture: keeping {}", dir.display());
+    }
+    drop(run);
+    Ok(code)
+}
+
+impl Run {
+    /// The dev stack, the schema (and with `--target mariadb` its database), the
+    /// workers' slots; no worker started yet. Also returns the MariaDB fence.
+    async fn start(args: Args) -> anyhow::Result<(Run, Option<MySqlFence>)> {
+        let stack = DevStack::start_with(tenure::devstack::DevStackOptions {
+            redis: args.mode == RunMode::RedisLock,
+            mariadb: args.target == Target::Mariadb,
+            ..Default::default()
+        })
+        .await
+        .context("dev stack")?;
+        let ns = DevStack::unique_namespace("torture");
+        let dir = std::env::temp_dir().join(&ns);
+        std::fs::create_dir_all(&dir)?;
+        let exe = std::env::current_exe()?;
+        let cfg = parent_config(&args, &stack, &ns);
+        let client = Client::connect(&cfg).await.context("client")?;
+        setup_schema(&client, &ns, args.mode == RunMode::Fenced)
+            .await
+            .context("schema")?;
+        let mariadb = match args.target {
+            Target::Postgres => None,
+            Target::Mariadb => Some(setup_mariadb(&args, &stack, &ns, &cfg).await?),
+        };
+        print_banner(&args, &ns, &dir);
+        let slots = worker_slots(&args, &stack).await?;
+        let run = Run {
+            args,
+            stack,
+            ns,
+            dir,
+            exe,
+            slots,
+            counts: BTreeMap::new(),
+            unexpected_exits: 0,
+            mysql_url: mariadb.as_ref().map(|(url, _)| url.clone()),
+            reused_revisions: Vec::new(),
+            client,
+        };
+        Ok((run, mariadb.map(|(_, fence)| fence)))
+    }
+
+    /// Starts the workers (not the spare) and waits up to 120 s until they are
+    /// all ready.
+    async fn start_workers(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.args.workers {
+            self.spawn(i)?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self
+            .slots
+            .iter()
+            .filter(|s| s.active)
+            .all(|s| s.ready.load(Ordering::SeqCst))
+        {
+            if Instant::now() > deadline {
+                bail!("workers did not start; see {}", self.dir.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+}
+
+/// The operator's client configuration.
+fn parent_config(args: &Args, stack: &DevStack, ns: &str) -> Config {
+    let mut cfg = Config::new(ns.to_owned())
+        .with_schema(ns.to_owned())
         .with_etcd_endpoints(stack.etcd_endpoints())
         .with_nats_url(stack.nats_url())
         .with_database_url(stack.database_url())
         .with_lease_ttl(args.ttl);
     cfg.max_in_flight = 16;
     cfg.partitions = args.partitions;
-    let client = Client::connect(&cfg).await.context("client")?;
-    setup_schema(&client, &ns, args.mode == RunMode::Fenced)
+    cfg
+}
+
+/// `--target mariadb`: the database of namespace `ns` and its tables; its URL
+/// and its fence.
+async fn setup_mariadb(
+    args: &Args,
+    stack: &DevStack,
+    ns: &str,
+    cfg: &Config,
+) -> anyhow::Result<(String, MySqlFence)> {
+    let url = stack.create_mysql_database(ns).await?;
+    let fence = MySqlFence::connect(ns, &url, cfg).await?;
+    resource::setup_mariadb(&fence, args.mode == RunMode::Fenced)
         .await
-        .context("schema")?;
-    let mariadb = match args.target {
-        Target::Postgres => None,
-        Target::Mariadb => {
-            let url = stack.create_mysql_database(&ns).await?;
-            let fence = MySqlFence::connect(&ns, &url, &cfg).await?;
-            resource::setup_mariadb(&fence, args.mode == RunMode::Fenced)
-                .await
-                .context("mariadb tables")?;
-            Some((url, fence))
-        }
-    };
+        .context("mariadb tables")?;
+    Ok((url, fence))
+}
+
+/// The run's first line (stderr).
+fn print_banner(args: &Args, ns: &str, dir: &Path) {
     eprintln!(
         "torture: ns={ns} dir={} jobs={} workers={} faults={} seed={} ttl={:?}{}",
         dir.display(),
@@ -1610,13 +1722,16 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             RunMode::RedisLock => " REDIS-LOCK",
         }
     );
+}
 
+/// One slot per worker (and in partition mode one spare, for `worker_join`),
+/// each with its proxies to the coordinator, PostgreSQL and NATS.
+async fn worker_slots(args: &Args, stack: &DevStack) -> anyhow::Result<Vec<Slot>> {
     let coordinator = match args.mode {
         RunMode::RedisLock => vec![stack.redis_url().replace("redis://", "http://")],
         _ => stack.etcd_endpoints(),
     };
     let mut slots = Vec::new();
-    // Partition mode: one spare slot, for `worker_join`.
     let spares = usize::from(args.partitions.is_some());
     for index in 0..args.workers + spares {
         let (pg_proxy, pg_url) = Proxy::relay_url(&stack.database_url()).await?;
@@ -1635,39 +1750,13 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             nats_url,
         });
     }
-    let mut run = Run {
-        args: args.clone(),
-        stack,
-        ns: ns.clone(),
-        dir: dir.clone(),
-        exe,
-        slots,
-        counts: BTreeMap::new(),
-        unexpected_exits: 0,
-        mysql_url: mariadb.as_ref().map(|(url, _)| url.clone()),
-        reused_revisions: Vec::new(),
-        client: client.clone(),
-    };
-    let mariadb = mariadb.map(|(_, fence)| fence);
-    for i in 0..args.workers {
-        run.spawn(i)?;
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !run
-        .slots
-        .iter()
-        .filter(|s| s.active)
-        .all(|s| s.ready.load(Ordering::SeqCst))
-    {
-        if Instant::now() > deadline {
-            bail!("workers did not start; see {}", dir.display());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    Ok(slots)
+}
 
-    // The load and the schedule, both from the seed.
+/// The transfers to enqueue, from the seed.
+fn transfers(args: &Args) -> Vec<(String, Xfer)> {
     let mut job_rng = StdRng::seed_from_u64(args.seed ^ 0x6a6f_6273);
-    let jobs: Vec<(String, Xfer)> = (0..args.jobs)
+    (0..args.jobs)
         .map(|i| {
             let from = job_rng.random_range(0..ACCOUNTS);
             let to = (from + job_rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
@@ -1679,11 +1768,13 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             };
             (format!("t{i}"), x)
         })
-        .collect();
-    let mut rng = StdRng::seed_from_u64(args.seed);
-    let kinds = Fault::kinds(args.partitions.is_some(), args.cut_faults);
+        .collect()
+}
+
+/// `--faults` faults, every kind in turn, shuffled by `rng` (or only `--only`).
+fn fault_schedule(args: &Args, kinds: &[Fault], rng: &mut StdRng) -> anyhow::Result<Vec<Fault>> {
     let mut schedule: Vec<Fault> = (0..args.faults).map(|i| kinds[i % kinds.len()]).collect();
-    schedule.shuffle(&mut rng);
+    schedule.shuffle(rng);
     if let Some(only) = &args.only {
         let f = *kinds
             .iter()
@@ -1691,180 +1782,248 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             .with_context(|| format!("no fault kind {only}"))?;
         schedule = vec![f; args.faults];
     }
+    Ok(schedule)
+}
 
-    let mut ids: Vec<JobId> = Vec::with_capacity(args.jobs);
-    // The operator's cancels draw from a seed of their own: the fault schedule
-    // is the same with and without them.
-    let mut cancel_rng = StdRng::seed_from_u64(args.seed ^ 0x6361_6e63);
-    let mut cancels = cancel::Cancels::default();
-    let batches = schedule.len().max(1);
-    for (k, fault) in schedule.iter().copied().enumerate() {
-        let lo = args.jobs * k / batches;
-        let hi = args.jobs * (k + 1) / batches;
-        let w = rng.random_range(0..args.workers);
-        let armed = fault == Fault::KillAfterCommit && run.arm_crash(w);
-        let batch = enqueue_batch(&client, &jobs[lo..hi]).await?;
-        cancels.spawn(&client, &batch, args.cancel, &mut cancel_rng);
-        ids.extend(batch);
+/// The jobs the parent enqueued, and the operator's cancels of them.
+struct Load {
+    ids: Vec<JobId>,
+    cancels: cancel::Cancels,
+    /// The operator's cancels draw from a seed of their own: the fault
+    /// schedule is the same with and without them.
+    cancel_rng: StdRng,
+}
+
+impl Load {
+    fn new(args: &Args) -> Self {
+        Load {
+            ids: Vec::with_capacity(args.jobs),
+            cancels: cancel::Cancels::default(),
+            cancel_rng: StdRng::seed_from_u64(args.seed ^ 0x6361_6e63),
+        }
+    }
+
+    /// Enqueues `batch`, and cancels a fraction `cancel` of it a while later.
+    async fn enqueue(
+        &mut self,
+        client: &Client,
+        batch: &[(String, Xfer)],
+        cancel: f64,
+    ) -> anyhow::Result<()> {
+        let batch = enqueue_batch(client, batch).await?;
+        self.cancels
+            .spawn(client, &batch, cancel, &mut self.cancel_rng);
+        self.ids.extend(batch);
+        Ok(())
+    }
+}
+
+impl Run {
+    /// Enqueues the transfers in one batch per fault of `schedule`, each fault
+    /// injected while its batch runs; then waits for the operator's cancels.
+    async fn load_under_faults(
+        &mut self,
+        jobs: &[(String, Xfer)],
+        schedule: &[Fault],
+        rng: &mut StdRng,
+        started: Instant,
+    ) -> anyhow::Result<Load> {
+        let mut load = Load::new(&self.args);
+        let batches = schedule.len().max(1);
+        for (k, fault) in schedule.iter().copied().enumerate() {
+            let lo = self.args.jobs * k / batches;
+            let hi = self.args.jobs * (k + 1) / batches;
+            self.fault_round(fault, &jobs[lo..hi], &mut load, rng)
+                .await?;
+            let total: u64 = self.counts.values().sum();
+            eprintln!(
+                "torture: [{:>6.1}s] fault {}/{} {} (enqueued {})",
+                started.elapsed().as_secs_f64(),
+                total,
+                self.args.faults,
+                fault.name(),
+                load.ids.len()
+            );
+        }
+        if schedule.is_empty() {
+            load.enqueue(&self.client, jobs, self.args.cancel).await?;
+        }
+        load.cancels.finish().await;
+        Ok(load)
+    }
+
+    /// Enqueues `batch` and injects `fault` while it runs, on a worker drawn
+    /// from `rng`; replaces the workers that died.
+    async fn fault_round(
+        &mut self,
+        fault: Fault,
+        batch: &[(String, Xfer)],
+        load: &mut Load,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<()> {
+        let w = rng.random_range(0..self.args.workers);
+        let armed = fault == Fault::KillAfterCommit && self.arm_crash(w);
+        load.enqueue(&self.client, batch, self.args.cancel).await?;
         // Short enough that the batch is still running when the fault lands.
         tokio::time::sleep(ms(
-            &mut rng,
+            rng,
             Duration::from_millis(50),
             Duration::from_millis(400),
         ))
         .await;
-        run.inject(fault, w, armed, &mut rng)
+        self.inject(fault, w, armed, rng)
             .await
             .with_context(|| format!("fault {}", fault.name()))?;
-        run.reap()?;
-        let total: u64 = run.counts.values().sum();
-        eprintln!(
-            "torture: [{:>6.1}s] fault {}/{} {} (enqueued {})",
-            started.elapsed().as_secs_f64(),
-            total,
-            args.faults,
-            fault.name(),
-            ids.len()
-        );
+        self.reap()
     }
-    if schedule.is_empty() {
-        let batch = enqueue_batch(&client, &jobs).await?;
-        cancels.spawn(&client, &batch, args.cancel, &mut cancel_rng);
-        ids.extend(batch);
-    }
-    cancels.finish().await;
 
-    // Quiescence: every job terminal.
-    for s in &run.slots {
-        s.proxy.set(Mode::Pass);
-    }
-    run.ready().await?;
-    let s = ns.clone();
-    let quiesce_deadline = Instant::now() + args.quiesce;
-    loop {
-        run.reap()?;
-        let terminal: i64 = retry("count terminal", || {
-            let client = &client;
-            let s = &s;
-            async move {
-                Ok(sqlx::query_scalar(&format!(
-                    "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead', 'cancelled') \
-                       AND job_type = $1"
-                ))
-                .bind(transfer_type())
-                .fetch_one(client.store().pool())
-                .await?)
+    /// Quiescence: heals every etcd link, then waits until every one of `jobs`
+    /// jobs is terminal (at most `--quiesce-secs`), replacing workers that die.
+    async fn quiesce(&mut self, jobs: usize) -> anyhow::Result<()> {
+        for s in &self.slots {
+            s.proxy.set(Mode::Pass);
+        }
+        self.ready().await?;
+        let deadline = Instant::now() + self.args.quiesce;
+        loop {
+            self.reap()?;
+            let terminal = terminal_transfers(&self.client, &self.ns).await?;
+            if terminal as usize >= jobs || Instant::now() > deadline {
+                return Ok(());
             }
-        })
-        .await?;
-        if terminal as usize >= ids.len() || Instant::now() > quiesce_deadline {
-            break;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    // Let dead-lettering of the last dead jobs finish.
-    let verdict = {
-        let mut v = check(&client, &s, mariadb.as_ref(), &ids, &dir, &cancels.results).await?;
-        let dlq_deadline = Instant::now() + Duration::from_secs(30);
-        while v.lost > 0 && Instant::now() < dlq_deadline {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            v = check(&client, &s, mariadb.as_ref(), &ids, &dir, &cancels.results).await?;
-        }
-        v
-    };
-    // The cron schedule (Tenure's modes: the Redis runner has no scheduler).
-    let cron = if args.mode == RunMode::RedisLock {
-        cron::Verdict::default()
-    } else {
-        cron::check(&client, &s, Duration::from_secs(30)).await?
-    };
-    for id in &verdict.lost_ids {
-        diagnose(&client, &s, *id, &dir).await;
-        lock_holder(&run.stack.etcd_endpoints(), &ns, *id).await;
+}
+
+/// How many transfers are `done`, `dead` or `cancelled` (retried through faults).
+async fn terminal_transfers(client: &Client, s: &str) -> anyhow::Result<i64> {
+    retry("count terminal", || async move {
+        Ok(sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead', 'cancelled') \
+               AND job_type = $1"
+        ))
+        .bind(transfer_type())
+        .fetch_one(client.store().pool())
+        .await?)
+    })
+    .await
+}
+
+/// The checks' verdict, once the dead-lettering of the last dead jobs had up to
+/// 30 s to finish.
+async fn settled_verdict(
+    client: &Client,
+    s: &str,
+    mariadb: Option<&MySqlFence>,
+    load: &Load,
+    dir: &Path,
+) -> anyhow::Result<Verdict> {
+    let cancels = &load.cancels.results;
+    let mut v = check(client, s, mariadb, &load.ids, dir, cancels).await?;
+    let dlq_deadline = Instant::now() + Duration::from_secs(30);
+    while v.lost > 0 && Instant::now() < dlq_deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        v = check(client, s, mariadb, &load.ids, dir, cancels).await?;
     }
-    for i in 0..run.slots.len() {
-        run.kill_worker(i);
-    }
-    let faults: u64 = run.counts.values().sum();
+    Ok(v)
+}
+
+/// `torture: faults by kind: ...`.
+fn print_fault_counts(kinds: &[Fault], counts: &BTreeMap<&'static str, u64>) {
     let kinds: Vec<String> = kinds
         .iter()
-        .map(|f| format!("{}={}", f.name(), run.counts.get(f.name()).unwrap_or(&0)))
+        .map(|f| format!("{}={}", f.name(), counts.get(f.name()).unwrap_or(&0)))
         .collect();
     println!("torture: faults by kind: {}", kinds.join(" "));
-    let alarms = regression_alarms(&dir, &run.reused_revisions)?;
-    if args.cancel > 0.0 {
-        let left = work_messages_left(&client).await;
+}
+
+/// `torture: operator cancels: ...`, once the work stream drained.
+async fn print_cancels(client: &Client, cancels: &cancel::Cancels) {
+    let left = work_messages_left(client).await;
+    println!(
+        "torture: operator cancels: cancelled={} too_late={} failed={} work_messages_left={left}",
+        cancels.count(cancel::Tried::Cancelled),
+        cancels.count(cancel::Tried::TooLate),
+        cancels.count(cancel::Tried::Failed),
+    );
+}
+
+/// What the checks found.
+struct Outcome {
+    verdict: Verdict,
+    alarms: Alarms,
+    cron: cron::Verdict,
+}
+
+impl Outcome {
+    /// The summary lines (stdout), for `jobs` jobs enqueued.
+    fn print(&self, run: &Run, jobs: usize, started: Instant) {
+        let (args, verdict, alarms) = (&run.args, &self.verdict, &self.alarms);
         println!(
-            "torture: operator cancels: cancelled={} too_late={} failed={} work_messages_left={left}",
-            cancels.count(cancel::Tried::Cancelled),
-            cancels.count(cancel::Tried::TooLate),
-            cancels.count(cancel::Tried::Failed),
+            "torture: history_rows={} accepted_reported={} stale_rejected={} unconfirmed_commits={} \
+             ledger_violations={} regression_alarms={} unexplained_alarms={} \
+             worker_restarts_unplanned={} replays={} elapsed={:.1}s mode={}",
+            verdict.history_rows,
+            verdict.accepted_reported,
+            verdict.stale_rejected,
+            verdict.unconfirmed_commits,
+            verdict.ledger_violations,
+            alarms.total,
+            alarms.unexplained,
+            run.unexpected_exits,
+            verdict.replays,
+            started.elapsed().as_secs_f64(),
+            args.mode.name()
         );
+        println!("{}", self.cron.line());
+        println!(
+            "torture: mode={} target={} partitions={} steps={}",
+            args.mode.name(),
+            args.target.name(),
+            args.partitions.unwrap_or(0),
+            steps()
+        );
+        println!(
+            "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \
+             cancel_violations={} stale_rejected={} faults={} seed={}",
+            jobs,
+            verdict.done,
+            verdict.dead,
+            verdict.cancelled,
+            verdict.lost,
+            verdict.double_commits,
+            verdict.token_regressions,
+            verdict.cancel_violations,
+            verdict.stale_rejected,
+            run.counts.values().sum::<u64>(),
+            args.seed
+        );
+        let _ = std::io::stdout().flush();
     }
-    println!(
-        "torture: history_rows={} accepted_reported={} stale_rejected={} unconfirmed_commits={} \
-         ledger_violations={} regression_alarms={} unexplained_alarms={} \
-         worker_restarts_unplanned={} replays={} elapsed={:.1}s mode={}",
-        verdict.history_rows,
-        verdict.accepted_reported,
-        verdict.stale_rejected,
-        verdict.unconfirmed_commits,
-        verdict.ledger_violations,
-        alarms.total,
-        alarms.unexplained,
-        run.unexpected_exits,
-        verdict.replays,
-        started.elapsed().as_secs_f64(),
-        args.mode.name()
-    );
-    println!("{}", cron.line());
-    println!(
-        "torture: mode={} target={} partitions={} steps={}",
-        args.mode.name(),
-        args.target.name(),
-        args.partitions.unwrap_or(0),
-        steps()
-    );
-    println!(
-        "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \
-         cancel_violations={} stale_rejected={} faults={} seed={}",
-        ids.len(),
-        verdict.done,
-        verdict.dead,
-        verdict.cancelled,
-        verdict.lost,
-        verdict.double_commits,
-        verdict.token_regressions,
-        verdict.cancel_violations,
-        verdict.stale_rejected,
-        faults,
-        args.seed
-    );
-    let _ = std::io::stdout().flush();
-    let violations = verdict.double_commits + verdict.token_regressions;
-    let code = if args.mode == RunMode::RedisLock {
-        // Lost updates show in the ledger.
-        i32::from(violations + verdict.ledger_violations == 0)
-    } else if args.mode.is_control() {
-        i32::from(violations == 0)
-    } else {
-        i32::from(
-            violations != 0
-                || verdict.lost != 0
-                || verdict.cancel_violations != 0
-                || verdict.ledger_violations != 0
-                || verdict.unconfirmed_commits != 0
-                || alarms.unexplained != 0
-                || !cron.clean(),
-        )
-    };
-    if code == 0 && std::env::var_os("TORTURE_KEEP").is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    } else {
-        eprintln!("torture: keeping {}", dir.display());
+
+    /// The exit status: 0 when the run passed. A negative control passes when it
+    /// finds violations.
+    fn exit_code(&self, mode: RunMode) -> i32 {
+        let (verdict, alarms) = (&self.verdict, &self.alarms);
+        let violations = verdict.double_commits + verdict.token_regressions;
+        if mode == RunMode::RedisLock {
+            // Lost updates show in the ledger.
+            i32::from(violations + verdict.ledger_violations == 0)
+        } else if mode.is_control() {
+            i32::from(violations == 0)
+        } else {
+            i32::from(
+                violations != 0
+                    || verdict.lost != 0
+                    || verdict.cancel_violations != 0
+                    || verdict.ledger_violations != 0
+                    || verdict.unconfirmed_commits != 0
+                    || alarms.unexplained != 0
+                    || !self.cron.clean(),
+            )
+        }
     }
-    drop(run);
-    Ok(code)
 }
 
 /// Messages still in the work stream once every job ended, after up to 15 s
