@@ -51,7 +51,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tenure::blocks::lease::{Acquire, Session};
-use tenure::blocks::queue::Queue;
+use tenure::blocks::queue::{Delivery, Queue};
 use tenure::devstack::DevStack;
 use tenure::{Client, Config, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
@@ -60,7 +60,7 @@ use tenure_benches::{BenchInput, BenchJob, JOB_TYPE, create_table_sql, insert_sq
 #[path = "pipeline/partitions.rs"]
 mod partitions;
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 struct Opts {
@@ -524,85 +524,11 @@ async fn unfenced_run(stack: &DevStack, c: usize, n: usize, mode: Baseline) -> R
         .max_connections(u32::try_from(c + 4)?)
         .connect(&cfg.database_url)
         .await?;
-    let insert: Arc<str> = Arc::from(insert_sql(&ns));
-    let read: Arc<str> = Arc::from(format!(
-        "SELECT step, input, status FROM {ns}.jobs WHERE id = $1"
-    ));
-    let checkpoint: Arc<str> = Arc::from(format!(
-        "UPDATE {ns}.jobs SET step = step + 1, checkpoint = $2, \
-         status = CASE WHEN $3 THEN 'done' ELSE 'running' END, updated_at = now() WHERE id = $1"
-    ));
-    let done = Arc::new(Done::default());
-    let permits = Arc::new(Semaphore::new(c));
+    let job = BaselineJob::new(&ns, pool.clone(), mode);
+    let done = job.done.clone();
     let cpu0 = Cpu::now(stack);
     let started = Instant::now();
-    let fetcher = {
-        let (done, permits, pool) = (done.clone(), permits.clone(), pool.clone());
-        tokio::spawn(async move {
-            let mut tasks = tokio::task::JoinSet::new();
-            loop {
-                let Ok(first) = permits.clone().acquire_owned().await else {
-                    return;
-                };
-                let mut slots = vec![first];
-                while slots.len() < c {
-                    match permits.clone().try_acquire_owned() {
-                        Ok(p) => slots.push(p),
-                        Err(_) => break,
-                    }
-                }
-                let Ok(deliveries) = queue
-                    .fetch(JOB_TYPE, slots.len(), Duration::from_millis(500))
-                    .await
-                else {
-                    continue;
-                };
-                while tasks.try_join_next().is_some() {}
-                for d in deliveries {
-                    let Some(slot) = slots.pop() else { break };
-                    let (pool, done) = (pool.clone(), done.clone());
-                    let (insert, read, checkpoint) =
-                        (insert.clone(), read.clone(), checkpoint.clone());
-                    tasks.spawn(async move {
-                        let run = async {
-                            let id = d.job_id()?;
-                            let (step, input, status): (i32, Value, String) = sqlx::query_as(&read)
-                                .bind(id.as_uuid())
-                                .fetch_one(&pool)
-                                .await?;
-                            if status != "done" {
-                                for k in step..3 {
-                                    let mut tx = pool.begin().await?;
-                                    sqlx::query(&insert)
-                                        .bind(id.as_uuid())
-                                        .bind(k)
-                                        .bind(0i64)
-                                        .execute(&mut *tx)
-                                        .await?;
-                                    if mode == Baseline::Checkpointed {
-                                        sqlx::query(&checkpoint)
-                                            .bind(id.as_uuid())
-                                            .bind(&input)
-                                            .bind(k == 2)
-                                            .execute(&mut *tx)
-                                            .await?;
-                                    }
-                                    tx.commit().await?;
-                                }
-                            }
-                            d.ack().await?;
-                            anyhow::Ok(())
-                        };
-                        match run.await {
-                            Ok(()) => done.add(),
-                            Err(e) => eprintln!("baseline job failed: {e:#}"),
-                        }
-                        drop(slot);
-                    });
-                }
-            }
-        })
-    };
+    let fetcher = tokio::spawn(baseline_fetcher(queue, c, job));
     let waited = done.wait_for(n as u64, Duration::from_secs(600)).await;
     let secs = started.elapsed().as_secs_f64();
     let cpu = Cpu::now(stack).per_job_since(cpu0, n);
@@ -617,6 +543,122 @@ async fn unfenced_run(stack: &DevStack, c: usize, n: usize, mode: Baseline) -> R
         cpu,
         etcd_requests_per_job: f64::NAN,
     })
+}
+
+/// What the baseline needs to run a delivered job: the pool, its statements,
+/// its mode, and the count of jobs done.
+#[derive(Clone)]
+struct BaselineJob {
+    pool: PgPool,
+    insert: Arc<str>,
+    read: Arc<str>,
+    checkpoint: Arc<str>,
+    mode: Baseline,
+    done: Arc<Done>,
+}
+
+impl BaselineJob {
+    /// The baseline's jobs of namespace `ns`.
+    fn new(ns: &str, pool: PgPool, mode: Baseline) -> Self {
+        BaselineJob {
+            pool,
+            insert: Arc::from(insert_sql(ns)),
+            read: Arc::from(format!(
+                "SELECT step, input, status FROM {ns}.jobs WHERE id = $1"
+            )),
+            checkpoint: Arc::from(format!(
+                "UPDATE {ns}.jobs SET step = step + 1, checkpoint = $2, \
+                 status = CASE WHEN $3 THEN 'done' ELSE 'running' END, updated_at = now() WHERE id = $1"
+            )),
+            mode,
+            done: Arc::new(Done::default()),
+        }
+    }
+
+    /// Runs a delivered job: reads its row, writes its remaining steps (one
+    /// transaction each), acks; counts it done, or prints why it failed.
+    async fn run(&self, d: Delivery) {
+        let run = async {
+            let id = d.job_id()?;
+            let (step, input, status): (i32, Value, String) = sqlx::query_as(&self.read)
+                .bind(id.as_uuid())
+                .fetch_one(&self.pool)
+                .await?;
+            if status != "done" {
+                for k in step..3 {
+                    self.step(id, k, &input).await?;
+                }
+            }
+            d.ack().await?;
+            anyhow::Ok(())
+        };
+        match run.await {
+            Ok(()) => self.done.add(),
+            Err(e) => eprintln!("baseline job failed: {e:#}"),
+        }
+    }
+
+    /// Step `k` of job `id`: the bench row, and in checkpointed mode the job row.
+    async fn step(&self, id: JobId, k: i32, input: &Value) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&self.insert)
+            .bind(id.as_uuid())
+            .bind(k)
+            .bind(0i64)
+            .execute(&mut *tx)
+            .await?;
+        if self.mode == Baseline::Checkpointed {
+            sqlx::query(&self.checkpoint)
+                .bind(id.as_uuid())
+                .bind(input)
+                .bind(k == 2)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// The baseline's fetcher: fetches up to the free ones of `c` slots, and runs
+/// each delivery in a task of its own, which frees its slot when it ends.
+async fn baseline_fetcher(queue: Queue, c: usize, job: BaselineJob) {
+    let permits = Arc::new(Semaphore::new(c));
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let Some(mut slots) = free_slots(&permits, c).await else {
+            return;
+        };
+        let Ok(deliveries) = queue
+            .fetch(JOB_TYPE, slots.len(), Duration::from_millis(500))
+            .await
+        else {
+            continue;
+        };
+        while tasks.try_join_next().is_some() {}
+        for d in deliveries {
+            let Some(slot) = slots.pop() else { break };
+            let job = job.clone();
+            tasks.spawn(async move {
+                job.run(d).await;
+                drop(slot);
+            });
+        }
+    }
+}
+
+/// Waits for a free slot, then takes every other free one (`c` at most);
+/// `None` once the semaphore is closed.
+async fn free_slots(permits: &Arc<Semaphore>, c: usize) -> Option<Vec<OwnedSemaphorePermit>> {
+    let first = permits.clone().acquire_owned().await.ok()?;
+    let mut slots = vec![first];
+    while slots.len() < c {
+        match permits.clone().try_acquire_owned() {
+            Ok(p) => slots.push(p),
+            Err(_) => break,
+        }
+    }
+    Some(slots)
 }
 
 /// Raw etcd: `c` concurrent loops of create-if-absent (with a lease) + guarded
