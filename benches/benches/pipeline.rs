@@ -51,7 +51,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tenure::blocks::lease::{Acquire, Session};
-use tenure::blocks::queue::Queue;
+use tenure::blocks::queue::{Delivery, Queue};
 use tenure::devstack::DevStack;
 use tenure::{Client, Config, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
@@ -60,7 +60,7 @@ use tenure_benches::{BenchInput, BenchJob, JOB_TYPE, create_table_sql, insert_sq
 #[path = "pipeline/partitions.rs"]
 mod partitions;
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 struct Opts {
@@ -524,85 +524,11 @@ async fn unfenced_run(stack: &DevStack, c: usize, n: usize, mode: Baseline) -> R
         .max_connections(u32::try_from(c + 4)?)
         .connect(&cfg.database_url)
         .await?;
-    let insert: Arc<str> = Arc::from(insert_sql(&ns));
-    let read: Arc<str> = Arc::from(format!(
-        "SELECT step, input, status FROM {ns}.jobs WHERE id = $1"
-    ));
-    let checkpoint: Arc<str> = Arc::from(format!(
-        "UPDATE {ns}.jobs SET step = step + 1, checkpoint = $2, \
-         status = CASE WHEN $3 THEN 'done' ELSE 'running' END, updated_at = now() WHERE id = $1"
-    ));
-    let done = Arc::new(Done::default());
-    let permits = Arc::new(Semaphore::new(c));
+    let job = BaselineJob::new(&ns, pool.clone(), mode);
+    let done = job.done.clone();
     let cpu0 = Cpu::now(stack);
     let started = Instant::now();
-    let fetcher = {
-        let (done, permits, pool) = (done.clone(), permits.clone(), pool.clone());
-        tokio::spawn(async move {
-            let mut tasks = tokio::task::JoinSet::new();
-            loop {
-                let Ok(first) = permits.clone().acquire_owned().await else {
-                    return;
-                };
-                let mut slots = vec![first];
-                while slots.len() < c {
-                    match permits.clone().try_acquire_owned() {
-                        Ok(p) => slots.push(p),
-                        Err(_) => break,
-                    }
-                }
-                let Ok(deliveries) = queue
-                    .fetch(JOB_TYPE, slots.len(), Duration::from_millis(500))
-                    .await
-                else {
-                    continue;
-                };
-                while tasks.try_join_next().is_some() {}
-                for d in deliveries {
-                    let Some(slot) = slots.pop() else { break };
-                    let (pool, done) = (pool.clone(), done.clone());
-                    let (insert, read, checkpoint) =
-                        (insert.clone(), read.clone(), checkpoint.clone());
-                    tasks.spawn(async move {
-                        let run = async {
-                            let id = d.job_id()?;
-                            let (step, input, status): (i32, Value, String) = sqlx::query_as(&read)
-                                .bind(id.as_uuid())
-                                .fetch_one(&pool)
-                                .await?;
-                            if status != "done" {
-                                for k in step..3 {
-                                    let mut tx = pool.begin().await?;
-                                    sqlx::query(&insert)
-                                        .bind(id.as_uuid())
-                                        .bind(k)
-                                        .bind(0i64)
-                                        .execute(&mut *tx)
-                                        .await?;
-                                    if mode == Baseline::Checkpointed {
-                                        sqlx::query(&checkpoint)
-                                            .bind(id.as_uuid())
-                                            .bind(&input)
-                                            .bind(k == 2)
-                                            .execute(&mut *tx)
-                                            .await?;
-                                    }
-                                    tx.commit().await?;
-                                }
-                            }
-                            d.ack().await?;
-                            anyhow::Ok(())
-                        };
-                        match run.await {
-                            Ok(()) => done.add(),
-                            Err(e) => eprintln!("baseline job failed: {e:#}"),
-                        }
-                        drop(slot);
-                    });
-                }
-            }
-        })
-    };
+    let fetcher = tokio::spawn(baseline_fetcher(queue, c, job));
     let waited = done.wait_for(n as u64, Duration::from_secs(600)).await;
     let secs = started.elapsed().as_secs_f64();
     let cpu = Cpu::now(stack).per_job_since(cpu0, n);
@@ -617,6 +543,122 @@ async fn unfenced_run(stack: &DevStack, c: usize, n: usize, mode: Baseline) -> R
         cpu,
         etcd_requests_per_job: f64::NAN,
     })
+}
+
+/// What the baseline needs to run a delivered job: the pool, its statements,
+/// its mode, and the count of jobs done.
+#[derive(Clone)]
+struct BaselineJob {
+    pool: PgPool,
+    insert: Arc<str>,
+    read: Arc<str>,
+    checkpoint: Arc<str>,
+    mode: Baseline,
+    done: Arc<Done>,
+}
+
+impl BaselineJob {
+    /// The baseline's jobs of namespace `ns`.
+    fn new(ns: &str, pool: PgPool, mode: Baseline) -> Self {
+        BaselineJob {
+            pool,
+            insert: Arc::from(insert_sql(ns)),
+            read: Arc::from(format!(
+                "SELECT step, input, status FROM {ns}.jobs WHERE id = $1"
+            )),
+            checkpoint: Arc::from(format!(
+                "UPDATE {ns}.jobs SET step = step + 1, checkpoint = $2, \
+                 status = CASE WHEN $3 THEN 'done' ELSE 'running' END, updated_at = now() WHERE id = $1"
+            )),
+            mode,
+            done: Arc::new(Done::default()),
+        }
+    }
+
+    /// Runs a delivered job: reads its row, writes its remaining steps (one
+    /// transaction each), acks; counts it done, or prints why it failed.
+    async fn run(&self, d: Delivery) {
+        let run = async {
+            let id = d.job_id()?;
+            let (step, input, status): (i32, Value, String) = sqlx::query_as(&self.read)
+                .bind(id.as_uuid())
+                .fetch_one(&self.pool)
+                .await?;
+            if status != "done" {
+                for k in step..3 {
+                    self.step(id, k, &input).await?;
+                }
+            }
+            d.ack().await?;
+            anyhow::Ok(())
+        };
+        match run.await {
+            Ok(()) => self.done.add(),
+            Err(e) => eprintln!("baseline job failed: {e:#}"),
+        }
+    }
+
+    /// Step `k` of job `id`: the bench row, and in checkpointed mode the job row.
+    async fn step(&self, id: JobId, k: i32, input: &Value) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&self.insert)
+            .bind(id.as_uuid())
+            .bind(k)
+            .bind(0i64)
+            .execute(&mut *tx)
+            .await?;
+        if self.mode == Baseline::Checkpointed {
+            sqlx::query(&self.checkpoint)
+                .bind(id.as_uuid())
+                .bind(input)
+                .bind(k == 2)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// The baseline's fetcher: fetches up to the free ones of `c` slots, and runs
+/// each delivery in a task of its own, which frees its slot when it ends.
+async fn baseline_fetcher(queue: Queue, c: usize, job: BaselineJob) {
+    let permits = Arc::new(Semaphore::new(c));
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let Some(mut slots) = free_slots(&permits, c).await else {
+            return;
+        };
+        let Ok(deliveries) = queue
+            .fetch(JOB_TYPE, slots.len(), Duration::from_millis(500))
+            .await
+        else {
+            continue;
+        };
+        while tasks.try_join_next().is_some() {}
+        for d in deliveries {
+            let Some(slot) = slots.pop() else { break };
+            let job = job.clone();
+            tasks.spawn(async move {
+                job.run(d).await;
+                drop(slot);
+            });
+        }
+    }
+}
+
+/// Waits for a free slot, then takes every other free one (`c` at most);
+/// `None` once the semaphore is closed.
+async fn free_slots(permits: &Arc<Semaphore>, c: usize) -> Option<Vec<OwnedSemaphorePermit>> {
+    let first = permits.clone().acquire_owned().await.ok()?;
+    let mut slots = vec![first];
+    while slots.len() < c {
+        match permits.clone().try_acquire_owned() {
+            Ok(p) => slots.push(p),
+            Err(_) => break,
+        }
+    }
+    Some(slots)
 }
 
 /// Raw etcd: `c` concurrent loops of create-if-absent (with a lease) + guarded
@@ -1060,44 +1102,251 @@ async fn main() -> Result<()> {
         opts.ttl.as_millis(),
         opts.trials,
         uptime_before,
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cores(),
     );
     let stack = DevStack::start().await?;
+    let results = Results::measure(&stack, &opts).await?;
+    let uptime_after = load();
+    let out = results.json(&opts, &uptime_before, &uptime_after, wall);
+    let path = output_path();
+    std::fs::create_dir_all(path.parent().context("output dir")?)?;
+    std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;
+    println!(
+        "pipeline.meta json={} wall_secs={:.0} loadavg_after=\"{uptime_after}\"",
+        path.display(),
+        wall.elapsed().as_secs_f64()
+    );
+    results.print_headline(&opts);
+    drop(stack);
+    Ok(())
+}
 
-    let mut rows = Vec::new();
-    let mut best: Option<(usize, f64, f64)> = None;
-    let mut best_part: Option<(f64, f64)> = None;
-    let concurrency = if opts.runs("throughput") {
-        // Warm-up (PostgreSQL caches, first connections), not reported.
-        let warm = if opts.quick { 200 } else { 500 };
-        let c0 = *opts.concurrency.first().context("no concurrency")?;
-        fenced_run(&stack, c0, warm, None).await?;
-        fenced_run(&stack, c0, warm, Some(opts.partitions)).await?;
-        unfenced_run(&stack, c0, warm, Baseline::Checkpointed).await?;
-        opts.concurrency.clone()
-    } else {
-        Vec::new()
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(0, |n| n.get())
+}
+
+/// Rounded to three decimals.
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Everything a run measured, part by part (empty for the parts that did not run).
+struct Results {
+    /// One JSON row per concurrency.
+    throughput: Vec<Value>,
+    headline: Headline,
+    enqueue: serde_json::Map<String, Value>,
+    acquire: Value,
+    takeover_samples: Vec<f64>,
+    takeover: Value,
+    rss: Value,
+    partition_rss: Value,
+    partition_crash: Value,
+    partition_join: Value,
+    scale: Vec<(usize, f64)>,
+}
+
+impl Results {
+    /// Runs every part `opts` asks for, in order, printing each one's lines.
+    async fn measure(stack: &DevStack, opts: &Opts) -> Result<Results> {
+        let (throughput, headline) = throughput(stack, opts).await?;
+        let enqueue = enqueue_part(stack, opts).await?;
+        let acquire = acquire_part(stack, opts).await?;
+        let (takeover_samples, takeover) = takeover_part(stack, opts).await?;
+        let (rss, partition_rss) = rss_part(stack, opts).await?;
+        let (partition_crash, partition_join) = partition_moves_part(stack, opts).await?;
+        let scale = scale_part(stack, opts).await?;
+        Ok(Results {
+            throughput,
+            headline,
+            enqueue,
+            acquire,
+            takeover_samples,
+            takeover,
+            rss,
+            partition_rss,
+            partition_crash,
+            partition_join,
+            scale,
+        })
+    }
+
+    /// The contents of `pipeline.json`.
+    fn json(&self, opts: &Opts, uptime_before: &str, uptime_after: &str, wall: Instant) -> Value {
+        json!({
+            "quick": opts.quick,
+            "loadavg_before": uptime_before,
+            "loadavg_after": uptime_after,
+            "cores": cores(),
+            "postgres_fsync": false,
+            "throughput": self.throughput,
+            "headline": self.headline.json(),
+            "enqueue": self.enqueue,
+            "lease_acquire": self.acquire,
+            "takeover": {
+                "ttl_ms": opts.ttl.as_millis() as u64,
+                "samples_ms": self.takeover_samples.iter().map(|x| round1(*x)).collect::<Vec<_>>(),
+                "stats": self.takeover,
+            },
+            "rss": self.rss,
+            "partition": {
+                "partitions": opts.partitions,
+                "rss": self.partition_rss,
+                "takeover_after_crash": self.partition_crash,
+                "rebalance_on_join": self.partition_join,
+                "scale_out_jobs_per_s": self.scale
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), json!(round1(*v))))
+                    .collect::<serde_json::Map<String, Value>>(),
+            },
+            "wall_secs": round1(wall.elapsed().as_secs_f64()),
+        })
+    }
+
+    /// The last line, `pipeline: fenced_jobs_per_s=...`.
+    fn print_headline(&self, opts: &Opts) {
+        let h = &self.headline;
+        println!(
+            "pipeline: fenced_jobs_per_s={:.0} unfenced_jobs_per_s={:.0} ratio={:.2} partition_jobs_per_s={:.0} partition_ratio={:.2} etcd_requests_per_job={:.3} takeover_p99_ms={:.0} ttl_ms={}",
+            h.fenced,
+            h.unfenced,
+            h.fenced / h.unfenced,
+            h.partition,
+            h.partition / h.unfenced,
+            h.partition_etcd,
+            self.takeover["p99_ms"].as_f64().unwrap_or(f64::NAN),
+            opts.ttl.as_millis()
+        );
+    }
+}
+
+/// The throughput at the concurrency where the fenced worker was fastest.
+struct Headline {
+    concurrency: usize,
+    fenced: f64,
+    unfenced: f64,
+    partition: f64,
+    partition_etcd: f64,
+}
+
+impl Headline {
+    /// No throughput measured.
+    const NONE: Headline = Headline {
+        concurrency: 0,
+        fenced: f64::NAN,
+        unfenced: f64::NAN,
+        partition: f64::NAN,
+        partition_etcd: f64::NAN,
     };
-    for &c in &concurrency {
+
+    fn json(&self) -> Value {
+        json!({
+            "concurrency": self.concurrency,
+            "fenced_jobs_per_s": round1(self.fenced),
+            "unfenced_jobs_per_s": round1(self.unfenced),
+            "ratio": round3(self.fenced / self.unfenced),
+            "partition_jobs_per_s": round1(self.partition),
+            "partition_ratio": round3(self.partition / self.unfenced),
+            "partition_etcd_requests_per_job": self.partition_etcd,
+        })
+    }
+}
+
+/// The throughput part: a warm-up, then the figures at every concurrency.
+/// Returns their JSON rows and the headline.
+async fn throughput(stack: &DevStack, opts: &Opts) -> Result<(Vec<Value>, Headline)> {
+    let mut rows = Vec::new();
+    let mut best: Option<Headline> = None;
+    if !opts.runs("throughput") {
+        return Ok((rows, Headline::NONE));
+    }
+    // Warm-up (PostgreSQL caches, first connections), not reported.
+    let warm = if opts.quick { 200 } else { 500 };
+    let c0 = *opts.concurrency.first().context("no concurrency")?;
+    fenced_run(stack, c0, warm, None).await?;
+    fenced_run(stack, c0, warm, Some(opts.partitions)).await?;
+    unfenced_run(stack, c0, warm, Baseline::Checkpointed).await?;
+    for &c in &opts.concurrency {
+        let figures = Figures::measure(stack, opts, c).await?;
+        figures.print();
+        rows.push(figures.json());
+        if best
+            .as_ref()
+            .is_none_or(|b| figures.fenced.jobs_per_s > b.fenced)
+        {
+            best = Some(Headline {
+                concurrency: c,
+                fenced: figures.fenced.jobs_per_s,
+                unfenced: figures.plain.jobs_per_s,
+                partition: figures.part.jobs_per_s,
+                partition_etcd: figures.part.etcd_requests_per_job,
+            });
+        }
+    }
+    Ok((rows, best.unwrap_or(Headline::NONE)))
+}
+
+/// The throughput figures at one concurrency.
+struct Figures {
+    c: usize,
+    n: usize,
+    partitions: u32,
+    /// etcd create+delete pairs per second.
+    etcd: f64,
+    /// PostgreSQL `SELECT .. FOR UPDATE` + commit per second.
+    pg: f64,
+    plain: Run,
+    fenced: Run,
+    part: Run,
+    bare: Run,
+    loadavg: String,
+}
+
+impl Figures {
+    /// The physical bounds, the checkpointed baseline, fenced, partition mode,
+    /// the bare baseline; `opts.jobs` jobs each.
+    async fn measure(stack: &DevStack, opts: &Opts, c: usize) -> Result<Figures> {
         let n = opts.jobs;
-        let etcd = etcd_bound(&stack, c, opts.bound_secs).await?;
-        let pg = pg_bound(&stack, c, opts.bound_secs).await?;
-        let plain = unfenced_run(&stack, c, n, Baseline::Checkpointed).await?;
-        let fenced = fenced_run(&stack, c, n, None).await?;
-        let part = fenced_run(&stack, c, n, Some(opts.partitions)).await?;
-        let bare = unfenced_run(&stack, c, n, Baseline::Bare).await?;
-        let part_ratio = part.jobs_per_s / plain.jobs_per_s;
-        // Bounds in jobs/s: an unbatched job pays one etcd create+delete pair;
-        // a three-step fenced job needs at least three FOR UPDATE + CAS commits.
-        let etcd_jobs = etcd;
-        let pg_jobs = pg / 3.0;
-        let (binding, bound) = if etcd_jobs <= pg_jobs {
-            ("etcd", etcd_jobs)
+        let etcd = etcd_bound(stack, c, opts.bound_secs).await?;
+        let pg = pg_bound(stack, c, opts.bound_secs).await?;
+        let plain = unfenced_run(stack, c, n, Baseline::Checkpointed).await?;
+        let fenced = fenced_run(stack, c, n, None).await?;
+        let part = fenced_run(stack, c, n, Some(opts.partitions)).await?;
+        let bare = unfenced_run(stack, c, n, Baseline::Bare).await?;
+        Ok(Figures {
+            c,
+            n,
+            partitions: opts.partitions,
+            etcd,
+            pg,
+            plain,
+            fenced,
+            part,
+            bare,
+            loadavg: load(),
+        })
+    }
+
+    /// Bounds in jobs/s: an unbatched job pays one etcd create+delete pair;
+    /// a three-step fenced job needs at least three FOR UPDATE + CAS commits.
+    /// Returns etcd's, PostgreSQL's, and the binding one's name and value.
+    fn bounds(&self) -> (f64, f64, &'static str, f64) {
+        let etcd_jobs = self.etcd;
+        let pg_jobs = self.pg / 3.0;
+        if etcd_jobs <= pg_jobs {
+            (etcd_jobs, pg_jobs, "etcd", etcd_jobs)
         } else {
-            ("postgresql", pg_jobs)
-        };
+            (etcd_jobs, pg_jobs, "postgresql", pg_jobs)
+        }
+    }
+
+    fn print(&self) {
+        let Figures { c, n, etcd, pg, .. } = *self;
+        let (plain, fenced, part, bare) = (&self.plain, &self.fenced, &self.part, &self.bare);
+        let (etcd_jobs, pg_jobs, binding, bound) = self.bounds();
         let ratio = fenced.jobs_per_s / plain.jobs_per_s;
-        let load_now = load();
+        let part_ratio = part.jobs_per_s / plain.jobs_per_s;
+        let load_now = &self.loadavg;
         println!(
             "pipeline.bounds c={c} etcd_create_delete_pairs_per_s={etcd:.0} pg_select_for_update_commits_per_s={pg:.0} etcd_bound_jobs_per_s={etcd_jobs:.0} pg_bound_jobs_per_s={pg_jobs:.0} binding={binding}"
         );
@@ -1129,50 +1378,56 @@ async fn main() -> Result<()> {
         );
         println!(
             "pipeline.partition c={c} partitions={} jobs={n} secs={:.2} jobs_per_s={:.0} ratio={part_ratio:.2} etcd_requests_per_job={:.3} {}",
-            opts.partitions,
+            self.partitions,
             part.secs,
             part.jobs_per_s,
             part.etcd_requests_per_job,
             part.cpu.line(),
         );
-        rows.push(json!({
-            "concurrency": c,
-            "jobs": n,
+    }
+
+    /// The row of `throughput` in `pipeline.json`.
+    fn json(&self) -> Value {
+        let (plain, fenced, part, bare) = (&self.plain, &self.fenced, &self.part, &self.bare);
+        let (etcd_jobs, pg_jobs, binding, bound) = self.bounds();
+        json!({
+            "concurrency": self.c,
+            "jobs": self.n,
             "fenced_jobs_per_s": round1(fenced.jobs_per_s),
             "partition_jobs_per_s": round1(part.jobs_per_s),
-            "partition_ratio": (part_ratio * 1000.0).round() / 1000.0,
-            "partitions": opts.partitions,
+            "partition_ratio": round3(part.jobs_per_s / plain.jobs_per_s),
+            "partitions": self.partitions,
             "etcd_requests_per_job": {
-                "fenced": (fenced.etcd_requests_per_job * 1000.0).round() / 1000.0,
-                "partition": (part.etcd_requests_per_job * 1000.0).round() / 1000.0,
+                "fenced": round3(fenced.etcd_requests_per_job),
+                "partition": round3(part.etcd_requests_per_job),
             },
             "unfenced_jobs_per_s": round1(plain.jobs_per_s),
             "unfenced_bare_jobs_per_s": round1(bare.jobs_per_s),
-            "ratio": (ratio * 1000.0).round() / 1000.0,
-            "ratio_vs_bare": ((fenced.jobs_per_s / bare.jobs_per_s) * 1000.0).round() / 1000.0,
+            "ratio": round3(fenced.jobs_per_s / plain.jobs_per_s),
+            "ratio_vs_bare": round3(fenced.jobs_per_s / bare.jobs_per_s),
             "enqueue_jobs_per_s": round1(fenced.enqueue_per_s),
-            "etcd_create_delete_pairs_per_s": round1(etcd),
-            "pg_select_for_update_commits_per_s": round1(pg),
+            "etcd_create_delete_pairs_per_s": round1(self.etcd),
+            "pg_select_for_update_commits_per_s": round1(self.pg),
             "etcd_bound_jobs_per_s": round1(etcd_jobs),
             "pg_bound_jobs_per_s": round1(pg_jobs),
             "binding_bound": binding,
-            "fraction_of_binding_bound": (fenced.jobs_per_s / bound * 1000.0).round() / 1000.0,
+            "fraction_of_binding_bound": round3(fenced.jobs_per_s / bound),
             "cpu_ms_per_job": {
                 "fenced": fenced.cpu.json(),
                 "partition": part.cpu.json(),
                 "unfenced": plain.cpu.json(),
                 "unfenced_bare": bare.cpu.json(),
             },
-            "loadavg": load_now,
-        }));
-        if best.is_none_or(|(_, f, _)| fenced.jobs_per_s > f) {
-            best = Some((c, fenced.jobs_per_s, plain.jobs_per_s));
-            best_part = Some((part.jobs_per_s, part.etcd_requests_per_job));
-        }
+            "loadavg": self.loadavg,
+        })
     }
+}
 
+/// The enqueue part (line `pipeline.enqueue`); returns its JSON.
+async fn enqueue_part(stack: &DevStack, opts: &Opts) -> Result<serde_json::Map<String, Value>> {
+    let n = if opts.quick { 2000 } else { 10_000 };
     let enq = if opts.runs("enqueue") {
-        enqueue_throughput(&stack, if opts.quick { 2000 } else { 10_000 }).await?
+        enqueue_throughput(stack, n).await?
     } else {
         Vec::new()
     };
@@ -1180,18 +1435,17 @@ async fn main() -> Result<()> {
         .iter()
         .map(|(k, v)| format!("{k}_per_s={v:.0}"))
         .collect();
-    println!(
-        "pipeline.enqueue jobs={} {}",
-        if opts.quick { 2000 } else { 10_000 },
-        enq_line.join(" ")
-    );
-    let enq_json: serde_json::Map<String, Value> = enq
+    println!("pipeline.enqueue jobs={n} {}", enq_line.join(" "));
+    Ok(enq
         .iter()
         .map(|(k, v)| (format!("{k}_jobs_per_s"), json!(round1(*v))))
-        .collect();
+        .collect())
+}
 
+/// The lease acquire part (line `pipeline.lease_acquire`); returns its stats.
+async fn acquire_part(stack: &DevStack, opts: &Opts) -> Result<Value> {
     let acq = if opts.runs("acquire") {
-        acquire_latency(&stack, if opts.quick { 50 } else { 200 }).await?
+        acquire_latency(stack, if opts.quick { 50 } else { 200 }).await?
     } else {
         Vec::new()
     };
@@ -1200,11 +1454,16 @@ async fn main() -> Result<()> {
         "pipeline.lease_acquire n={} p50_ms={} p99_ms={}",
         acq["n"], acq["p50_ms"], acq["p99_ms"]
     );
+    Ok(acq)
+}
 
+/// The takeover part, in parallel lanes (line `pipeline.takeover`); returns
+/// the samples and their stats.
+async fn takeover_part(stack: &DevStack, opts: &Opts) -> Result<(Vec<f64>, Value)> {
     let lanes = if opts.quick { 2 } else { 4 };
     let per_lane = opts.trials.div_ceil(lanes);
     let lanes = if opts.runs("takeover") { lanes } else { 0 };
-    let lane_runs = (0..lanes).map(|l| takeover_lane(&stack, l, per_lane, opts.ttl));
+    let lane_runs = (0..lanes).map(|l| takeover_lane(stack, l, per_lane, opts.ttl));
     let mut takeovers = Vec::new();
     for r in futures::future::join_all(lane_runs).await {
         takeovers.extend(r?);
@@ -1218,11 +1477,15 @@ async fn main() -> Result<()> {
         tk["max_ms"],
         opts.ttl.as_millis()
     );
+    Ok((takeovers, tk))
+}
 
+/// The RSS part, per lock and in partition mode (line `pipeline.rss`).
+async fn rss_part(stack: &DevStack, opts: &Opts) -> Result<(Value, Value)> {
     let (rss, rss_part) = if opts.runs("rss") {
         (
-            rss_with_jobs_in_flight(&stack, 1000, None).await?,
-            rss_with_jobs_in_flight(&stack, 1000, Some(opts.partitions)).await?,
+            rss_with_jobs_in_flight(stack, 1000, None).await?,
+            rss_with_jobs_in_flight(stack, 1000, Some(opts.partitions)).await?,
         )
     } else {
         (json!({}), json!({}))
@@ -1231,10 +1494,15 @@ async fn main() -> Result<()> {
         "pipeline.rss jobs_in_flight=1000 peak_rss_mib={} idle_peak_rss_mib={} partition_peak_rss_mib={}",
         rss["peak_rss_mib"], rss["idle_peak_rss_mib"], rss_part["peak_rss_mib"]
     );
+    Ok((rss, rss_part))
+}
 
+/// The `partitions` part: partition ownership moves after a crash and on a
+/// join (lines `pipeline.partition_takeover`, `pipeline.partition_rebalance`).
+async fn partition_moves_part(stack: &DevStack, opts: &Opts) -> Result<(Value, Value)> {
     let moves = if opts.runs("partitions") {
         let trials = if opts.quick { 3 } else { 10 };
-        partitions::ownership_trials(&stack, trials, opts.ttl, opts.partitions).await?
+        partitions::ownership_trials(stack, trials, opts.ttl, opts.partitions).await?
     } else {
         partitions::Moves::default()
     };
@@ -1242,22 +1510,24 @@ async fn main() -> Result<()> {
         stats_ms(moves.crash_ms.clone()),
         stats_ms(moves.join_ms.clone()),
     );
-    println!(
-        "pipeline.partition_takeover trials={} p50_ms={} p99_ms={} max_ms={} ttl_ms={}",
-        crash["n"],
-        crash["p50_ms"],
-        crash["p99_ms"],
-        crash["max_ms"],
-        opts.ttl.as_millis()
-    );
-    println!(
-        "pipeline.partition_rebalance trials={} p50_ms={} p99_ms={} max_ms={} ttl_ms={}",
-        join["n"],
-        join["p50_ms"],
-        join["p99_ms"],
-        join["max_ms"],
-        opts.ttl.as_millis()
-    );
+    for (line, stats) in [
+        ("partition_takeover", &crash),
+        ("partition_rebalance", &join),
+    ] {
+        println!(
+            "pipeline.{line} trials={} p50_ms={} p99_ms={} max_ms={} ttl_ms={}",
+            stats["n"],
+            stats["p50_ms"],
+            stats["p99_ms"],
+            stats["max_ms"],
+            opts.ttl.as_millis()
+        );
+    }
+    Ok((crash, join))
+}
+
+/// The scale-out part (line `pipeline.scale_out`): jobs/s per worker count.
+async fn scale_part(stack: &DevStack, opts: &Opts) -> Result<Vec<(usize, f64)>> {
     let scale = if opts.runs("scale") {
         let counts: Vec<usize> = std::env::var("TENURE_BENCH_SCALE")
             .unwrap_or_else(|_| "1,2,4".into())
@@ -1266,7 +1536,7 @@ async fn main() -> Result<()> {
             .collect();
         let locks = std::env::var("TENURE_BENCH_SCALE_LOCKS").is_ok_and(|v| v == "1");
         let mode = if locks { None } else { Some(opts.partitions) };
-        partitions::scale_out(&stack, opts.jobs, mode, &counts).await?
+        partitions::scale_out(stack, opts.jobs, mode, &counts).await?
     } else {
         Vec::new()
     };
@@ -1280,66 +1550,5 @@ async fn main() -> Result<()> {
         opts.jobs,
         scale_line.join(" ")
     );
-
-    let (part_best, part_etcd) = best_part.unwrap_or((f64::NAN, f64::NAN));
-    let (best_c, fenced_best, plain_at_best) = best.unwrap_or((0, f64::NAN, f64::NAN));
-    let ratio = fenced_best / plain_at_best;
-    let uptime_after = load();
-    let out = json!({
-        "quick": opts.quick,
-        "loadavg_before": uptime_before,
-        "loadavg_after": uptime_after,
-        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
-        "postgres_fsync": false,
-        "throughput": rows,
-        "headline": {
-            "concurrency": best_c,
-            "fenced_jobs_per_s": round1(fenced_best),
-            "unfenced_jobs_per_s": round1(plain_at_best),
-            "ratio": (ratio * 1000.0).round() / 1000.0,
-            "partition_jobs_per_s": round1(part_best),
-            "partition_ratio": ((part_best / plain_at_best) * 1000.0).round() / 1000.0,
-            "partition_etcd_requests_per_job": part_etcd,
-        },
-        "enqueue": enq_json,
-        "lease_acquire": acq,
-        "takeover": {
-            "ttl_ms": opts.ttl.as_millis() as u64,
-            "samples_ms": takeovers.iter().map(|x| round1(*x)).collect::<Vec<_>>(),
-            "stats": tk,
-        },
-        "rss": rss,
-        "partition": {
-            "partitions": opts.partitions,
-            "rss": rss_part,
-            "takeover_after_crash": crash,
-            "rebalance_on_join": join,
-            "scale_out_jobs_per_s": scale
-                .iter()
-                .map(|(k, v)| (k.to_string(), json!(round1(*v))))
-                .collect::<serde_json::Map<String, Value>>(),
-        },
-        "wall_secs": round1(wall.elapsed().as_secs_f64()),
-    });
-    let path = output_path();
-    std::fs::create_dir_all(path.parent().context("output dir")?)?;
-    std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;
-    println!(
-        "pipeline.meta json={} wall_secs={:.0} loadavg_after=\"{uptime_after}\"",
-        path.display(),
-        wall.elapsed().as_secs_f64()
-    );
-    println!(
-        "pipeline: fenced_jobs_per_s={:.0} unfenced_jobs_per_s={:.0} ratio={:.2} partition_jobs_per_s={:.0} partition_ratio={:.2} etcd_requests_per_job={:.3} takeover_p99_ms={:.0} ttl_ms={}",
-        fenced_best,
-        plain_at_best,
-        ratio,
-        part_best,
-        part_best / plain_at_best,
-        part_etcd,
-        tk["p99_ms"].as_f64().unwrap_or(f64::NAN),
-        opts.ttl.as_millis()
-    );
-    drop(stack);
-    Ok(())
+    Ok(scale)
 }

@@ -26,92 +26,15 @@ const KNOWN: &str =
 /// Parses the attribute's arguments, reporting every problem into `errors`.
 pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
     let mut args = JobArgs::default();
-    let metas = match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr) {
-        Ok(metas) => metas,
-        Err(e) => {
-            errors.push(syn::Error::new(
-                e.span(),
-                format!(
-                    "{e} (the arguments of #[tenure::job] are `name = \"...\"`, \
-                     `max_takeovers = N`, `retries = N` and `on_dead = method`, separated by \
-                     commas)"
-                ),
-            ));
-            // Do not also complain that `name` is missing: we could not read it.
-            return args;
-        }
+    let Some(metas) = parse_metas(attr, errors) else {
+        // Do not also complain that `name` is missing: we could not read it.
+        return args;
     };
-
-    let mut seen_name = false;
-    let mut seen_takeovers = false;
-    let mut seen_retries = false;
-    let mut seen_on_dead = false;
-    for meta in metas {
-        let key = meta.path().get_ident().map(ToString::to_string);
-        let (seen, kind) = match key.as_deref() {
-            Some("name") => (&mut seen_name, Kind::Name),
-            Some("max_takeovers") => (&mut seen_takeovers, Kind::Count),
-            Some("retries") => (&mut seen_retries, Kind::Count),
-            Some("on_dead") => (&mut seen_on_dead, Kind::Hook),
-            _ => {
-                let path = meta.path();
-                let shown = quote::quote!(#path).to_string().replace(' ', "");
-                errors.spanned(path, format!("unknown argument `{shown}`: {KNOWN}"));
-                continue;
-            }
-        };
-        let key = key.unwrap_or_default();
-        if std::mem::replace(seen, true) {
-            errors.spanned(meta.path(), format!("duplicate argument `{key}`"));
-            continue;
-        }
-        let value = match &meta {
-            Meta::NameValue(nv) => &nv.value,
-            Meta::Path(p) => {
-                errors.spanned(p, format!("`{key}` needs a value: {}", kind.example(&key)));
-                continue;
-            }
-            Meta::List(l) => {
-                errors.spanned(l, format!("write `{key}` as {}", kind.example(&key)));
-                continue;
-            }
-        };
-        match kind {
-            Kind::Name => match value {
-                Expr::Lit(ExprLit {
-                    lit: Lit::Str(s), ..
-                }) => match validate_name(s) {
-                    Ok(name) => args.name = Some(name),
-                    Err(e) => errors.push(e),
-                },
-                other => errors.spanned(
-                    other,
-                    "`name` must be a string literal, e.g. `name = \"ledger.transfer\"`",
-                ),
-            },
-            Kind::Hook => match value {
-                Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => {
-                    args.on_dead = p.path.get_ident().cloned();
-                }
-                other => errors.spanned(
-                    other,
-                    "`on_dead` must name a method of this impl block, e.g. \
-                     `on_dead = compensate` for `async fn compensate(&self, ctx: &mut StepCtx, \
-                     dead: tenure::DeadJob) -> Result<(), StepError>`",
-                ),
-            },
-            Kind::Count => {
-                let n = parse_count(&key, value, errors);
-                if key == "retries" {
-                    args.retries = n;
-                } else {
-                    args.max_takeovers = n;
-                }
-            }
-        }
+    let mut seen = Vec::new();
+    for meta in &metas {
+        parse_arg(meta, &mut seen, &mut args, errors);
     }
-
-    if !seen_name {
+    if !seen.contains(&Arg::Name) {
         errors.at(
             Span::call_site(),
             "missing `name = \"...\"`: every job type needs a stable name, stored in job \
@@ -121,19 +44,141 @@ pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
     args
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Name,
-    Count,
-    Hook,
+/// The comma-separated `key = value` list, or `None` (reported) if it is not one.
+fn parse_metas(attr: TokenStream, errors: &mut Errors) -> Option<Punctuated<Meta, Token![,]>> {
+    match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr) {
+        Ok(metas) => Some(metas),
+        Err(e) => {
+            errors.push(syn::Error::new(
+                e.span(),
+                format!(
+                    "{e} (the arguments of #[tenure::job] are `name = \"...\"`, \
+                     `max_takeovers = N`, `retries = N` and `on_dead = method`, separated by \
+                     commas)"
+                ),
+            ));
+            None
+        }
+    }
 }
 
-impl Kind {
-    fn example(self, key: &str) -> String {
+/// One argument into `args`, unless it is unknown, repeated (`seen` holds the keys
+/// met so far) or malformed: then it is reported.
+fn parse_arg(meta: &Meta, seen: &mut Vec<Arg>, args: &mut JobArgs, errors: &mut Errors) {
+    let Some(arg) = Arg::of(meta, errors) else {
+        return;
+    };
+    let key = arg.key();
+    if seen.contains(&arg) {
+        errors.spanned(meta.path(), format!("duplicate argument `{key}`"));
+        return;
+    }
+    seen.push(arg);
+    let Some(value) = value_of(meta, arg, errors) else {
+        return;
+    };
+    match arg {
+        Arg::Name => args.name = parse_name(value, errors),
+        Arg::MaxTakeovers => args.max_takeovers = parse_count(key, value, errors),
+        Arg::Retries => args.retries = parse_count(key, value, errors),
+        Arg::OnDead => args.on_dead = parse_hook(value, errors),
+    }
+}
+
+/// The arguments `#[tenure::job]` knows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Arg {
+    Name,
+    MaxTakeovers,
+    Retries,
+    OnDead,
+}
+
+impl Arg {
+    /// The argument `meta` is, or `None` (reported) if it is not one of ours.
+    fn of(meta: &Meta, errors: &mut Errors) -> Option<Arg> {
+        let key = meta.path().get_ident().map(ToString::to_string);
+        let known = match key.as_deref() {
+            Some("name") => Some(Arg::Name),
+            Some("max_takeovers") => Some(Arg::MaxTakeovers),
+            Some("retries") => Some(Arg::Retries),
+            Some("on_dead") => Some(Arg::OnDead),
+            _ => None,
+        };
+        if known.is_none() {
+            let path = meta.path();
+            let shown = quote::quote!(#path).to_string().replace(' ', "");
+            errors.spanned(path, format!("unknown argument `{shown}`: {KNOWN}"));
+        }
+        known
+    }
+
+    fn key(self) -> &'static str {
         match self {
-            Kind::Name => "`name = \"ledger.transfer\"`".to_owned(),
-            Kind::Count => format!("`{key} = 3`"),
-            Kind::Hook => "`on_dead = compensate`".to_owned(),
+            Arg::Name => "name",
+            Arg::MaxTakeovers => "max_takeovers",
+            Arg::Retries => "retries",
+            Arg::OnDead => "on_dead",
+        }
+    }
+
+    /// How the argument is written, for error messages.
+    fn example(self) -> String {
+        let key = self.key();
+        match self {
+            Arg::Name => "`name = \"ledger.transfer\"`".to_owned(),
+            Arg::MaxTakeovers | Arg::Retries => format!("`{key} = 3`"),
+            Arg::OnDead => "`on_dead = compensate`".to_owned(),
+        }
+    }
+}
+
+/// The value of `key = value`, or `None` (reported) for `key` or `key(..)`.
+fn value_of<'a>(meta: &'a Meta, arg: Arg, errors: &mut Errors) -> Option<&'a Expr> {
+    let key = arg.key();
+    match meta {
+        Meta::NameValue(nv) => Some(&nv.value),
+        Meta::Path(p) => {
+            errors.spanned(p, format!("`{key}` needs a value: {}", arg.example()));
+            None
+        }
+        Meta::List(l) => {
+            errors.spanned(l, format!("write `{key}` as {}", arg.example()));
+            None
+        }
+    }
+}
+
+/// `name = "..."`: a string literal holding a valid job name.
+fn parse_name(value: &Expr, errors: &mut Errors) -> Option<String> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => validate_name(s).map_err(|e| errors.push(e)).ok(),
+        other => {
+            errors.spanned(
+                other,
+                "`name` must be a string literal, e.g. `name = \"ledger.transfer\"`",
+            );
+            None
+        }
+    }
+}
+
+/// `on_dead = method`: a bare identifier.
+fn parse_hook(value: &Expr, errors: &mut Errors) -> Option<syn::Ident> {
+    match value {
+        Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => {
+            p.path.get_ident().cloned()
+        }
+        other => {
+            errors.spanned(
+                other,
+                "`on_dead` must name a method of this impl block, e.g. \
+                 `on_dead = compensate` for `async fn compensate(&self, ctx: &mut StepCtx, \
+                 dead: tenure::DeadJob) -> Result<(), StepError>`",
+            );
+            None
         }
     }
 }

@@ -5,12 +5,12 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
-use syn::Item;
+use syn::{Ident, Item, Type};
 
 use crate::args::{JobArgs, parse_args};
 use crate::chain::{Relation, relate};
 use crate::errors::Errors;
-use crate::parse::{JobDef, located, parse_job};
+use crate::parse::{JobDef, StepDef, located, parse_job};
 
 /// `#[tenure::job(..)]` on `item`.
 ///
@@ -88,180 +88,243 @@ fn not_an_impl(item: &Item, errors: &mut Errors) {
 
 /// The `Job` impl (and the type-continuity checks) for `def`.
 pub(crate) fn generate(def: &JobDef, args: &JobArgs, errors: &mut Errors) -> TokenStream {
-    let self_ty = &def.self_ty;
-    let cfgs = &def.cfgs;
-    let steps = &def.steps;
     // `parse_job` guarantees at least one step.
-    let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
+    let (Some(first), Some(last)) = (def.steps.first(), def.steps.last()) else {
         return TokenStream::new();
     };
-    let input_ty = &first.input;
-    let output_ty = &last.output;
-    // A missing name was reported already; generate with a placeholder so that code
-    // using `MyJob: Job` does not pile further errors on top.
-    let name = args.name.as_deref().unwrap_or("");
-    let option = |v: Option<u32>| match v {
-        Some(n) => quote!(::core::option::Option::Some(#n)),
-        None => quote!(::core::option::Option::None),
-    };
-    let max_takeovers = option(args.max_takeovers);
-    let retries = option(args.retries);
-    // The hook is called as a method of the impl block, located at its name:
-    // an unknown method or a wrong signature is reported there by rustc.
-    let on_dead = args.on_dead.as_ref().map(|hook| {
-        let call = quote_spanned!(located(hook)=> Self::#hook(self, ctx, dead));
-        quote! {
-            const ON_DEAD: ::core::primitive::bool = true;
-
-            fn on_dead<'__tenure>(
-                &'__tenure self,
-                ctx: &'__tenure mut ::tenure::job::StepCtx,
-                dead: ::tenure::job::DeadJob,
-            ) -> ::tenure::job::BoxFuture<
-                '__tenure,
-                ::core::result::Result<(), ::tenure::job::StepError>,
-            > {
-                ::std::boxed::Box::pin(#call)
-            }
-        }
-    });
-    let step_infos = steps.iter().map(|s| {
-        let name = &s.name;
-        quote!(::tenure::job::StepInfo { name: #name })
-    });
-
-    // Step k + 1 must take what step k returns. Same spelling: nothing to check.
-    // Certainly different: report now. Otherwise: a trait bound rustc checks, with
-    // a message naming both steps.
-    let mut chain_items = Vec::new();
-    let mut chain_checks = Vec::new();
-    for (k, pair) in steps.windows(2).enumerate() {
-        let [prev, next] = pair else { continue };
-        let (prev_out, next_in) = (&prev.output, &next.input);
-        match relate(prev_out, next_in) {
-            Relation::Same => {}
-            Relation::Different => errors.spanned(
-                next_in,
-                format!(
-                    "step `{}` takes `{}`, but the previous step `{}` returns `{}`: each \
-                     step's input type must be the previous step's output type",
-                    next.name,
-                    quote!(#next_in),
-                    prev.name,
-                    quote!(#prev_out),
-                ),
-            ),
-            Relation::Unknown => {
-                let k = k + 1;
-                let bound = format_ident!("__TenureInputOfStep{}", k);
-                let check = format_ident!("__tenure_input_of_step_{}", k);
-                let message = format!(
-                    "step `{}` takes `{{Self}}`, but the previous step `{}` returns `{{Prev}}`",
-                    next.name, prev.name
-                );
-                let label = format!("expected `{{Prev}}`, the output of step `{}`", prev.name);
-                let note = format!(
-                    "each step's input is the previous step's output: `{}` returns \
-                     `Result<{{Prev}}, _>`, so `{}` must take `input: {{Prev}}`",
-                    prev.name, next.name
-                );
-                chain_items.push(quote! {
-                    #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
-                    trait #bound<Prev: ?::core::marker::Sized> {}
-                    impl<T: ?::core::marker::Sized> #bound<T> for T {}
-                    fn #check<Input, Prev>()
-                    where
-                        Input: ?::core::marker::Sized + #bound<Prev>,
-                        Prev: ?::core::marker::Sized,
-                    {
-                    }
-                });
-                chain_checks
-                    .push(quote_spanned!(located(next_in)=> #check::<#next_in, #prev_out>();));
-            }
-        }
-    }
-
-    let arms = steps.iter().enumerate().map(|(i, s)| {
-        let index = u32::try_from(i).unwrap_or(u32::MAX);
-        let (ident, input, output) = (&s.ident, &s.input, &s.output);
-        // One boxed future per step, located at the step's name: a step whose
-        // future is not `Send` is reported there. A decode/encode bound failure
-        // points at the user's type, a failed error conversion at the error type.
-        let decode = quote_spanned!(located(input)=>
-            ::tenure::job::decode_checkpoint::<#input>(step, input)?
-        );
-        let call = quote_spanned!(located(ident)=> Self::#ident(self, ctx, input).await);
-        let error_ty = &s.error;
-        let convert = quote_spanned!(located(error_ty)=>
-            <#error_ty as __TenureIntoStepError>::__tenure_into_step_error(error)
-        );
-        let encode = quote_spanned!(located(output)=>
-            ::tenure::job::encode_checkpoint::<#output>(step, &output)
-        );
-        quote_spanned! {located(ident)=>
-            #index => ::std::boxed::Box::pin(async move {
-                let input = #decode;
-                let output = match #call {
-                    ::core::result::Result::Ok(output) => output,
-                    ::core::result::Result::Err(error) => return ::core::result::Result::Err(#convert),
-                };
-                #encode
-            }),
-        }
-    });
-
+    let cfgs = &def.cfgs;
+    let chain = chain_checks(&def.steps, errors);
+    let chain_items = &chain.items;
+    let into_step_error = into_step_error();
+    let job_impl = job_impl(def, args, &first.input, &last.output, &chain.calls);
     quote! {
         #(#cfgs)*
         const _: () = {
             #(#chain_items)*
 
-            // `?` on a step's result, with an error that names the step's error type.
-            #[diagnostic::on_unimplemented(
-                message = "the error type of a step must convert into `tenure::StepError`; `{Self}` does not",
-                label = "use `StepError`, an error type that implements `std::error::Error + Send + Sync + 'static`, `anyhow::Error` or `Box<dyn Error + Send + Sync>`"
-            )]
-            trait __TenureIntoStepError {
-                fn __tenure_into_step_error(self) -> ::tenure::job::StepError;
-            }
-            impl<E> __TenureIntoStepError for E
-            where
-                ::tenure::job::StepError: ::core::convert::From<E>,
-            {
-                fn __tenure_into_step_error(self) -> ::tenure::job::StepError {
-                    ::core::convert::From::from(self)
-                }
-            }
+            #into_step_error
 
-            #[automatically_derived]
-            impl ::tenure::Job for #self_ty {
-                type Input = #input_ty;
-                type Output = #output_ty;
-                const NAME: &'static ::core::primitive::str = #name;
-                const STEPS: &'static [::tenure::job::StepInfo] = &[#(#step_infos),*];
-                const MAX_TAKEOVERS: ::core::option::Option<::core::primitive::u32> = #max_takeovers;
-                const RETRIES: ::core::option::Option<::core::primitive::u32> = #retries;
-                #on_dead
-
-                fn run_step<'__tenure>(
-                    &'__tenure self,
-                    step: ::tenure::StepIndex,
-                    ctx: &'__tenure mut ::tenure::job::StepCtx,
-                    input: ::tenure::__private::serde_json::Value,
-                ) -> ::tenure::job::BoxFuture<
-                    '__tenure,
-                    ::core::result::Result<::tenure::__private::serde_json::Value, ::tenure::job::StepError>,
-                > {
-                    #(#chain_checks)*
-                    match step.get() {
-                        #(#arms)*
-                        _ => ::std::boxed::Box::pin(::core::future::ready(::core::result::Result::Err(
-                            ::tenure::job::StepError::no_such_step::<Self>(step),
-                        ))),
-                    }
-                }
-            }
+            #job_impl
         };
+    }
+}
+
+/// `impl ::tenure::Job for MyJob`, from the job's input type (the first step's)
+/// to its output type (the last step's); `chain_calls` are the calls of the
+/// type-continuity checks.
+fn job_impl(
+    def: &JobDef,
+    args: &JobArgs,
+    input_ty: &Type,
+    output_ty: &Type,
+    chain_calls: &[TokenStream],
+) -> TokenStream {
+    let self_ty = &def.self_ty;
+    // A missing name was reported already; generate with a placeholder so that code
+    // using `MyJob: Job` does not pile further errors on top.
+    let name = args.name.as_deref().unwrap_or("");
+    let step_infos = def.steps.iter().map(|s| {
+        let name = &s.name;
+        quote!(::tenure::job::StepInfo { name: #name })
+    });
+    let max_takeovers = option_u32(args.max_takeovers);
+    let retries = option_u32(args.retries);
+    let on_dead = args.on_dead.as_ref().map(on_dead);
+    let run_step = run_step(&def.steps, chain_calls);
+    quote! {
+        #[automatically_derived]
+        impl ::tenure::Job for #self_ty {
+            type Input = #input_ty;
+            type Output = #output_ty;
+            const NAME: &'static ::core::primitive::str = #name;
+            const STEPS: &'static [::tenure::job::StepInfo] = &[#(#step_infos),*];
+            const MAX_TAKEOVERS: ::core::option::Option<::core::primitive::u32> = #max_takeovers;
+            const RETRIES: ::core::option::Option<::core::primitive::u32> = #retries;
+            #on_dead
+
+            #run_step
+        }
+    }
+}
+
+/// `Some(n)` or `None`, with absolute paths.
+fn option_u32(v: Option<u32>) -> TokenStream {
+    match v {
+        Some(n) => quote!(::core::option::Option::Some(#n)),
+        None => quote!(::core::option::Option::None),
+    }
+}
+
+/// `ON_DEAD` and `on_dead`, calling the hook `hook` of the impl block.
+fn on_dead(hook: &Ident) -> TokenStream {
+    // The hook is called as a method of the impl block, located at its name:
+    // an unknown method or a wrong signature is reported there by rustc.
+    let call = quote_spanned!(located(hook)=> Self::#hook(self, ctx, dead));
+    quote! {
+        const ON_DEAD: ::core::primitive::bool = true;
+
+        fn on_dead<'__tenure>(
+            &'__tenure self,
+            ctx: &'__tenure mut ::tenure::job::StepCtx,
+            dead: ::tenure::job::DeadJob,
+        ) -> ::tenure::job::BoxFuture<
+            '__tenure,
+            ::core::result::Result<(), ::tenure::job::StepError>,
+        > {
+            ::std::boxed::Box::pin(#call)
+        }
+    }
+}
+
+/// The trait behind `?` on a step's result, with an error that names the step's
+/// error type.
+fn into_step_error() -> TokenStream {
+    quote! {
+        #[diagnostic::on_unimplemented(
+            message = "the error type of a step must convert into `tenure::StepError`; `{Self}` does not",
+            label = "use `StepError`, an error type that implements `std::error::Error + Send + Sync + 'static`, `anyhow::Error` or `Box<dyn Error + Send + Sync>`"
+        )]
+        trait __TenureIntoStepError {
+            fn __tenure_into_step_error(self) -> ::tenure::job::StepError;
+        }
+        impl<E> __TenureIntoStepError for E
+        where
+            ::tenure::job::StepError: ::core::convert::From<E>,
+        {
+            fn __tenure_into_step_error(self) -> ::tenure::job::StepError {
+                ::core::convert::From::from(self)
+            }
+        }
+    }
+}
+
+/// The type-continuity checks of a job: items (a trait and a function per pair of
+/// steps only rustc can compare) and the calls that make rustc check them.
+#[derive(Default)]
+struct ChainChecks {
+    items: Vec<TokenStream>,
+    calls: Vec<TokenStream>,
+}
+
+/// Step k + 1 must take what step k returns. Same spelling: nothing to check.
+/// Certainly different: report now. Otherwise: a trait bound rustc checks, with
+/// a message naming both steps.
+fn chain_checks(steps: &[StepDef], errors: &mut Errors) -> ChainChecks {
+    let mut checks = ChainChecks::default();
+    for (k, pair) in steps.windows(2).enumerate() {
+        let [prev, next] = pair else { continue };
+        match relate(&prev.output, &next.input) {
+            Relation::Same => {}
+            Relation::Different => report_mismatch(prev, next, errors),
+            Relation::Unknown => {
+                let (item, call) = chain_check(k + 1, prev, next);
+                checks.items.push(item);
+                checks.calls.push(call);
+            }
+        }
+    }
+    checks
+}
+
+/// Reports that step `next` cannot take what step `prev` returns.
+fn report_mismatch(prev: &StepDef, next: &StepDef, errors: &mut Errors) {
+    let (prev_out, next_in) = (&prev.output, &next.input);
+    errors.spanned(
+        next_in,
+        format!(
+            "step `{}` takes `{}`, but the previous step `{}` returns `{}`: each \
+             step's input type must be the previous step's output type",
+            next.name,
+            quote!(#next_in),
+            prev.name,
+            quote!(#prev_out),
+        ),
+    );
+}
+
+/// The check that step `k` (`next`) takes what step `k - 1` (`prev`) returns: a
+/// trait bound with a message naming both steps, and its call, located at `next`'s
+/// input type.
+fn chain_check(k: usize, prev: &StepDef, next: &StepDef) -> (TokenStream, TokenStream) {
+    let (prev_out, next_in) = (&prev.output, &next.input);
+    let bound = format_ident!("__TenureInputOfStep{}", k);
+    let check = format_ident!("__tenure_input_of_step_{}", k);
+    let message = format!(
+        "step `{}` takes `{{Self}}`, but the previous step `{}` returns `{{Prev}}`",
+        next.name, prev.name
+    );
+    let label = format!("expected `{{Prev}}`, the output of step `{}`", prev.name);
+    let note = format!(
+        "each step's input is the previous step's output: `{}` returns \
+         `Result<{{Prev}}, _>`, so `{}` must take `input: {{Prev}}`",
+        prev.name, next.name
+    );
+    let item = quote! {
+        #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
+        trait #bound<Prev: ?::core::marker::Sized> {}
+        impl<T: ?::core::marker::Sized> #bound<T> for T {}
+        fn #check<Input, Prev>()
+        where
+            Input: ?::core::marker::Sized + #bound<Prev>,
+            Prev: ?::core::marker::Sized,
+        {
+        }
+    };
+    let call = quote_spanned!(located(next_in)=> #check::<#next_in, #prev_out>(););
+    (item, call)
+}
+
+/// `fn run_step`: the chain checks, then one match arm per step.
+fn run_step(steps: &[StepDef], chain_calls: &[TokenStream]) -> TokenStream {
+    let arms = steps.iter().enumerate().map(|(i, s)| run_step_arm(i, s));
+    quote! {
+        fn run_step<'__tenure>(
+            &'__tenure self,
+            step: ::tenure::StepIndex,
+            ctx: &'__tenure mut ::tenure::job::StepCtx,
+            input: ::tenure::__private::serde_json::Value,
+        ) -> ::tenure::job::BoxFuture<
+            '__tenure,
+            ::core::result::Result<::tenure::__private::serde_json::Value, ::tenure::job::StepError>,
+        > {
+            #(#chain_calls)*
+            match step.get() {
+                #(#arms)*
+                _ => ::std::boxed::Box::pin(::core::future::ready(::core::result::Result::Err(
+                    ::tenure::job::StepError::no_such_step::<Self>(step),
+                ))),
+            }
+        }
+    }
+}
+
+/// The match arm of step `i`: decode its input, call it, encode its output.
+fn run_step_arm(i: usize, s: &StepDef) -> TokenStream {
+    let index = u32::try_from(i).unwrap_or(u32::MAX);
+    let (ident, input, output) = (&s.ident, &s.input, &s.output);
+    // One boxed future per step, located at the step's name: a step whose
+    // future is not `Send` is reported there. A decode/encode bound failure
+    // points at the user's type, a failed error conversion at the error type.
+    let decode = quote_spanned!(located(input)=>
+        ::tenure::job::decode_checkpoint::<#input>(step, input)?
+    );
+    let call = quote_spanned!(located(ident)=> Self::#ident(self, ctx, input).await);
+    let error_ty = &s.error;
+    let convert = quote_spanned!(located(error_ty)=>
+        <#error_ty as __TenureIntoStepError>::__tenure_into_step_error(error)
+    );
+    let encode = quote_spanned!(located(output)=>
+        ::tenure::job::encode_checkpoint::<#output>(step, &output)
+    );
+    quote_spanned! {located(ident)=>
+        #index => ::std::boxed::Box::pin(async move {
+            let input = #decode;
+            let output = match #call {
+                ::core::result::Result::Ok(output) => output,
+                ::core::result::Result::Err(error) => return ::core::result::Result::Err(#convert),
+            };
+            #encode
+        }),
     }
 }
 

@@ -2,8 +2,8 @@
 //! `tenure` crate (`#[tenure::job]`, `#[tenure::step]`), not directly.
 //!
 //! This crate is a shim: each attribute hands off to one function in `expand`;
-//! parsing (`args`, `parse`), type-continuity checks (`chain`) and code generation
-//! are ordinary, unit-tested modules.
+//! parsing (`args`, `parse`, `signature`), type-continuity checks (`chain`) and code
+//! generation are ordinary, unit-tested modules.
 
 use proc_macro::TokenStream;
 
@@ -12,6 +12,7 @@ mod chain;
 mod errors;
 mod expand;
 mod parse;
+mod signature;
 mod test_attr;
 
 /// Turns an `impl` block of `#[step]` methods into a job type: implements

@@ -305,9 +305,6 @@ struct Args {
     cancel: f64,
     /// Partition mode with this many partitions (`--partitions P`).
     partitions: Option<u32>,
-    /// `worker_cut_from_postgres` and `worker_cut_from_nats` with one lock
-    /// per job too (`--cut-faults`; partition mode always has them).
-    cut_faults: bool,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Args> {
@@ -325,7 +322,6 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         only: None,
         cancel: 0.0,
         partitions: None,
-        cut_faults: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -348,7 +344,6 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--only" => a.only = Some(val()?),
             "--cancel" => a.cancel = val()?.parse()?,
             "--partitions" => a.partitions = Some(val()?.parse()?),
-            "--cut-faults" => a.cut_faults = true,
             "--steps" => set_steps(val()?.parse()?)?,
             other => bail!("unknown argument {other:?}"),
         }
@@ -814,23 +809,11 @@ impl Fault {
         Fault::EtcdPauseDuringHandover,
     ];
 
-    /// A worker alive in etcd that cannot reach PostgreSQL or NATS: in
-    /// partition mode (where such a worker stands down) always; with one lock
-    /// per job only with `--cut-faults`, since a per-job run with them lost a
-    /// job (left `running` with no lock; under investigation, see
-    /// `tests/TORTURE.md`).
-    const CUTS: [Fault; 2] = [Fault::WorkerCutFromPostgres, Fault::WorkerCutFromNats];
-
-    /// The kinds a run injects.
-    fn kinds(partitions: bool, cut_faults: bool) -> Vec<Fault> {
+    /// The kinds a run injects: the sixteen, and in partition mode the
+    /// three that move partitions.
+    fn kinds(partitions: bool) -> Vec<Fault> {
         let moves = if partitions { &Fault::MOVES[..] } else { &[] };
-        let cuts = partitions || cut_faults;
-        Fault::ALL
-            .iter()
-            .filter(|f| cuts || !Fault::CUTS.contains(f))
-            .chain(moves)
-            .copied()
-            .collect()
+        Fault::ALL.iter().chain(moves).copied().collect()
     }
 
     const ALL: [Fault; 16] = [
@@ -851,6 +834,18 @@ impl Fault {
         Fault::WorkerCutFromPostgres,
         Fault::WorkerCutFromNats,
     ];
+
+    /// A fault of the coordinator's servers (Redis's in redis-lock mode).
+    fn is_coordinator_fault(self) -> bool {
+        matches!(
+            self,
+            Fault::EtcdKill
+                | Fault::EtcdLeaderKill
+                | Fault::EtcdQuorumLoss
+                | Fault::EtcdRestore
+                | Fault::EtcdRestoreBumped
+        )
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -1198,164 +1193,213 @@ impl Run {
         armed: bool,
         rng: &mut StdRng,
     ) -> anyhow::Result<()> {
-        let ttl = self.args.ttl;
-        let coordinator = matches!(
-            f,
-            Fault::EtcdKill
-                | Fault::EtcdLeaderKill
-                | Fault::EtcdQuorumLoss
-                | Fault::EtcdRestore
-                | Fault::EtcdRestoreBumped
-        );
-        if coordinator && self.args.mode == RunMode::RedisLock {
+        let injected = if f.is_coordinator_fault() && self.args.mode == RunMode::RedisLock {
             self.redis_fault(f, rng).await?;
-            self.count(f);
-            return Ok(());
-        }
+            f
+        } else {
+            self.inject_kind(f, w, armed, rng).await?
+        };
+        self.count(injected);
+        Ok(())
+    }
+
+    /// Injects `f` and heals it; returns the fault that happened (a kill after
+    /// commit with no commit in time is a plain kill).
+    async fn inject_kind(
+        &mut self,
+        f: Fault,
+        w: usize,
+        armed: bool,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<Fault> {
+        let ttl = self.args.ttl;
         match f {
-            Fault::WorkerPause => {
-                // Longer than the lease and the broker's ack wait, so another worker
-                // takes the jobs over while this one sleeps right before a write.
-                let hold =
-                    ttl * 2 + ms(rng, Duration::from_millis(500), Duration::from_millis(1500));
-                self.pause_before_write(w, hold).await;
-            }
-            Fault::WorkerKill => {
-                tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(300))).await;
-                self.kill_worker(w);
-                tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
-                self.spawn(w)?;
-            }
-            Fault::KillAfterCommit => {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                let mut crashed = false;
-                while armed && Instant::now() < deadline {
-                    if let Some(c) = self.slots[w].child.as_mut()
-                        && let Ok(Some(_)) = c.try_wait()
-                    {
-                        crashed = true;
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                self.kill_worker(w);
-                self.spawn(w)?;
-                if !crashed {
-                    // No commit came in time: it was a plain kill.
-                    self.count(Fault::WorkerKill);
-                    return Ok(());
-                }
-            }
+            Fault::WorkerPause => self.worker_pause(w, rng).await,
+            Fault::WorkerKill => self.worker_kill(w, rng).await?,
+            Fault::KillAfterCommit => return self.kill_after_commit(w, armed).await,
             Fault::EtcdKill | Fault::EtcdLeaderKill => {
-                let leader = self.stack.etcd_leader().await.unwrap_or(0);
-                let m = if f == Fault::EtcdLeaderKill {
-                    leader
-                } else {
-                    (leader + rng.random_range(1..self.stack.etcd_members()))
-                        % self.stack.etcd_members()
-                };
-                self.stack.etcd_member(m).kill()?;
-                tokio::time::sleep(ms(
-                    rng,
-                    Duration::from_millis(500),
-                    Duration::from_millis(2500),
-                ))
-                .await;
-                self.stack.etcd_member(m).restart()?;
-                self.ready().await?;
+                self.etcd_member_kill(f == Fault::EtcdLeaderKill, rng)
+                    .await?;
             }
-            Fault::EtcdQuorumLoss => {
-                let n = self.stack.etcd_members();
-                let a = rng.random_range(0..n);
-                let b = (a + rng.random_range(1..n)) % n;
-                self.stack.etcd_member(a).pause()?;
-                self.stack.etcd_member(b).pause()?;
-                tokio::time::sleep(ms(rng, Duration::from_millis(500), ttl * 2)).await;
-                self.stack.etcd_member(a).resume()?;
-                self.stack.etcd_member(b).resume()?;
-                self.ready().await?;
-            }
+            Fault::EtcdQuorumLoss => self.etcd_quorum_loss(rng).await?,
             Fault::NatsRestart => {
                 self.stack.nats().restart()?;
                 self.ready().await?;
             }
-            Fault::PgRestart => {
-                self.stack.postgres().restart()?;
-                if self.mysql_url.is_some() {
-                    // The fenced resource of --target mariadb goes down too.
-                    self.stack.mariadb_server().restart()?;
-                }
-                self.ready().await?;
-            }
-            Fault::EtcdPartition => {
-                // The worker still reaches NATS and PostgreSQL directly.
-                self.slots[w].proxy.set(Mode::Cut);
-                tokio::time::sleep(ms(rng, ttl.mul_f64(1.2), ttl.mul_f64(2.5))).await;
-                self.slots[w].proxy.set(Mode::Pass);
-            }
-            Fault::SlowKeepalive => {
-                let d = ms(rng, ttl / 6, ttl.mul_f64(0.6));
-                self.slots[w].proxy.set(Mode::Delay(d));
-                tokio::time::sleep(ms(rng, Duration::from_secs(2), Duration::from_secs(5))).await;
-                self.slots[w].proxy.set(Mode::Pass);
-            }
+            Fault::PgRestart => self.postgres_restart().await?,
+            // The worker still reaches NATS and PostgreSQL directly.
+            Fault::EtcdPartition => cut_for_a_while(&self.slots[w].proxy, ttl, rng).await,
+            Fault::SlowKeepalive => self.slow_keepalives(w, rng).await,
             Fault::EtcdRestore | Fault::EtcdRestoreBumped => {
                 self.restore_etcd(f == Fault::EtcdRestoreBumped, rng)
                     .await?;
             }
             Fault::OperatorRedriveRunning => self.redrive_running().await?,
-            Fault::WorkerCutFromPostgres | Fault::WorkerCutFromNats => {
-                // Alive in etcd, unable to work: its lease and its share stay.
-                let slot = &self.slots[w];
-                let proxy = if f == Fault::WorkerCutFromPostgres {
-                    &slot.pg_proxy
-                } else {
-                    &slot.nats_proxy
-                };
-                proxy.set(Mode::Cut);
-                tokio::time::sleep(ms(rng, ttl.mul_f64(1.2), ttl.mul_f64(2.5))).await;
-                proxy.set(Mode::Pass);
+            // Alive in etcd, unable to work: its lease and its share stay.
+            Fault::WorkerCutFromPostgres => {
+                cut_for_a_while(&self.slots[w].pg_proxy, ttl, rng).await
             }
-            Fault::EtcdPauseDuringHandover => {
-                // A graceful leave hands the worker's partitions over while
-                // etcd's leader is paused: the resigns may time out.
-                let leader = self.stack.etcd_leader().await.unwrap_or(0);
-                self.leave_started(w);
-                self.stack.etcd_member(leader).pause()?;
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                self.stack.etcd_member(leader).resume()?;
-                self.leave_finished(w).await;
-                self.ready().await?;
-                tokio::time::sleep(ms(rng, Duration::from_millis(200), ttl)).await;
-                self.spawn(w)?;
-                self.joined(w).await;
-            }
-            Fault::NatsPause => {
-                // Publishes, fetches and acks stall; leases go on.
-                self.stack.nats().pause()?;
-                tokio::time::sleep(ms(rng, Duration::from_millis(500), ttl * 2)).await;
-                self.stack.nats().resume()?;
-                self.ready().await?;
-            }
-            Fault::WorkerJoin => {
-                let spare = self.args.workers;
-                if self.slots[spare].active {
-                    self.leave(spare).await;
-                    tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
-                }
-                self.spawn(spare)?;
-                self.joined(spare).await;
-            }
+            Fault::WorkerCutFromNats => cut_for_a_while(&self.slots[w].nats_proxy, ttl, rng).await,
+            Fault::EtcdPauseDuringHandover => self.etcd_pause_during_handover(w, rng).await?,
+            Fault::NatsPause => self.nats_pause(rng).await?,
+            Fault::WorkerJoin => self.worker_join(rng).await?,
             Fault::WorkerLeaveGraceful => {
                 self.leave(w).await;
-                tokio::time::sleep(ms(rng, Duration::from_millis(200), ttl)).await;
-                self.spawn(w)?;
-                self.joined(w).await;
+                self.rejoin_after_a_while(w, rng).await?;
             }
         }
-        self.count(f);
+        Ok(f)
+    }
+
+    /// `worker_sigstop`: longer than the lease and the broker's ack wait, so
+    /// another worker takes the jobs over while this one sleeps right before a
+    /// write.
+    async fn worker_pause(&mut self, w: usize, rng: &mut StdRng) {
+        let hold =
+            self.args.ttl * 2 + ms(rng, Duration::from_millis(500), Duration::from_millis(1500));
+        self.pause_before_write(w, hold).await;
+    }
+
+    /// `worker_sigkill`: worker `w` killed at a random moment, replaced a moment later.
+    async fn worker_kill(&mut self, w: usize, rng: &mut StdRng) -> anyhow::Result<()> {
+        tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(300))).await;
+        self.kill_worker(w);
+        tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
+        self.spawn(w)
+    }
+
+    /// `worker_kill_after_commit`: worker `w`, if `armed` to crash after its
+    /// next commit, gets up to 10 s to do so; then it is killed and replaced.
+    /// Returns the fault that happened: with no commit in time, a plain kill.
+    async fn kill_after_commit(&mut self, w: usize, armed: bool) -> anyhow::Result<Fault> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut crashed = false;
+        while armed && Instant::now() < deadline {
+            if let Some(c) = self.slots[w].child.as_mut()
+                && let Ok(Some(_)) = c.try_wait()
+            {
+                crashed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.kill_worker(w);
+        self.spawn(w)?;
+        Ok(if crashed {
+            Fault::KillAfterCommit
+        } else {
+            Fault::WorkerKill
+        })
+    }
+
+    /// `etcd_member_kill` (a follower, drawn by `rng`) or `etcd_leader_kill`:
+    /// the member is down for 0.5 to 2.5 s.
+    async fn etcd_member_kill(
+        &mut self,
+        leader_only: bool,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<()> {
+        let leader = self.stack.etcd_leader().await.unwrap_or(0);
+        let m = if leader_only {
+            leader
+        } else {
+            (leader + rng.random_range(1..self.stack.etcd_members())) % self.stack.etcd_members()
+        };
+        self.stack.etcd_member(m).kill()?;
+        tokio::time::sleep(ms(
+            rng,
+            Duration::from_millis(500),
+            Duration::from_millis(2500),
+        ))
+        .await;
+        self.stack.etcd_member(m).restart()?;
+        self.ready().await
+    }
+
+    /// `etcd_quorum_loss`: two members paused for up to twice the TTL.
+    async fn etcd_quorum_loss(&mut self, rng: &mut StdRng) -> anyhow::Result<()> {
+        let n = self.stack.etcd_members();
+        let a = rng.random_range(0..n);
+        let b = (a + rng.random_range(1..n)) % n;
+        self.stack.etcd_member(a).pause()?;
+        self.stack.etcd_member(b).pause()?;
+        tokio::time::sleep(ms(rng, Duration::from_millis(500), self.args.ttl * 2)).await;
+        self.stack.etcd_member(a).resume()?;
+        self.stack.etcd_member(b).resume()?;
+        self.ready().await
+    }
+
+    /// `postgres_restart`, and with `--target mariadb` a restart of the fenced
+    /// resource too.
+    async fn postgres_restart(&mut self) -> anyhow::Result<()> {
+        self.stack.postgres().restart()?;
+        if self.mysql_url.is_some() {
+            self.stack.mariadb_server().restart()?;
+        }
+        self.ready().await
+    }
+
+    /// `slow_keepalives`: worker `w`'s etcd link delayed for 2 to 5 s.
+    async fn slow_keepalives(&mut self, w: usize, rng: &mut StdRng) {
+        let ttl = self.args.ttl;
+        let d = ms(rng, ttl / 6, ttl.mul_f64(0.6));
+        self.slots[w].proxy.set(Mode::Delay(d));
+        tokio::time::sleep(ms(rng, Duration::from_secs(2), Duration::from_secs(5))).await;
+        self.slots[w].proxy.set(Mode::Pass);
+    }
+
+    /// `etcd_pause_during_handover`: a graceful leave hands worker `w`'s
+    /// partitions over while etcd's leader is paused (the resigns may time
+    /// out); it joins again later.
+    async fn etcd_pause_during_handover(
+        &mut self,
+        w: usize,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<()> {
+        let leader = self.stack.etcd_leader().await.unwrap_or(0);
+        self.leave_started(w);
+        self.stack.etcd_member(leader).pause()?;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        self.stack.etcd_member(leader).resume()?;
+        self.leave_finished(w).await;
+        self.ready().await?;
+        self.rejoin_after_a_while(w, rng).await
+    }
+
+    /// `nats_pause`: publishes, fetches and acks stall; leases go on.
+    async fn nats_pause(&mut self, rng: &mut StdRng) -> anyhow::Result<()> {
+        self.stack.nats().pause()?;
+        tokio::time::sleep(ms(rng, Duration::from_millis(500), self.args.ttl * 2)).await;
+        self.stack.nats().resume()?;
+        self.ready().await
+    }
+
+    /// `worker_join`: the spare worker joins (leaving first if it runs).
+    async fn worker_join(&mut self, rng: &mut StdRng) -> anyhow::Result<()> {
+        let spare = self.args.workers;
+        if self.slots[spare].active {
+            self.leave(spare).await;
+            tokio::time::sleep(ms(rng, Duration::ZERO, Duration::from_millis(500))).await;
+        }
+        self.spawn(spare)?;
+        self.joined(spare).await;
         Ok(())
     }
+
+    /// Restarts worker `w` after 0.2 s to a TTL and waits until it joined.
+    async fn rejoin_after_a_while(&mut self, w: usize, rng: &mut StdRng) -> anyhow::Result<()> {
+        tokio::time::sleep(ms(rng, Duration::from_millis(200), self.args.ttl)).await;
+        self.spawn(w)?;
+        self.joined(w).await;
+        Ok(())
+    }
+}
+
+/// Cuts the link through `proxy` for 1.2 to 2.5 lease TTLs.
+async fn cut_for_a_while(proxy: &Proxy, ttl: Duration, rng: &mut StdRng) {
+    proxy.set(Mode::Cut);
+    tokio::time::sleep(ms(rng, ttl.mul_f64(1.2), ttl.mul_f64(2.5))).await;
+    proxy.set(Mode::Pass);
 }
 
 impl Run {
@@ -1503,40 +1547,153 @@ struct Verdict {
 
 async fn parent_main(args: Args) -> anyhow::Result<i32> {
     let started = Instant::now();
-    let stack = DevStack::start_with(tenure::devstack::DevStackOptions {
-        redis: args.mode == RunMode::RedisLock,
-        mariadb: args.target == Target::Mariadb,
-        ..Default::default()
-    })
-    .await
-    .context("dev stack")?;
-    let ns = DevStack::unique_namespace("torture");
-    let dir = std::env::temp_dir().join(&ns);
-    std::fs::create_dir_all(&dir)?;
-    let exe = std::env::current_exe()?;
-    let mut cfg = Config::new(ns.clone())
-        .with_schema(ns.clone())
+    let (mut run, mariadb) = Run::start(args).await?;
+    run.start_workers().await?;
+    let args = run.args.clone();
+    let (client, s, dir) = (run.client.clone(), run.ns.clone(), run.dir.clone());
+
+    // The load and the schedule, both from the seed.
+    let jobs = transfers(&args);
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let kinds = Fault::kinds(args.partitions.is_some());
+    let schedule = fault_schedule(&args, &kinds, &mut rng)?;
+    let load = run
+        .load_under_faults(&jobs, &schedule, &mut rng, started)
+        .await?;
+
+    run.quiesce(load.ids.len()).await?;
+    let verdict = settled_verdict(&client, &s, mariadb.as_ref(), &load, &dir).await?;
+    // The cron schedule (Tenure's modes: the Redis runner has no scheduler).
+    let cron = if args.mode == RunMode::RedisLock {
+        cron::Verdict::default()
+    } else {
+        cron::check(&client, &s, Duration::from_secs(30)).await?
+    };
+    for id in &verdict.lost_ids {
+        diagnose(&client, &s, *id, &dir).await;
+        lock_holder(&run.stack.etcd_endpoints(), &s, *id).await;
+        nats_state::dump(&client, &run.stack.nats_url(), *id).await;
+    }
+    for i in 0..run.slots.len() {
+        run.kill_worker(i);
+    }
+
+    print_fault_counts(&kinds, &run.counts);
+    let alarms = regression_alarms(&dir, &run.reused_revisions)?;
+    if args.cancel > 0.0 {
+        print_cancels(&client, &load.cancels).await;
+    }
+    let outcome = Outcome {
+        verdict,
+        alarms,
+        cron,
+    };
+    outcome.print(&run, load.ids.len(), started);
+    let code = outcome.exit_code(args.mode);
+    if code == 0 && std::env::var_os("TORTURE_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("torture: keeping {}", dir.display());
+    }
+    drop(run);
+    Ok(code)
+}
+
+impl Run {
+    /// The dev stack, the schema (and with `--target mariadb` its database), the
+    /// workers' slots; no worker started yet. Also returns the MariaDB fence.
+    async fn start(args: Args) -> anyhow::Result<(Run, Option<MySqlFence>)> {
+        let stack = DevStack::start_with(tenure::devstack::DevStackOptions {
+            redis: args.mode == RunMode::RedisLock,
+            mariadb: args.target == Target::Mariadb,
+            ..Default::default()
+        })
+        .await
+        .context("dev stack")?;
+        let ns = DevStack::unique_namespace("torture");
+        let dir = std::env::temp_dir().join(&ns);
+        std::fs::create_dir_all(&dir)?;
+        let exe = std::env::current_exe()?;
+        let cfg = parent_config(&args, &stack, &ns);
+        let client = Client::connect(&cfg).await.context("client")?;
+        setup_schema(&client, &ns, args.mode == RunMode::Fenced)
+            .await
+            .context("schema")?;
+        let mariadb = match args.target {
+            Target::Postgres => None,
+            Target::Mariadb => Some(setup_mariadb(&args, &stack, &ns, &cfg).await?),
+        };
+        print_banner(&args, &ns, &dir);
+        let slots = worker_slots(&args, &stack).await?;
+        let run = Run {
+            args,
+            stack,
+            ns,
+            dir,
+            exe,
+            slots,
+            counts: BTreeMap::new(),
+            unexpected_exits: 0,
+            mysql_url: mariadb.as_ref().map(|(url, _)| url.clone()),
+            reused_revisions: Vec::new(),
+            client,
+        };
+        Ok((run, mariadb.map(|(_, fence)| fence)))
+    }
+
+    /// Starts the workers (not the spare) and waits up to 120 s until they are
+    /// all ready.
+    async fn start_workers(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.args.workers {
+            self.spawn(i)?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self
+            .slots
+            .iter()
+            .filter(|s| s.active)
+            .all(|s| s.ready.load(Ordering::SeqCst))
+        {
+            if Instant::now() > deadline {
+                bail!("workers did not start; see {}", self.dir.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+}
+
+/// The operator's client configuration.
+fn parent_config(args: &Args, stack: &DevStack, ns: &str) -> Config {
+    let mut cfg = Config::new(ns.to_owned())
+        .with_schema(ns.to_owned())
         .with_etcd_endpoints(stack.etcd_endpoints())
         .with_nats_url(stack.nats_url())
         .with_database_url(stack.database_url())
         .with_lease_ttl(args.ttl);
     cfg.max_in_flight = 16;
     cfg.partitions = args.partitions;
-    let client = Client::connect(&cfg).await.context("client")?;
-    setup_schema(&client, &ns, args.mode == RunMode::Fenced)
+    cfg
+}
+
+/// `--target mariadb`: the database of namespace `ns` and its tables; its URL
+/// and its fence.
+async fn setup_mariadb(
+    args: &Args,
+    stack: &DevStack,
+    ns: &str,
+    cfg: &Config,
+) -> anyhow::Result<(String, MySqlFence)> {
+    let url = stack.create_mysql_database(ns).await?;
+    let fence = MySqlFence::connect(ns, &url, cfg).await?;
+    resource::setup_mariadb(&fence, args.mode == RunMode::Fenced)
         .await
-        .context("schema")?;
-    let mariadb = match args.target {
-        Target::Postgres => None,
-        Target::Mariadb => {
-            let url = stack.create_mysql_database(&ns).await?;
-            let fence = MySqlFence::connect(&ns, &url, &cfg).await?;
-            resource::setup_mariadb(&fence, args.mode == RunMode::Fenced)
-                .await
-                .context("mariadb tables")?;
-            Some((url, fence))
-        }
-    };
+        .context("mariadb tables")?;
+    Ok((url, fence))
+}
+
+/// The run's first line (stderr).
+fn print_banner(args: &Args, ns: &str, dir: &Path) {
     eprintln!(
         "torture: ns={ns} dir={} jobs={} workers={} faults={} seed={} ttl={:?}{}",
         dir.display(),
@@ -1551,13 +1708,16 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             RunMode::RedisLock => " REDIS-LOCK",
         }
     );
+}
 
+/// One slot per worker (and in partition mode one spare, for `worker_join`),
+/// each with its proxies to the coordinator, PostgreSQL and NATS.
+async fn worker_slots(args: &Args, stack: &DevStack) -> anyhow::Result<Vec<Slot>> {
     let coordinator = match args.mode {
         RunMode::RedisLock => vec![stack.redis_url().replace("redis://", "http://")],
         _ => stack.etcd_endpoints(),
     };
     let mut slots = Vec::new();
-    // Partition mode: one spare slot, for `worker_join`.
     let spares = usize::from(args.partitions.is_some());
     for index in 0..args.workers + spares {
         let (pg_proxy, pg_url) = Proxy::relay_url(&stack.database_url()).await?;
@@ -1576,39 +1736,13 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             nats_url,
         });
     }
-    let mut run = Run {
-        args: args.clone(),
-        stack,
-        ns: ns.clone(),
-        dir: dir.clone(),
-        exe,
-        slots,
-        counts: BTreeMap::new(),
-        unexpected_exits: 0,
-        mysql_url: mariadb.as_ref().map(|(url, _)| url.clone()),
-        reused_revisions: Vec::new(),
-        client: client.clone(),
-    };
-    let mariadb = mariadb.map(|(_, fence)| fence);
-    for i in 0..args.workers {
-        run.spawn(i)?;
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !run
-        .slots
-        .iter()
-        .filter(|s| s.active)
-        .all(|s| s.ready.load(Ordering::SeqCst))
-    {
-        if Instant::now() > deadline {
-            bail!("workers did not start; see {}", dir.display());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    Ok(slots)
+}
 
-    // The load and the schedule, both from the seed.
+/// The transfers to enqueue, from the seed.
+fn transfers(args: &Args) -> Vec<(String, Xfer)> {
     let mut job_rng = StdRng::seed_from_u64(args.seed ^ 0x6a6f_6273);
-    let jobs: Vec<(String, Xfer)> = (0..args.jobs)
+    (0..args.jobs)
         .map(|i| {
             let from = job_rng.random_range(0..ACCOUNTS);
             let to = (from + job_rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
@@ -1620,11 +1754,13 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             };
             (format!("t{i}"), x)
         })
-        .collect();
-    let mut rng = StdRng::seed_from_u64(args.seed);
-    let kinds = Fault::kinds(args.partitions.is_some(), args.cut_faults);
+        .collect()
+}
+
+/// `--faults` faults, every kind in turn, shuffled by `rng` (or only `--only`).
+fn fault_schedule(args: &Args, kinds: &[Fault], rng: &mut StdRng) -> anyhow::Result<Vec<Fault>> {
     let mut schedule: Vec<Fault> = (0..args.faults).map(|i| kinds[i % kinds.len()]).collect();
-    schedule.shuffle(&mut rng);
+    schedule.shuffle(rng);
     if let Some(only) = &args.only {
         let f = *kinds
             .iter()
@@ -1632,181 +1768,248 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
             .with_context(|| format!("no fault kind {only}"))?;
         schedule = vec![f; args.faults];
     }
+    Ok(schedule)
+}
 
-    let mut ids: Vec<JobId> = Vec::with_capacity(args.jobs);
-    // The operator's cancels draw from a seed of their own: the fault schedule
-    // is the same with and without them.
-    let mut cancel_rng = StdRng::seed_from_u64(args.seed ^ 0x6361_6e63);
-    let mut cancels = cancel::Cancels::default();
-    let batches = schedule.len().max(1);
-    for (k, fault) in schedule.iter().copied().enumerate() {
-        let lo = args.jobs * k / batches;
-        let hi = args.jobs * (k + 1) / batches;
-        let w = rng.random_range(0..args.workers);
-        let armed = fault == Fault::KillAfterCommit && run.arm_crash(w);
-        let batch = enqueue_batch(&client, &jobs[lo..hi]).await?;
-        cancels.spawn(&client, &batch, args.cancel, &mut cancel_rng);
-        ids.extend(batch);
+/// The jobs the parent enqueued, and the operator's cancels of them.
+struct Load {
+    ids: Vec<JobId>,
+    cancels: cancel::Cancels,
+    /// The operator's cancels draw from a seed of their own: the fault
+    /// schedule is the same with and without them.
+    cancel_rng: StdRng,
+}
+
+impl Load {
+    fn new(args: &Args) -> Self {
+        Load {
+            ids: Vec::with_capacity(args.jobs),
+            cancels: cancel::Cancels::default(),
+            cancel_rng: StdRng::seed_from_u64(args.seed ^ 0x6361_6e63),
+        }
+    }
+
+    /// Enqueues `batch`, and cancels a fraction `cancel` of it a while later.
+    async fn enqueue(
+        &mut self,
+        client: &Client,
+        batch: &[(String, Xfer)],
+        cancel: f64,
+    ) -> anyhow::Result<()> {
+        let batch = enqueue_batch(client, batch).await?;
+        self.cancels
+            .spawn(client, &batch, cancel, &mut self.cancel_rng);
+        self.ids.extend(batch);
+        Ok(())
+    }
+}
+
+impl Run {
+    /// Enqueues the transfers in one batch per fault of `schedule`, each fault
+    /// injected while its batch runs; then waits for the operator's cancels.
+    async fn load_under_faults(
+        &mut self,
+        jobs: &[(String, Xfer)],
+        schedule: &[Fault],
+        rng: &mut StdRng,
+        started: Instant,
+    ) -> anyhow::Result<Load> {
+        let mut load = Load::new(&self.args);
+        let batches = schedule.len().max(1);
+        for (k, fault) in schedule.iter().copied().enumerate() {
+            let lo = self.args.jobs * k / batches;
+            let hi = self.args.jobs * (k + 1) / batches;
+            self.fault_round(fault, &jobs[lo..hi], &mut load, rng)
+                .await?;
+            let total: u64 = self.counts.values().sum();
+            eprintln!(
+                "torture: [{:>6.1}s] fault {}/{} {} (enqueued {})",
+                started.elapsed().as_secs_f64(),
+                total,
+                self.args.faults,
+                fault.name(),
+                load.ids.len()
+            );
+        }
+        if schedule.is_empty() {
+            load.enqueue(&self.client, jobs, self.args.cancel).await?;
+        }
+        load.cancels.finish().await;
+        Ok(load)
+    }
+
+    /// Enqueues `batch` and injects `fault` while it runs, on a worker drawn
+    /// from `rng`; replaces the workers that died.
+    async fn fault_round(
+        &mut self,
+        fault: Fault,
+        batch: &[(String, Xfer)],
+        load: &mut Load,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<()> {
+        let w = rng.random_range(0..self.args.workers);
+        let armed = fault == Fault::KillAfterCommit && self.arm_crash(w);
+        load.enqueue(&self.client, batch, self.args.cancel).await?;
         // Short enough that the batch is still running when the fault lands.
         tokio::time::sleep(ms(
-            &mut rng,
+            rng,
             Duration::from_millis(50),
             Duration::from_millis(400),
         ))
         .await;
-        run.inject(fault, w, armed, &mut rng)
+        self.inject(fault, w, armed, rng)
             .await
             .with_context(|| format!("fault {}", fault.name()))?;
-        run.reap()?;
-        let total: u64 = run.counts.values().sum();
-        eprintln!(
-            "torture: [{:>6.1}s] fault {}/{} {} (enqueued {})",
-            started.elapsed().as_secs_f64(),
-            total,
-            args.faults,
-            fault.name(),
-            ids.len()
-        );
+        self.reap()
     }
-    if schedule.is_empty() {
-        let batch = enqueue_batch(&client, &jobs).await?;
-        cancels.spawn(&client, &batch, args.cancel, &mut cancel_rng);
-        ids.extend(batch);
-    }
-    cancels.finish().await;
 
-    // Quiescence: every job terminal.
-    for s in &run.slots {
-        s.proxy.set(Mode::Pass);
-    }
-    run.ready().await?;
-    let s = ns.clone();
-    let quiesce_deadline = Instant::now() + args.quiesce;
-    loop {
-        run.reap()?;
-        let terminal: i64 = retry("count terminal", || {
-            let client = &client;
-            let s = &s;
-            async move {
-                Ok(sqlx::query_scalar(&format!(
-                    "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead', 'cancelled') \
-                       AND job_type = $1"
-                ))
-                .bind(transfer_type())
-                .fetch_one(client.store().pool())
-                .await?)
+    /// Quiescence: heals every etcd link, then waits until every one of `jobs`
+    /// jobs is terminal (at most `--quiesce-secs`), replacing workers that die.
+    async fn quiesce(&mut self, jobs: usize) -> anyhow::Result<()> {
+        for s in &self.slots {
+            s.proxy.set(Mode::Pass);
+        }
+        self.ready().await?;
+        let deadline = Instant::now() + self.args.quiesce;
+        loop {
+            self.reap()?;
+            let terminal = terminal_transfers(&self.client, &self.ns).await?;
+            if terminal as usize >= jobs || Instant::now() > deadline {
+                return Ok(());
             }
-        })
-        .await?;
-        if terminal as usize >= ids.len() || Instant::now() > quiesce_deadline {
-            break;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    // Let dead-lettering of the last dead jobs finish.
-    let verdict = {
-        let mut v = check(&client, &s, mariadb.as_ref(), &ids, &dir, &cancels.results).await?;
-        let dlq_deadline = Instant::now() + Duration::from_secs(30);
-        while v.lost > 0 && Instant::now() < dlq_deadline {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            v = check(&client, &s, mariadb.as_ref(), &ids, &dir, &cancels.results).await?;
-        }
-        v
-    };
-    // The cron schedule (Tenure's modes: the Redis runner has no scheduler).
-    let cron = if args.mode == RunMode::RedisLock {
-        cron::Verdict::default()
-    } else {
-        cron::check(&client, &s, Duration::from_secs(30)).await?
-    };
-    for id in &verdict.lost_ids {
-        diagnose(&client, &s, *id, &dir).await;
-        lock_holder(&run.stack.etcd_endpoints(), &ns, *id).await;
-        nats_state::dump(&client, &run.stack.nats_url(), *id).await;
+}
+
+/// How many transfers are `done`, `dead` or `cancelled` (retried through faults).
+async fn terminal_transfers(client: &Client, s: &str) -> anyhow::Result<i64> {
+    retry("count terminal", || async move {
+        Ok(sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {s}.jobs WHERE status IN ('done', 'dead', 'cancelled') \
+               AND job_type = $1"
+        ))
+        .bind(transfer_type())
+        .fetch_one(client.store().pool())
+        .await?)
+    })
+    .await
+}
+
+/// The checks' verdict, once the dead-lettering of the last dead jobs had up to
+/// 30 s to finish.
+async fn settled_verdict(
+    client: &Client,
+    s: &str,
+    mariadb: Option<&MySqlFence>,
+    load: &Load,
+    dir: &Path,
+) -> anyhow::Result<Verdict> {
+    let cancels = &load.cancels.results;
+    let mut v = check(client, s, mariadb, &load.ids, dir, cancels).await?;
+    let dlq_deadline = Instant::now() + Duration::from_secs(30);
+    while v.lost > 0 && Instant::now() < dlq_deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        v = check(client, s, mariadb, &load.ids, dir, cancels).await?;
     }
-    for i in 0..run.slots.len() {
-        run.kill_worker(i);
-    }
-    let faults: u64 = run.counts.values().sum();
+    Ok(v)
+}
+
+/// `torture: faults by kind: ...`.
+fn print_fault_counts(kinds: &[Fault], counts: &BTreeMap<&'static str, u64>) {
     let kinds: Vec<String> = kinds
         .iter()
-        .map(|f| format!("{}={}", f.name(), run.counts.get(f.name()).unwrap_or(&0)))
+        .map(|f| format!("{}={}", f.name(), counts.get(f.name()).unwrap_or(&0)))
         .collect();
     println!("torture: faults by kind: {}", kinds.join(" "));
-    let alarms = regression_alarms(&dir, &run.reused_revisions)?;
-    if args.cancel > 0.0 {
-        let left = work_messages_left(&client).await;
+}
+
+/// `torture: operator cancels: ...`, once the work stream drained.
+async fn print_cancels(client: &Client, cancels: &cancel::Cancels) {
+    let left = work_messages_left(client).await;
+    println!(
+        "torture: operator cancels: cancelled={} too_late={} failed={} work_messages_left={left}",
+        cancels.count(cancel::Tried::Cancelled),
+        cancels.count(cancel::Tried::TooLate),
+        cancels.count(cancel::Tried::Failed),
+    );
+}
+
+/// What the checks found.
+struct Outcome {
+    verdict: Verdict,
+    alarms: Alarms,
+    cron: cron::Verdict,
+}
+
+impl Outcome {
+    /// The summary lines (stdout), for `jobs` jobs enqueued.
+    fn print(&self, run: &Run, jobs: usize, started: Instant) {
+        let (args, verdict, alarms) = (&run.args, &self.verdict, &self.alarms);
         println!(
-            "torture: operator cancels: cancelled={} too_late={} failed={} work_messages_left={left}",
-            cancels.count(cancel::Tried::Cancelled),
-            cancels.count(cancel::Tried::TooLate),
-            cancels.count(cancel::Tried::Failed),
+            "torture: history_rows={} accepted_reported={} stale_rejected={} unconfirmed_commits={} \
+             ledger_violations={} regression_alarms={} unexplained_alarms={} \
+             worker_restarts_unplanned={} replays={} elapsed={:.1}s mode={}",
+            verdict.history_rows,
+            verdict.accepted_reported,
+            verdict.stale_rejected,
+            verdict.unconfirmed_commits,
+            verdict.ledger_violations,
+            alarms.total,
+            alarms.unexplained,
+            run.unexpected_exits,
+            verdict.replays,
+            started.elapsed().as_secs_f64(),
+            args.mode.name()
         );
+        println!("{}", self.cron.line());
+        println!(
+            "torture: mode={} target={} partitions={} steps={}",
+            args.mode.name(),
+            args.target.name(),
+            args.partitions.unwrap_or(0),
+            steps()
+        );
+        println!(
+            "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \
+             cancel_violations={} stale_rejected={} faults={} seed={}",
+            jobs,
+            verdict.done,
+            verdict.dead,
+            verdict.cancelled,
+            verdict.lost,
+            verdict.double_commits,
+            verdict.token_regressions,
+            verdict.cancel_violations,
+            verdict.stale_rejected,
+            run.counts.values().sum::<u64>(),
+            args.seed
+        );
+        let _ = std::io::stdout().flush();
     }
-    println!(
-        "torture: history_rows={} accepted_reported={} stale_rejected={} unconfirmed_commits={} \
-         ledger_violations={} regression_alarms={} unexplained_alarms={} \
-         worker_restarts_unplanned={} replays={} elapsed={:.1}s mode={}",
-        verdict.history_rows,
-        verdict.accepted_reported,
-        verdict.stale_rejected,
-        verdict.unconfirmed_commits,
-        verdict.ledger_violations,
-        alarms.total,
-        alarms.unexplained,
-        run.unexpected_exits,
-        verdict.replays,
-        started.elapsed().as_secs_f64(),
-        args.mode.name()
-    );
-    println!("{}", cron.line());
-    println!(
-        "torture: mode={} target={} partitions={} steps={}",
-        args.mode.name(),
-        args.target.name(),
-        args.partitions.unwrap_or(0),
-        steps()
-    );
-    println!(
-        "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \
-         cancel_violations={} stale_rejected={} faults={} seed={}",
-        ids.len(),
-        verdict.done,
-        verdict.dead,
-        verdict.cancelled,
-        verdict.lost,
-        verdict.double_commits,
-        verdict.token_regressions,
-        verdict.cancel_violations,
-        verdict.stale_rejected,
-        faults,
-        args.seed
-    );
-    let _ = std::io::stdout().flush();
-    let violations = verdict.double_commits + verdict.token_regressions;
-    let code = if args.mode == RunMode::RedisLock {
-        // Lost updates show in the ledger.
-        i32::from(violations + verdict.ledger_violations == 0)
-    } else if args.mode.is_control() {
-        i32::from(violations == 0)
-    } else {
-        i32::from(
-            violations != 0
-                || verdict.lost != 0
-                || verdict.cancel_violations != 0
-                || verdict.ledger_violations != 0
-                || verdict.unconfirmed_commits != 0
-                || alarms.unexplained != 0
-                || !cron.clean(),
-        )
-    };
-    if code == 0 && std::env::var_os("TORTURE_KEEP").is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    } else {
-        eprintln!("torture: keeping {}", dir.display());
+
+    /// The exit status: 0 when the run passed. A negative control passes when it
+    /// finds violations.
+    fn exit_code(&self, mode: RunMode) -> i32 {
+        let (verdict, alarms) = (&self.verdict, &self.alarms);
+        let violations = verdict.double_commits + verdict.token_regressions;
+        if mode == RunMode::RedisLock {
+            // Lost updates show in the ledger.
+            i32::from(violations + verdict.ledger_violations == 0)
+        } else if mode.is_control() {
+            i32::from(violations == 0)
+        } else {
+            i32::from(
+                violations != 0
+                    || verdict.lost != 0
+                    || verdict.cancel_violations != 0
+                    || verdict.ledger_violations != 0
+                    || verdict.unconfirmed_commits != 0
+                    || alarms.unexplained != 0
+                    || !self.cron.clean(),
+            )
+        }
     }
-    drop(run);
-    Ok(code)
 }
 
 /// Messages still in the work stream once every job ended, after up to 15 s
