@@ -125,6 +125,12 @@ impl Pay {
     }
 }
 
+/// The test environment's worker `w0` of [`Pay`].
+async fn pay_worker(env: &TestEnv) -> Worker {
+    let start = |cfg| async move { Worker::builder(cfg).register(Pay) };
+    env.worker("w0", start).await.unwrap()
+}
+
 /// A payment done and its row pruned by retention (`done_after` = `every` =
 /// 1 s, the broker's duplicate window `window`), on a worker that still runs.
 struct Pruned {
@@ -468,13 +474,8 @@ async fn a_batch_never_reports_a_publish_nobody_will_make(env: TestEnv) {
 /// republishes it, as `enqueue` does: the documented way to recover.
 #[tenure::test]
 async fn enqueue_in_of_an_unfinished_duplicate_republishes(env: TestEnv) {
-    let w = env
-        .worker(
-            "w0",
-            |cfg| async move { Worker::builder(cfg).register(Pay) },
-        )
-        .await
-        .unwrap();
+    let env = &env;
+    let w = pay_worker(env).await;
     let client = env.client();
     let id = JobId::from_key("ops.pay", "lost-message");
     // A row whose message never reached the broker.
@@ -562,6 +563,7 @@ async fn the_default_retention_prunes_month_old_done_jobs_and_keeps_their_keys(e
 /// while the row stayed `pending` or `running`).
 #[tenure::test]
 async fn two_messages_of_one_job_in_one_fetch_are_absorbed(env: TestEnv) {
+    let env = &env;
     let client = env.client();
     let e = client.enqueue::<Pay>("twice", &5).await.unwrap();
     let payload = serde_json::to_vec(&5).unwrap();
@@ -570,13 +572,7 @@ async fn two_messages_of_one_job_in_one_fetch_are_absorbed(env: TestEnv) {
         .publish_redrive(e.job_id, "ops.pay", payload.into())
         .await
         .unwrap();
-    let w = env
-        .worker(
-            "w0",
-            |cfg| async move { Worker::builder(cfg).register(Pay) },
-        )
-        .await
-        .unwrap();
+    let w = pay_worker(env).await;
     let row = tenure_tests::wait_terminal(client, e.job_id, Duration::from_secs(30)).await;
     assert_eq!(row.status, JobStatus::Done, "{:?}", row.last_error);
     assert_eq!(runs(e.job_id), 1);
