@@ -197,7 +197,7 @@ impl FetcherState {
             // actor itself: the job may have no row, or a second message of
             // the same job came in this group and the first took the row.
             let admitted = match (&mut rows, delivery.job_id()) {
-                (Some(rows), Ok(id)) => rows.remove(&id).map(Some),
+                (Some(rows), Ok(id)) => rows.remove(&id),
                 _ => None,
             };
             let args = JobArgs {

@@ -25,9 +25,10 @@ use crate::{FencingToken, JobId, retry};
 
 pub(crate) struct JobArgs {
     pub(crate) shared: Arc<Shared>,
-    /// The job row as read with the delivery's fetch group: `Some(None)` if
-    /// it has none, `None` if not read yet.
-    pub(crate) admitted: Option<Option<JobRow>>,
+    /// The job row as read with the delivery's fetch group; `None` when the
+    /// group's read did not return it (no row, a second message of the same
+    /// job in the group, a failed read): the actor reads its own.
+    pub(crate) admitted: Option<JobRow>,
     pub(crate) delivery: Delivery,
     /// This delivery's place in the worker, until the actor ends.
     pub(crate) hold: HoldSlot,
@@ -101,7 +102,7 @@ impl Actor for JobActor {
 
 impl JobRun {
     /// The delivery's whole life: the phases, then one [`settle`](Self::settle).
-    async fn run(&self, delivery: Delivery, admitted: Option<Option<JobRow>>) {
+    async fn run(&self, delivery: Delivery, admitted: Option<JobRow>) {
         let mut attempt = Attempt::new(delivery);
         let job_id = match attempt.delivery().job_id() {
             Ok(id) => id,
@@ -153,7 +154,7 @@ impl JobRun {
         a: &mut Attempt,
         job_id: JobId,
         header_type: Option<String>,
-        admitted: Option<Option<JobRow>>,
+        admitted: Option<JobRow>,
     ) -> Result<(), Outcome> {
         // A renewed message carries the rest of its predecessor's delay.
         if let Some(delay) = a.delivery().not_before_wait() {
@@ -197,11 +198,11 @@ impl JobRun {
         a: &mut Attempt,
         job_id: JobId,
         header_type: Option<String>,
-        admitted: Option<Option<JobRow>>,
+        admitted: Option<JobRow>,
     ) -> Result<Arc<dyn DynJob>, Outcome> {
         let sh = &self.shared;
         let read = match admitted {
-            Some(row) => Ok(row),
+            Some(row) => Ok(Some(row)),
             None => sh.store.job(job_id).await,
         };
         let row = match read {
