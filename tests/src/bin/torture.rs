@@ -1574,6 +1574,9 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         lock_holder(&run.stack.etcd_endpoints(), &s, *id).await;
         nats_state::dump(&client, &run.stack.nats_url(), *id).await;
     }
+    if !verdict.lost_ids.is_empty() {
+        nats_state::server_log(run.stack.nats().log_path());
+    }
     for i in 0..run.slots.len() {
         run.kill_worker(i);
     }

@@ -95,3 +95,27 @@ async fn scan(stream: &jetstream::stream::Stream, id: JobId, first: u64, last: u
     }
     eprintln!("torture: lost {id}: {found} stored message(s) name the job (seq {first}..={last})");
 }
+
+/// How many of the server log's warnings and errors [`server_log`] prints.
+const LOG_TAIL: usize = 60;
+
+/// The last warnings and errors in nats-server's log (`[WRN]`, `[ERR]`):
+/// what the server said of a consumer that stopped delivering.
+pub fn server_log(path: &std::path::Path) {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => return eprintln!("torture: nats log {}: {e}", path.display()),
+    };
+    let noted: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("[WRN]") || l.contains("[ERR]"))
+        .collect();
+    eprintln!(
+        "torture: nats log {}: {} warning/error line(s), the last {LOG_TAIL}:",
+        path.display(),
+        noted.len()
+    );
+    for line in &noted[noted.len().saturating_sub(LOG_TAIL)..] {
+        eprintln!("torture: nats log: {line}");
+    }
+}
