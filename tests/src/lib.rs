@@ -11,8 +11,9 @@ pub mod metered;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tenure::blocks::fence::JobStatus;
 use tenure::devstack::DevStack;
-use tenure::{Config, StepCtx, StepError};
+use tenure::{Config, StepCtx, StepError, Worker, WorkerBuilder};
 
 /// A `Config` for namespace `ns` on `stack` (schema = `ns`), with lease TTL `ttl`.
 pub fn config_for(stack: &DevStack, ns: &str, ttl: Duration) -> Config {
@@ -58,6 +59,105 @@ pub async fn on_kit(env: &tenure::testing::TestEnv) -> (String, Config, tenure::
         env.config().clone(),
         env.client().clone(),
     )
+}
+
+/// `cfg` moved to a namespace (and schema) of its own, on the same servers,
+/// for a test that needs a second one; a client's `migrate` prepares it.
+pub fn in_new_namespace(cfg: &Config, prefix: &str) -> Config {
+    let ns = DevStack::unique_namespace(prefix);
+    let mut cfg = cfg.clone();
+    cfg.namespace = ns.clone();
+    cfg.schema = ns;
+    cfg
+}
+
+/// What the worker processes of these tests run (`#[tenure::test(worker =
+/// tenure_tests::test_worker)]`, then `TestEnv::worker_process`): [`ThreeStep`]
+/// and [`Compensated`] as worker `cfg.worker_id`, on `cfg.schema`.
+pub async fn test_worker(cfg: Config) -> WorkerBuilder {
+    let (worker, schema) = (cfg.worker_id.clone(), cfg.schema.clone());
+    let compensated = Compensated {
+        worker: worker.clone(),
+        schema: schema.clone(),
+    };
+    Worker::builder(cfg)
+        .register(ThreeStep { worker, schema })
+        .register(compensated)
+}
+
+/// [`test_worker`] that also declares the schedule `tick`: a [`ThreeStep`]
+/// job every second, missed ticks caught up (at most 1000).
+pub async fn cron_test_worker(cfg: Config) -> WorkerBuilder {
+    let every_second = tenure::Schedule::new("tick", "* * * * * *")
+        .missed(tenure::MissedTicks::CatchUp { max: 1000 });
+    test_worker(cfg)
+        .await
+        .schedule_with::<ThreeStep>(every_second, &Work::default())
+}
+
+/// [`test_worker`] owning jobs by partition (4 partitions).
+pub async fn partitioned_test_worker(cfg: Config) -> WorkerBuilder {
+    test_worker(cfg.with_partitions(4)).await
+}
+
+/// How many of the jobs in `client`'s schema have `status` (the store's
+/// overview, as the CLI shows it).
+pub async fn count_status(client: &tenure::Client, status: JobStatus) -> i64 {
+    let overview = client
+        .store()
+        .overview(Duration::from_secs(60))
+        .await
+        .expect("overview");
+    overview.count(status)
+}
+
+/// Whether job `id` is `done` within `within`.
+pub async fn done_within(client: &tenure::Client, id: tenure::JobId, within: Duration) -> bool {
+    wait_until(within, || async {
+        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+    })
+    .await
+}
+
+/// Asserts that each of `jobs` has a DLQ entry whose reason mentions `reason`
+/// (within 10 s: the row is marked dead before its entry is published).
+pub async fn assert_dead_lettered(client: &tenure::Client, jobs: &[tenure::JobId], reason: &str) {
+    wait_until(Duration::from_secs(10), || async {
+        let dlq = client.queue().dead_letters(100).await.unwrap();
+        jobs.iter()
+            .all(|id| dlq.iter().any(|d| d.job_id == Some(*id)))
+    })
+    .await;
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    for id in jobs {
+        let entry = dlq
+            .iter()
+            .find(|d| d.job_id == Some(*id))
+            .expect("in the DLQ");
+        assert!(entry.reason.contains(reason), "reason: {}", entry.reason);
+    }
+}
+
+/// The events of kind `kind` of job `id` (its history, oldest first).
+pub async fn events_of_kind(
+    client: &tenure::Client,
+    id: tenure::JobId,
+    kind: &str,
+) -> Vec<tenure::blocks::fence::JobEvent> {
+    let events = client.store().job_events(id).await.expect("job events");
+    events.into_iter().filter(|e| e.kind == kind).collect()
+}
+
+/// How many `step_log` rows job `id` wrote (committed writes of its steps).
+pub async fn steps_logged(client: &tenure::Client, id: tenure::JobId) -> i64 {
+    let schema = client.store().schema();
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {schema}.step_log WHERE job_id = $1"
+    ))
+    .bind(id.as_uuid())
+    .fetch_one(client.store().pool())
+    .await
+    .expect("count step_log")
 }
 
 /// Prints the framework's warnings and errors (or what `RUST_LOG` asks for)
@@ -294,19 +394,17 @@ impl Cancellable {
 }
 
 /// When job `id` was first claimed (its first `claimed` or `taken_over`
-/// event in schema `ns`); `None` if never.
+/// event); `None` if never.
 pub async fn claimed_at(
     client: &tenure::Client,
-    ns: &str,
     id: tenure::JobId,
 ) -> Option<chrono::DateTime<chrono::Utc>> {
-    sqlx::query_scalar(&format!(
-        "SELECT min(at) FROM {ns}.job_events WHERE job_id = $1 AND kind IN ('claimed', 'taken_over')"
-    ))
-    .bind(id.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .expect("claimed_at")
+    let events = client.store().job_events(id).await.expect("claimed_at");
+    events
+        .iter()
+        .filter(|e| e.kind == "claimed" || e.kind == "taken_over")
+        .map(|e| e.at)
+        .min()
 }
 
 /// Counts rows of `step_log` per (job, step) that appear more than once.
