@@ -150,14 +150,44 @@ pub async fn events_of_kind(
 
 /// How many `step_log` rows job `id` wrote (committed writes of its steps).
 pub async fn steps_logged(client: &tenure::Client, id: tenure::JobId) -> i64 {
+    rows_of(client, "step_log", id).await
+}
+
+/// How many rows of the test's table `table` (in the client's schema) have
+/// `job_id` = `id`.
+pub async fn rows_of(client: &tenure::Client, table: &str, id: tenure::JobId) -> i64 {
     let schema = client.store().schema();
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {schema}.step_log WHERE job_id = $1"
-    ))
-    .bind(id.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .expect("count step_log")
+    let sql = format!("SELECT count(*) FROM {schema}.{table} WHERE job_id = $1");
+    let count = sqlx::query_scalar(&sql).bind(id.as_uuid());
+    count.fetch_one(client.store().pool()).await.expect("count")
+}
+
+/// Runs each statement of `ddl` (the test's own tables) on `pool`.
+pub async fn execute_all(pool: &sqlx::PgPool, ddl: &[String]) {
+    for statement in ddl {
+        sqlx::query(statement).execute(pool).await.unwrap();
+    }
+}
+
+/// The scheduler leader's worker id and token (`None`: no leader yet).
+pub async fn scheduler_leader(client: &tenure::Client) -> Option<(String, i64)> {
+    let leader = client.store().leader("scheduler").await.unwrap();
+    leader.map(|l| (l.worker, l.fence))
+}
+
+/// Starts a worker process of the test for each id of `ids` (each ready),
+/// paired with its id.
+pub async fn worker_processes(
+    env: &tenure::testing::TestEnv,
+    ids: &[&str],
+) -> Vec<(String, tenure::testing::WorkerProcess)> {
+    let mut workers = Vec::new();
+    for id in ids {
+        let plan = tenure::testing::FaultPlan::new();
+        let process = env.worker_process(id, plan).await.unwrap();
+        workers.push((id.to_string(), process));
+    }
+    workers
 }
 
 /// Prints the framework's warnings and errors (or what `RUST_LOG` asks for)
@@ -237,6 +267,24 @@ pub struct Work {
     pub panic: bool,
 }
 
+/// A [`ThreeStep`] input carrying `n`, nothing slow or failing.
+pub fn work(n: u64) -> Work {
+    Work {
+        n,
+        ..Work::default()
+    }
+}
+
+/// A [`ThreeStep`] input whose step `step` sleeps `ms` on worker `worker`.
+pub fn slow_on(worker: &str, step: u32, ms: u64) -> Work {
+    Work {
+        slow_worker: Some(worker.into()),
+        slow_step: step,
+        slow_ms: ms,
+        ..Work::default()
+    }
+}
+
 /// A three-step job whose every step appends `(job, step, token, worker)` to the
 /// guarded `step_log` table in its fenced transaction.
 #[derive(Debug, Clone)]
@@ -247,6 +295,76 @@ pub struct ThreeStep {
     pub schema: String,
 }
 
+/// Runs `sql`, an `INSERT` of a step's row, in the step's fenced
+/// transaction (`ctx.db()`): `$1` is the job's id, `$2` the step's token,
+/// then `step` (if any) and `text` (if any), in that order.
+pub async fn insert_in_step(
+    ctx: &mut StepCtx,
+    sql: &str,
+    step: Option<u32>,
+    text: Option<&str>,
+) -> Result<(), StepError> {
+    let mut q = sqlx::query(sql)
+        .bind(ctx.job_id().as_uuid())
+        .bind(ctx.token().get());
+    if let Some(step) = step {
+        q = q.bind(i32::try_from(step).unwrap_or(i32::MAX));
+    }
+    if let Some(text) = text {
+        q = q.bind(text);
+    }
+    q.execute(ctx.db().await?).await?;
+    Ok(())
+}
+
+/// Creates table `name` `(job_id, step, token)` in the test's schema, has
+/// the kit's checker watch it, and guards it when `guarded`.
+pub async fn step_table(env: &tenure::testing::TestEnv, name: &str, guarded: bool) {
+    let table = format!("{}.{name}", env.schema());
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (job_id uuid NOT NULL, step int NOT NULL, token bigint NOT NULL)"
+    ))
+    .execute(env.pool())
+    .await
+    .unwrap();
+    env.history()
+        .watch_table(&table, "job_id", "step", Some("token"));
+    if guarded {
+        env.client().install_guard(&table).await.unwrap();
+    }
+}
+
+/// The `(step, token)` rows of `job` in the test's table `name` (a
+/// [`step_table`]), by step.
+pub async fn step_rows(
+    env: &tenure::testing::TestEnv,
+    name: &str,
+    job: tenure::JobId,
+) -> Vec<(i32, i64)> {
+    let sql = format!(
+        "SELECT step, token FROM {}.{name} WHERE job_id = $1 ORDER BY step",
+        env.schema()
+    );
+    let rows = sqlx::query_as(&sql)
+        .bind(job.as_uuid())
+        .fetch_all(env.pool());
+    rows.await.unwrap()
+}
+
+/// Appends `(job, step, token, worker)` to `schema.step_log` in the step's
+/// fenced transaction.
+async fn log_step(
+    ctx: &mut StepCtx,
+    schema: &str,
+    step: u32,
+    worker: &str,
+) -> Result<(), StepError> {
+    let sql = format!(
+        "INSERT INTO {schema}.step_log (job_id, token, step, worker) VALUES ($1, $2, $3, $4)"
+    );
+    insert_in_step(ctx, &sql, Some(step), Some(worker)).await
+}
+
 impl ThreeStep {
     async fn log(&self, ctx: &mut StepCtx, w: &Work, step: u32) -> Result<(), StepError> {
         if w.slow_step == step && w.slow_worker.as_deref() == Some(self.worker.as_str()) {
@@ -254,19 +372,7 @@ impl ThreeStep {
             // worker does not notice that its lease is gone.
             tokio::time::sleep(Duration::from_millis(w.slow_ms)).await;
         }
-        let (job_id, token) = (ctx.job_id().as_uuid(), ctx.token().get());
-        let sql = format!(
-            "INSERT INTO {}.step_log (job_id, step, token, worker) VALUES ($1, $2, $3, $4)",
-            self.schema
-        );
-        sqlx::query(&sql)
-            .bind(job_id)
-            .bind(i32::try_from(step).unwrap_or(i32::MAX))
-            .bind(token)
-            .bind(&self.worker)
-            .execute(ctx.db().await?)
-            .await?;
-        Ok(())
+        log_step(ctx, &self.schema, step, &self.worker).await
     }
 }
 
@@ -354,18 +460,8 @@ pub struct Cancellable {
 
 impl Cancellable {
     async fn write(&self, ctx: &mut StepCtx, step: u32) -> Result<(), StepError> {
-        let sql = format!(
-            "INSERT INTO {}.step_log (job_id, step, token, worker) VALUES ($1, $2, $3, 'cancellable')",
-            self.schema
-        );
-        let (job, token) = (ctx.job_id(), ctx.token().get());
-        sqlx::query(&sql)
-            .bind(job.as_uuid())
-            .bind(i32::try_from(step).unwrap_or(i32::MAX))
-            .bind(token)
-            .execute(ctx.db().await?)
-            .await?;
-        self.probe.wrote.lock().unwrap().push((job, step));
+        log_step(ctx, &self.schema, step, "cancellable").await?;
+        self.probe.wrote.lock().unwrap().push((ctx.job_id(), step));
         Ok(())
     }
 }
@@ -623,12 +719,7 @@ impl Compensated {
             "INSERT INTO {}.refunds (job_id, token, worker) VALUES ($1, $2, $3)",
             self.schema
         );
-        sqlx::query(&sql)
-            .bind(ctx.job_id().as_uuid())
-            .bind(ctx.token().get())
-            .bind(&self.worker)
-            .execute(ctx.db().await?)
-            .await?;
+        insert_in_step(ctx, &sql, None, Some(&self.worker)).await?;
         if m.slow_hook_worker.as_deref() == Some(self.worker.as_str()) {
             // Not bound to cancellation: a paused worker notices nothing.
             tokio::time::sleep(Duration::from_millis(m.slow_hook_ms)).await;

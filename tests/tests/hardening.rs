@@ -83,15 +83,14 @@ async fn losing_the_claims_transaction_still_counts_the_attempt(env: TestEnv) {
     let (ns, cfg, client) = on_kit(&env).await;
     let ttl = cfg.lease_ttl;
     let pool = client.store().pool();
-    for ddl in [
+    let ddl = [
         format!("CREATE TABLE {ns}.parent (id int PRIMARY KEY)"),
         format!(
             "CREATE TABLE {ns}.child (parent int REFERENCES {ns}.parent (id) \
              DEFERRABLE INITIALLY DEFERRED)"
         ),
-    ] {
-        sqlx::query(&ddl).execute(pool).await.unwrap();
-    }
+    ];
+    tenure_tests::execute_all(pool, &ddl).await;
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
         .register(LosesClaim {
             schema: ns.clone(),
@@ -372,14 +371,13 @@ async fn redrive_republishes_a_live_job_whose_message_is_gone(env: TestEnv) {
 async fn partitioned_tables_and_partitions_are_refused_by_the_guard(env: TestEnv) {
     let (ns, _cfg, client) = on_kit(&env).await;
     let pool = client.store().pool();
-    for ddl in [
+    let ddl = [
         format!("CREATE TABLE {ns}.parted (k int) PARTITION BY RANGE (k)"),
         format!(
             "CREATE TABLE {ns}.parted_low PARTITION OF {ns}.parted FOR VALUES FROM (0) TO (100)"
         ),
-    ] {
-        sqlx::query(&ddl).execute(pool).await.unwrap();
-    }
+    ];
+    tenure_tests::execute_all(pool, &ddl).await;
     for table in [format!("{ns}.parted"), format!("{ns}.parted_low")] {
         let err = client
             .store()

@@ -12,27 +12,13 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tenure::blocks::fence::{FenceError, JobStatus};
-use tenure::testing::{FaultPlan, TestEnv};
+use tenure::testing::TestEnv;
 use tenure::{BatchError, Client, ClientError, EnqueueItemError, JobId, StepCtx, StepError};
 use tenure_tests::{
     ThreeStep, Work, claimed_at, count_status, double_commits, on_kit, steps_logged, wait_until,
 };
 
-fn work(n: u64) -> Work {
-    Work {
-        n,
-        ..Work::default()
-    }
-}
-
-async fn leader(client: &Client) -> Option<(String, i64)> {
-    client
-        .store()
-        .leader("scheduler")
-        .await
-        .unwrap()
-        .map(|l| (l.worker, l.fence))
-}
+use tenure_tests::{scheduler_leader as leader, work};
 
 async fn is_done(client: &Client, id: JobId) -> bool {
     matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
@@ -163,13 +149,7 @@ async fn the_leader_killed_between_commit_and_publish_is_replaced_and_the_job_ru
     env: TestEnv,
 ) {
     let (ns, _cfg, client) = on_kit(&env).await;
-    let mut workers = Vec::new();
-    for id in ["w0", "w1", "w2"] {
-        workers.push((
-            id.to_string(),
-            env.worker_process(id, FaultPlan::new()).await.unwrap(),
-        ));
-    }
+    let mut workers = tenure_tests::worker_processes(&env, &["w0", "w1", "w2"]).await;
     assert!(
         wait_until(Duration::from_secs(30), || async {
             leader(&client).await.is_some()

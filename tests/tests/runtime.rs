@@ -13,8 +13,8 @@ use tenure::{Worker, WorkerObserver};
 use tenure_tests::metered::cancellable_worker;
 use tenure_tests::{
     CancelProbe, Cancellable, Hold, ThreeStep, Work, assert_dead_lettered, count_status,
-    done_within, double_commits, events_of_kind, on_kit, steps_logged, three_step_worker,
-    wait_until,
+    done_within, double_commits, events_of_kind, on_kit, slow_on, steps_logged, three_step_worker,
+    wait_until, work,
 };
 
 #[tenure::test(ttl_secs = 5)]
@@ -44,13 +44,7 @@ async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once(env: Te
             let client = client.clone();
             async move {
                 client
-                    .enqueue::<ThreeStep>(
-                        &format!("job-{n}"),
-                        &Work {
-                            n: *n,
-                            ..Work::default()
-                        },
-                    )
+                    .enqueue::<ThreeStep>(&format!("job-{n}"), &work(*n))
                     .await
                     .expect("enqueue")
             }
@@ -83,13 +77,7 @@ async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once(env: Te
     assert_eq!(per_job, N as i64, "every job has all three steps");
     // Duplicate enqueue after completion: the row dedups, nothing runs again.
     let again = client
-        .enqueue::<ThreeStep>(
-            "job-7",
-            &Work {
-                n: 7,
-                ..Work::default()
-            },
-        )
+        .enqueue::<ThreeStep>("job-7", &work(7))
         .await
         .unwrap();
     assert!(again.duplicate);
@@ -127,10 +115,7 @@ async fn paused_worker_is_fenced_out_after_takeover(env: TestEnv) {
 
     let work = Work {
         n: 1,
-        slow_worker: Some("A".into()),
-        slow_step: 1,
-        slow_ms: 8000,
-        ..Work::default()
+        ..slow_on("A", 1, 8000)
     };
     let job_id = client
         .enqueue::<ThreeStep>("seed-timeline", &work)
@@ -347,13 +332,7 @@ async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes(env: 
         tokio::spawn(async move {
             for n in 0..400u64 {
                 let _ = client
-                    .enqueue::<ThreeStep>(
-                        &format!("q-{n}"),
-                        &Work {
-                            n,
-                            ..Work::default()
-                        },
-                    )
+                    .enqueue::<ThreeStep>(&format!("q-{n}"), &work(n))
                     .await;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -530,15 +509,7 @@ async fn graceful_shutdown_releases_jobs_without_counting_takeovers(env: TestEnv
     let first = three_step_worker(&cfg, &ns, "first").await;
     // Slow step 1 on `first`: it is mid-job when shutdown begins.
     let job_id = client
-        .enqueue::<ThreeStep>(
-            "shutdown-mid-job",
-            &Work {
-                slow_worker: Some("first".into()),
-                slow_step: 1,
-                slow_ms: 500,
-                ..Work::default()
-            },
-        )
+        .enqueue::<ThreeStep>("shutdown-mid-job", &slow_on("first", 1, 500))
         .await
         .unwrap()
         .job_id;
@@ -569,31 +540,20 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window(env: TestEnv) {
     let (ns, mut cfg, _) = on_kit(&env).await;
     cfg.duplicate_window = Duration::from_secs(1);
     let client = Client::connect(&cfg).await.expect("client");
-    let work = Work {
-        n: 5,
-        ..Work::default()
-    };
-    let first = client.enqueue::<ThreeStep>("once", &work).await.unwrap();
+    let five = work(5);
+    let first = client.enqueue::<ThreeStep>("once", &five).await.unwrap();
     assert!(!first.duplicate);
     // Inside the broker's window: the row says duplicate, the broker drops the copy.
-    let inside = client.enqueue::<ThreeStep>("once", &work).await.unwrap();
+    let inside = client.enqueue::<ThreeStep>("once", &five).await.unwrap();
     assert!(inside.duplicate);
     assert_eq!(inside.job_id, first.job_id);
     // After the window the broker stores the message again; the row still knows.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let after = client.enqueue::<ThreeStep>("once", &work).await.unwrap();
+    let after = client.enqueue::<ThreeStep>("once", &five).await.unwrap();
     assert!(after.duplicate);
     assert_eq!(after.job_id, first.job_id);
     // The same key with another payload is refused, not silently overwritten.
-    let other = client
-        .enqueue::<ThreeStep>(
-            "once",
-            &Work {
-                n: 6,
-                ..Work::default()
-            },
-        )
-        .await;
+    let other = client.enqueue::<ThreeStep>("once", &work(6)).await;
     assert!(
         matches!(
             other,
@@ -628,13 +588,10 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window(env: TestEnv) {
 async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once(env: TestEnv) {
     let (ns, cfg, client) = on_kit(&env).await;
     let worker = three_step_worker(&cfg, &ns, "slow").await;
+    // Past the TTL, so past the idle-in-transaction timeout.
     let work = Work {
         n: 1,
-        slow_worker: Some("slow".into()),
-        slow_step: 0,
-        // Past the TTL, so past the idle-in-transaction timeout.
-        slow_ms: 3_000,
-        ..Work::default()
+        ..slow_on("slow", 0, 3_000)
     };
     let id = client
         .enqueue::<ThreeStep>("slow-first", &work)
@@ -700,10 +657,6 @@ async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes(env: 
 #[tenure::test(ttl_secs = 5)]
 async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types(env: TestEnv) {
     let (ns, cfg, client) = on_kit(&env).await;
-    let work = |n| Work {
-        n,
-        ..Work::default()
-    };
     let done = client
         .enqueue::<ThreeStep>("admit-done", &work(1))
         .await

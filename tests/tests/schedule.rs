@@ -15,7 +15,7 @@ use tenure::testing::{FaultPlan, TestEnv, Violation};
 use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
 use tenure::{Config, Worker, WorkerBuilder, WorkerError};
 use tenure_tests::{
-    ThreeStep, Work, claimed_at, double_commits, init_logs, on_kit, three_step_worker, wait_until,
+    ThreeStep, claimed_at, double_commits, init_logs, on_kit, three_step_worker, wait_until,
 };
 
 /// How many job rows the schema holds, of any type and status.
@@ -24,12 +24,7 @@ async fn jobs(client: &Client) -> i64 {
     overview.expect("overview").total()
 }
 
-fn work(n: u64) -> Work {
-    Work {
-        n,
-        ..Work::default()
-    }
-}
+use tenure_tests::{scheduler_leader as leader, work};
 
 #[tenure::test]
 async fn delayed_jobs_wait_without_a_message_and_start_within_a_second_of_run_at(env: TestEnv) {
@@ -331,15 +326,6 @@ async fn ticks(client: &Client) -> Vec<DateTime<Utc>> {
     ticks
 }
 
-async fn leader(client: &Client) -> Option<(String, i64)> {
-    client
-        .store()
-        .leader("scheduler")
-        .await
-        .unwrap()
-        .map(|l| (l.worker, l.fence))
-}
-
 #[tenure::test(ttl_secs = 5, worker = tenure_tests::cron_test_worker)]
 async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once(env: TestEnv) {
     // A TTL of 5 s: the killed leader's key outlives it by about 5 s, within
@@ -347,13 +333,7 @@ async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once(env: 
     // the ticks of the gap are on time whatever the policy (the test
     // worker's is catch-up, max 1000).
     let (ns, _cfg, client) = on_kit(&env).await;
-    let mut workers = Vec::new();
-    for id in ["w0", "w1", "w2"] {
-        workers.push((
-            id.to_string(),
-            env.worker_process(id, FaultPlan::new()).await.unwrap(),
-        ));
-    }
+    let mut workers = tenure_tests::worker_processes(&env, &["w0", "w1", "w2"]).await;
     assert!(
         wait_until(Duration::from_secs(10), || async {
             ticks(&client).await.len() >= 4
