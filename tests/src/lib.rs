@@ -11,8 +11,9 @@ pub mod metered;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tenure::blocks::fence::JobStatus;
 use tenure::devstack::DevStack;
-use tenure::{Config, StepCtx, StepError};
+use tenure::{Config, StepCtx, StepError, Worker, WorkerBuilder};
 
 /// A `Config` for namespace `ns` on `stack` (schema = `ns`), with lease TTL `ttl`.
 pub fn config_for(stack: &DevStack, ns: &str, ttl: Duration) -> Config {
@@ -58,6 +59,135 @@ pub async fn on_kit(env: &tenure::testing::TestEnv) -> (String, Config, tenure::
         env.config().clone(),
         env.client().clone(),
     )
+}
+
+/// `cfg` moved to a namespace (and schema) of its own, on the same servers,
+/// for a test that needs a second one; a client's `migrate` prepares it.
+pub fn in_new_namespace(cfg: &Config, prefix: &str) -> Config {
+    let ns = DevStack::unique_namespace(prefix);
+    let mut cfg = cfg.clone();
+    cfg.namespace = ns.clone();
+    cfg.schema = ns;
+    cfg
+}
+
+/// What the worker processes of these tests run (`#[tenure::test(worker =
+/// tenure_tests::test_worker)]`, then `TestEnv::worker_process`): [`ThreeStep`]
+/// and [`Compensated`] as worker `cfg.worker_id`, on `cfg.schema`.
+pub async fn test_worker(cfg: Config) -> WorkerBuilder {
+    let (worker, schema) = (cfg.worker_id.clone(), cfg.schema.clone());
+    let compensated = Compensated {
+        worker: worker.clone(),
+        schema: schema.clone(),
+    };
+    Worker::builder(cfg)
+        .register(ThreeStep { worker, schema })
+        .register(compensated)
+}
+
+/// [`test_worker`] that also declares the schedule `tick`: a [`ThreeStep`]
+/// job every second, missed ticks caught up (at most 1000).
+pub async fn cron_test_worker(cfg: Config) -> WorkerBuilder {
+    let every_second = tenure::Schedule::new("tick", "* * * * * *")
+        .missed(tenure::MissedTicks::CatchUp { max: 1000 });
+    test_worker(cfg)
+        .await
+        .schedule_with::<ThreeStep>(every_second, &Work::default())
+}
+
+/// [`test_worker`] owning jobs by partition (4 partitions).
+pub async fn partitioned_test_worker(cfg: Config) -> WorkerBuilder {
+    test_worker(cfg.with_partitions(4)).await
+}
+
+/// How many of the jobs in `client`'s schema have `status` (the store's
+/// overview, as the CLI shows it).
+pub async fn count_status(client: &tenure::Client, status: JobStatus) -> i64 {
+    let overview = client
+        .store()
+        .overview(Duration::from_secs(60))
+        .await
+        .expect("overview");
+    overview.count(status)
+}
+
+/// Whether job `id` is `done` within `within`.
+pub async fn done_within(client: &tenure::Client, id: tenure::JobId, within: Duration) -> bool {
+    wait_until(within, || async {
+        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+    })
+    .await
+}
+
+/// Asserts that each of `jobs` has a DLQ entry whose reason mentions `reason`
+/// (within 10 s: the row is marked dead before its entry is published).
+pub async fn assert_dead_lettered(client: &tenure::Client, jobs: &[tenure::JobId], reason: &str) {
+    wait_until(Duration::from_secs(10), || async {
+        let dlq = client.queue().dead_letters(100).await.unwrap();
+        jobs.iter()
+            .all(|id| dlq.iter().any(|d| d.job_id == Some(*id)))
+    })
+    .await;
+    let dlq = client.queue().dead_letters(100).await.unwrap();
+    for id in jobs {
+        let entry = dlq
+            .iter()
+            .find(|d| d.job_id == Some(*id))
+            .expect("in the DLQ");
+        assert!(entry.reason.contains(reason), "reason: {}", entry.reason);
+    }
+}
+
+/// The events of kind `kind` of job `id` (its history, oldest first).
+pub async fn events_of_kind(
+    client: &tenure::Client,
+    id: tenure::JobId,
+    kind: &str,
+) -> Vec<tenure::blocks::fence::JobEvent> {
+    let events = client.store().job_events(id).await.expect("job events");
+    events.into_iter().filter(|e| e.kind == kind).collect()
+}
+
+/// How many `step_log` rows job `id` wrote (committed writes of its steps).
+pub async fn steps_logged(client: &tenure::Client, id: tenure::JobId) -> i64 {
+    rows_of(client, "step_log", id).await
+}
+
+/// How many rows of the test's table `table` (in the client's schema) have
+/// `job_id` = `id`.
+pub async fn rows_of(client: &tenure::Client, table: &str, id: tenure::JobId) -> i64 {
+    let schema = client.store().schema();
+    let sql = format!("SELECT count(*) FROM {schema}.{table} WHERE job_id = $1");
+    let count = sqlx::query_scalar(&sql).bind(id.as_uuid());
+    count.fetch_one(client.store().pool()).await.expect("count")
+}
+
+/// Runs each statement of `ddl` (the test's own tables) on `pool`.
+pub async fn execute_all(pool: &sqlx::PgPool, ddl: &[String]) {
+    for statement in ddl {
+        sqlx::query(statement).execute(pool).await.unwrap();
+    }
+}
+
+/// The scheduler leader's worker id and token (`None`: no leader yet).
+pub async fn scheduler_leader(client: &tenure::Client) -> Option<(String, i64)> {
+    let leader = client.store().leader("scheduler").await.unwrap();
+    leader.map(|l| (l.worker, l.fence))
+}
+
+/// Starts a worker process of the test for each id of `ids` (each ready),
+/// paired with its id.
+pub async fn worker_processes(
+    env: &tenure::testing::TestEnv,
+    ids: &[&str],
+) -> Vec<(String, tenure::testing::WorkerProcess)> {
+    let mut workers = Vec::new();
+    for id in ids {
+        let plan = tenure::testing::FaultPlan::new();
+        let process = env.worker_process(id, plan).await.unwrap();
+        workers.push((id.to_string(), process));
+    }
+    workers
 }
 
 /// Prints the framework's warnings and errors (or what `RUST_LOG` asks for)
@@ -137,6 +267,24 @@ pub struct Work {
     pub panic: bool,
 }
 
+/// A [`ThreeStep`] input carrying `n`, nothing slow or failing.
+pub fn work(n: u64) -> Work {
+    Work {
+        n,
+        ..Work::default()
+    }
+}
+
+/// A [`ThreeStep`] input whose step `step` sleeps `ms` on worker `worker`.
+pub fn slow_on(worker: &str, step: u32, ms: u64) -> Work {
+    Work {
+        slow_worker: Some(worker.into()),
+        slow_step: step,
+        slow_ms: ms,
+        ..Work::default()
+    }
+}
+
 /// A three-step job whose every step appends `(job, step, token, worker)` to the
 /// guarded `step_log` table in its fenced transaction.
 #[derive(Debug, Clone)]
@@ -147,6 +295,76 @@ pub struct ThreeStep {
     pub schema: String,
 }
 
+/// Runs `sql`, an `INSERT` of a step's row, in the step's fenced
+/// transaction (`ctx.db()`): `$1` is the job's id, `$2` the step's token,
+/// then `step` (if any) and `text` (if any), in that order.
+pub async fn insert_in_step(
+    ctx: &mut StepCtx,
+    sql: &str,
+    step: Option<u32>,
+    text: Option<&str>,
+) -> Result<(), StepError> {
+    let mut q = sqlx::query(sql)
+        .bind(ctx.job_id().as_uuid())
+        .bind(ctx.token().get());
+    if let Some(step) = step {
+        q = q.bind(i32::try_from(step).unwrap_or(i32::MAX));
+    }
+    if let Some(text) = text {
+        q = q.bind(text);
+    }
+    q.execute(ctx.db().await?).await?;
+    Ok(())
+}
+
+/// Creates table `name` `(job_id, step, token)` in the test's schema, has
+/// the kit's checker watch it, and guards it when `guarded`.
+pub async fn step_table(env: &tenure::testing::TestEnv, name: &str, guarded: bool) {
+    let table = format!("{}.{name}", env.schema());
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (job_id uuid NOT NULL, step int NOT NULL, token bigint NOT NULL)"
+    ))
+    .execute(env.pool())
+    .await
+    .unwrap();
+    env.history()
+        .watch_table(&table, "job_id", "step", Some("token"));
+    if guarded {
+        env.client().install_guard(&table).await.unwrap();
+    }
+}
+
+/// The `(step, token)` rows of `job` in the test's table `name` (a
+/// [`step_table`]), by step.
+pub async fn step_rows(
+    env: &tenure::testing::TestEnv,
+    name: &str,
+    job: tenure::JobId,
+) -> Vec<(i32, i64)> {
+    let sql = format!(
+        "SELECT step, token FROM {}.{name} WHERE job_id = $1 ORDER BY step",
+        env.schema()
+    );
+    let rows = sqlx::query_as(&sql)
+        .bind(job.as_uuid())
+        .fetch_all(env.pool());
+    rows.await.unwrap()
+}
+
+/// Appends `(job, step, token, worker)` to `schema.step_log` in the step's
+/// fenced transaction.
+async fn log_step(
+    ctx: &mut StepCtx,
+    schema: &str,
+    step: u32,
+    worker: &str,
+) -> Result<(), StepError> {
+    let sql = format!(
+        "INSERT INTO {schema}.step_log (job_id, token, step, worker) VALUES ($1, $2, $3, $4)"
+    );
+    insert_in_step(ctx, &sql, Some(step), Some(worker)).await
+}
+
 impl ThreeStep {
     async fn log(&self, ctx: &mut StepCtx, w: &Work, step: u32) -> Result<(), StepError> {
         if w.slow_step == step && w.slow_worker.as_deref() == Some(self.worker.as_str()) {
@@ -154,19 +372,7 @@ impl ThreeStep {
             // worker does not notice that its lease is gone.
             tokio::time::sleep(Duration::from_millis(w.slow_ms)).await;
         }
-        let (job_id, token) = (ctx.job_id().as_uuid(), ctx.token().get());
-        let sql = format!(
-            "INSERT INTO {}.step_log (job_id, step, token, worker) VALUES ($1, $2, $3, $4)",
-            self.schema
-        );
-        sqlx::query(&sql)
-            .bind(job_id)
-            .bind(i32::try_from(step).unwrap_or(i32::MAX))
-            .bind(token)
-            .bind(&self.worker)
-            .execute(ctx.db().await?)
-            .await?;
-        Ok(())
+        log_step(ctx, &self.schema, step, &self.worker).await
     }
 }
 
@@ -254,18 +460,8 @@ pub struct Cancellable {
 
 impl Cancellable {
     async fn write(&self, ctx: &mut StepCtx, step: u32) -> Result<(), StepError> {
-        let sql = format!(
-            "INSERT INTO {}.step_log (job_id, step, token, worker) VALUES ($1, $2, $3, 'cancellable')",
-            self.schema
-        );
-        let (job, token) = (ctx.job_id(), ctx.token().get());
-        sqlx::query(&sql)
-            .bind(job.as_uuid())
-            .bind(i32::try_from(step).unwrap_or(i32::MAX))
-            .bind(token)
-            .execute(ctx.db().await?)
-            .await?;
-        self.probe.wrote.lock().unwrap().push((job, step));
+        log_step(ctx, &self.schema, step, "cancellable").await?;
+        self.probe.wrote.lock().unwrap().push((ctx.job_id(), step));
         Ok(())
     }
 }
@@ -294,19 +490,17 @@ impl Cancellable {
 }
 
 /// When job `id` was first claimed (its first `claimed` or `taken_over`
-/// event in schema `ns`); `None` if never.
+/// event); `None` if never.
 pub async fn claimed_at(
     client: &tenure::Client,
-    ns: &str,
     id: tenure::JobId,
 ) -> Option<chrono::DateTime<chrono::Utc>> {
-    sqlx::query_scalar(&format!(
-        "SELECT min(at) FROM {ns}.job_events WHERE job_id = $1 AND kind IN ('claimed', 'taken_over')"
-    ))
-    .bind(id.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .expect("claimed_at")
+    let events = client.store().job_events(id).await.expect("claimed_at");
+    events
+        .iter()
+        .filter(|e| e.kind == "claimed" || e.kind == "taken_over")
+        .map(|e| e.at)
+        .min()
 }
 
 /// Counts rows of `step_log` per (job, step) that appear more than once.
@@ -525,12 +719,7 @@ impl Compensated {
             "INSERT INTO {}.refunds (job_id, token, worker) VALUES ($1, $2, $3)",
             self.schema
         );
-        sqlx::query(&sql)
-            .bind(ctx.job_id().as_uuid())
-            .bind(ctx.token().get())
-            .bind(&self.worker)
-            .execute(ctx.db().await?)
-            .await?;
+        insert_in_step(ctx, &sql, None, Some(&self.worker)).await?;
         if m.slow_hook_worker.as_deref() == Some(self.worker.as_str()) {
             // Not bound to cancellation: a paused worker notices nothing.
             tokio::time::sleep(Duration::from_millis(m.slow_hook_ms)).await;

@@ -10,13 +10,9 @@ use std::time::Duration;
 use tenure::Worker;
 use tenure::blocks::fence::{JobRow, JobStatus};
 use tenure::blocks::lease::{Acquire, Session};
-use tenure::devstack::DevStack;
+use tenure::testing::TestEnv;
 use tenure::{Client, JobId, StepCtx, StepError};
-use tenure_tests::{config_for, fresh_namespace, prepare_schema, wait_until};
-
-fn stack() -> &'static DevStack {
-    DevStack::shared().expect("dev stack")
-}
+use tenure_tests::{on_kit, wait_until};
 
 /// Ways a first step loses the transaction that carries the claim.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
@@ -82,20 +78,19 @@ async fn dead_within(client: &Client, id: JobId, within: Duration) -> bool {
 /// `max_retries` and `attempts = 3`. Before the fix `record_failure` found the
 /// claim missing (`NotClaimed`), handed the job back uncounted, and the next
 /// attempt did the same until the broker's MaxDeliver.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn losing_the_claims_transaction_still_counts_the_attempt() {
-    let ttl = Duration::from_secs(2);
-    let (ns, cfg, client) = fresh_namespace("hd_claim_lost", ttl).await;
+#[tenure::test(ttl_secs = 2)]
+async fn losing_the_claims_transaction_still_counts_the_attempt(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
+    let ttl = cfg.lease_ttl;
     let pool = client.store().pool();
-    for ddl in [
+    let ddl = [
         format!("CREATE TABLE {ns}.parent (id int PRIMARY KEY)"),
         format!(
             "CREATE TABLE {ns}.child (parent int REFERENCES {ns}.parent (id) \
              DEFERRABLE INITIALLY DEFERRED)"
         ),
-    ] {
-        sqlx::query(&ddl).execute(pool).await.unwrap();
-    }
+    ];
+    tenure_tests::execute_all(pool, &ddl).await;
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
         .register(LosesClaim {
             schema: ns.clone(),
@@ -172,9 +167,9 @@ impl WritesAroundTheFence {
 /// lock released. Before the fix it was taken for a stale owner: nothing was
 /// released or nak'ed, and the job's own healthy lease kept its lock while the
 /// message came back every AckWait until MaxDeliver.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_guard_refusal_under_our_own_fence_is_a_permanent_step_failure() {
-    let (ns, cfg, client) = fresh_namespace("hd_guard_own", Duration::from_secs(2)).await;
+#[tenure::test(ttl_secs = 2)]
+async fn a_guard_refusal_under_our_own_fence_is_a_permanent_step_failure(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
         .register(WritesAroundTheFence {
             schema: ns.clone(),
@@ -209,12 +204,13 @@ async fn a_guard_refusal_under_our_own_fence_is_a_permanent_step_failure() {
 /// this worker stranded) reads as contended by ourselves; `release_stranded`
 /// deletes it, so the job can be acquired again at once (with a larger token),
 /// and never deletes a lock of another lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lock_stranded_under_our_own_lease_is_deleted_and_no_other_lease_is_touched() {
-    let ns = DevStack::unique_namespace("hd_stranded");
-    let cfg = config_for(stack(), &ns, Duration::from_secs(5));
-    let ours = Session::establish(&cfg).await.unwrap();
-    let theirs = Session::establish(&cfg).await.unwrap();
+#[tenure::test(ttl_secs = 5)]
+async fn a_lock_stranded_under_our_own_lease_is_deleted_and_no_other_lease_is_touched(
+    env: TestEnv,
+) {
+    let cfg = env.config();
+    let ours = Session::establish(cfg).await.unwrap();
+    let theirs = Session::establish(cfg).await.unwrap();
     let (job, other) = (JobId::from_key("t", "ours"), JobId::from_key("t", "theirs"));
     let first = ours
         .acquire(job)
@@ -267,19 +263,17 @@ impl Noop {
 /// Before the fix the listener dead-lettered and deleted the message first and
 /// marked the row in another task that only logged a failure: a crash or a
 /// database error there left a `pending` row with no message.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_given_up_message_leaves_the_stream_only_after_its_row_is_dead() {
-    let ttl = Duration::from_secs(2);
-    let ns = DevStack::unique_namespace("hd_gave_up");
-    let mut cfg = config_for(stack(), &ns, ttl);
+#[tenure::test(ttl_secs = 2)]
+async fn a_given_up_message_leaves_the_stream_only_after_its_row_is_dead(env: TestEnv) {
+    let (ns, mut cfg, _) = on_kit(&env).await;
     cfg.max_deliver = 2;
     let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
     let id = client.enqueue::<Noop>("held", &1).await.unwrap().job_id;
     // The row is locked on a plain connection (no idle-in-transaction timeout).
-    let mut blocker = <sqlx::PgConnection as sqlx::Connection>::connect(&stack().database_url())
-        .await
-        .unwrap();
+    let mut blocker =
+        <sqlx::PgConnection as sqlx::Connection>::connect(&env.stack().database_url())
+            .await
+            .unwrap();
     sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
     sqlx::query(&format!("SELECT 1 FROM {ns}.jobs WHERE id = $1 FOR UPDATE"))
         .bind(id.as_uuid())
@@ -330,9 +324,9 @@ async fn a_given_up_message_leaves_the_stream_only_after_its_row_is_dead() {
 /// Item 6, redrive: a `pending` job whose message is gone (what the old order
 /// could leave behind) is published again by `redrive` and runs to done; a
 /// `done` job is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redrive_republishes_a_live_job_whose_message_is_gone() {
-    let (ns, cfg, client) = fresh_namespace("hd_redrive_live", Duration::from_secs(2)).await;
+#[tenure::test(ttl_secs = 2)]
+async fn redrive_republishes_a_live_job_whose_message_is_gone(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let id = client
         .enqueue::<Noop>("lost-message", &5)
         .await
@@ -373,18 +367,17 @@ async fn redrive_republishes_a_live_job_whose_message_is_gone() {
 /// refused at `install_guard` with a typed error, and no trigger is left.
 /// Before the fix the partitioned parent was "guarded" and a direct
 /// `INSERT INTO <partition>` went through.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitioned_tables_and_partitions_are_refused_by_the_guard() {
-    let (ns, _cfg, client) = fresh_namespace("hd_partitions", Duration::from_secs(2)).await;
+#[tenure::test(ttl_secs = 2)]
+async fn partitioned_tables_and_partitions_are_refused_by_the_guard(env: TestEnv) {
+    let (ns, _cfg, client) = on_kit(&env).await;
     let pool = client.store().pool();
-    for ddl in [
+    let ddl = [
         format!("CREATE TABLE {ns}.parted (k int) PARTITION BY RANGE (k)"),
         format!(
             "CREATE TABLE {ns}.parted_low PARTITION OF {ns}.parted FOR VALUES FROM (0) TO (100)"
         ),
-    ] {
-        sqlx::query(&ddl).execute(pool).await.unwrap();
-    }
+    ];
+    tenure_tests::execute_all(pool, &ddl).await;
     for table in [format!("{ns}.parted"), format!("{ns}.parted_low")] {
         let err = client
             .store()
@@ -434,16 +427,11 @@ impl RestartMidStep {
 /// connection, and the attempt must still be counted: with `retries = 0` the
 /// job is dead with `attempts = 1`. Before the fix the attempt was handed back
 /// uncounted and the next delivery simply ran the job again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_postgres_restart_mid_step_is_a_counted_attempt() {
+#[tenure::test(own_stack, ttl_secs = 3)]
+async fn a_postgres_restart_mid_step_is_a_counted_attempt(env: TestEnv) {
     use std::sync::atomic::Ordering::SeqCst;
-    let stack = DevStack::start_with(tenure::devstack::DevStackOptions::default())
-        .await
-        .expect("own stack");
-    let ns = DevStack::unique_namespace("hd_pg_restart");
-    let cfg = config_for(&stack, &ns, Duration::from_secs(3));
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
+    let (_, cfg, client) = on_kit(&env).await;
+    let stack = env.stack();
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
         .register(RestartMidStep)
         .start()

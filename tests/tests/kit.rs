@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tenure::testing::{Fault, FaultPlan, FaultPoint, TestEnv, Violation};
 use tenure::{Config, JobId, StepCtx, StepError, StepIndex, Worker, WorkerBuilder};
+use tenure_tests::{insert_in_step, step_rows, step_table};
 
 /// A two-step job whose steps each write `(job, step, token)` to the guarded
 /// table `tally` through their fenced transaction.
@@ -23,19 +24,12 @@ struct Count {
 }
 
 impl Tally {
-    async fn write(&self, ctx: &mut StepCtx, step: i32) -> Result<(), StepError> {
+    async fn write(&self, ctx: &mut StepCtx, step: u32) -> Result<(), StepError> {
         let sql = format!(
-            "INSERT INTO {}.tally (job_id, step, token) VALUES ($1, $2, $3)",
+            "INSERT INTO {}.tally (job_id, token, step) VALUES ($1, $2, $3)",
             self.schema
         );
-        let (job, token) = (ctx.job_id().as_uuid(), ctx.token().get());
-        sqlx::query(&sql)
-            .bind(job)
-            .bind(step)
-            .bind(token)
-            .execute(ctx.db().await?)
-            .await?;
-        Ok(())
+        insert_in_step(ctx, &sql, Some(step), None).await
     }
 }
 
@@ -97,21 +91,8 @@ async fn workers(cfg: Config) -> WorkerBuilder {
 /// Creates `tally` (guarded) and `leak` (unguarded) and has the checker
 /// watch both.
 async fn tables(env: &TestEnv) {
-    let s = env.schema();
-    for t in ["tally", "leak"] {
-        sqlx::query(&format!(
-            "CREATE TABLE {s}.{t} (job_id uuid NOT NULL, step int NOT NULL, token bigint NOT NULL)"
-        ))
-        .execute(env.pool())
-        .await
-        .unwrap();
-        env.history()
-            .watch_table(&format!("{s}.{t}"), "job_id", "step", Some("token"));
-    }
-    env.client()
-        .install_guard(&format!("{s}.tally"))
-        .await
-        .unwrap();
+    step_table(env, "tally", true).await;
+    step_table(env, "leak", false).await;
 }
 
 fn tally_job(key: &str) -> JobId {
@@ -119,14 +100,7 @@ fn tally_job(key: &str) -> JobId {
 }
 
 async fn tally_rows(env: &TestEnv, job: JobId) -> Vec<(i32, i64)> {
-    sqlx::query_as(&format!(
-        "SELECT step, token FROM {}.tally WHERE job_id = $1 ORDER BY step",
-        env.schema()
-    ))
-    .bind(job.as_uuid())
-    .fetch_all(env.pool())
-    .await
-    .unwrap()
+    step_rows(env, "tally", job).await
 }
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -12,38 +12,13 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tenure::blocks::fence::{FenceError, JobStatus};
-use tenure::devstack::DevStack;
+use tenure::testing::TestEnv;
 use tenure::{BatchError, Client, ClientError, EnqueueItemError, JobId, StepCtx, StepError};
 use tenure_tests::{
-    ChildWorker, ThreeStep, Work, claimed_at, double_commits, fresh_namespace, wait_until,
+    ThreeStep, Work, claimed_at, count_status, double_commits, on_kit, steps_logged, wait_until,
 };
 
-fn work(n: u64) -> Work {
-    Work {
-        n,
-        ..Work::default()
-    }
-}
-
-async fn leader(client: &Client) -> Option<(String, i64)> {
-    client
-        .store()
-        .leader("scheduler")
-        .await
-        .unwrap()
-        .map(|l| (l.worker, l.fence))
-}
-
-/// Rows of `step_log` for `id`.
-async fn steps_logged(client: &Client, ns: &str, id: JobId) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {ns}.step_log WHERE job_id = $1"
-    ))
-    .bind(id.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .expect("step_log")
-}
+use tenure_tests::{scheduler_leader as leader, work};
 
 async fn is_done(client: &Client, id: JobId) -> bool {
     matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
@@ -71,9 +46,9 @@ async fn leading_worker(cfg: &tenure::Config, ns: &str, client: &Client) -> tenu
     w
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_rolled_back_transaction_leaves_no_job_and_no_message() {
-    let (ns, cfg, client) = fresh_namespace("ob_rollback", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn a_rolled_back_transaction_leaves_no_job_and_no_message(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = leading_worker(&cfg, &ns, &client).await;
     let pool = client.store().pool().clone();
     let mut tx = pool.begin().await.unwrap();
@@ -95,13 +70,13 @@ async fn a_rolled_back_transaction_leaves_no_job_and_no_message() {
     assert!(client.job(e.job_id).await.unwrap().is_none(), "no job row");
     let stats = client.queue().stats().await.expect("stats");
     assert_eq!(stats.work_messages, 0, "no message");
-    assert!(claimed_at(&client, &ns, e.job_id).await.is_none());
+    assert!(claimed_at(&client, e.job_id).await.is_none());
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_committed_transaction_runs_its_job_once_soon_whatever_the_search_path() {
-    let (ns, cfg, client) = fresh_namespace("ob_commit", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn a_committed_transaction_runs_its_job_once_soon_whatever_the_search_path(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = leading_worker(&cfg, &ns, &client).await;
     let pool = client.store().pool().clone();
     sqlx::query(&format!("CREATE TABLE {ns}.orders (id int PRIMARY KEY)"))
@@ -154,7 +129,7 @@ async fn a_committed_transaction_runs_its_job_once_soon_whatever_the_search_path
         .await,
         "the committed job ran"
     );
-    let claimed = claimed_at(&client, &ns, e.job_id).await.expect("claimed");
+    let claimed = claimed_at(&client, e.job_id).await.expect("claimed");
     let latency = (claimed - committed).to_std().unwrap_or_default();
     eprintln!(
         "commit -> first claim: {latency:?} (commit -> done: {:?})",
@@ -164,26 +139,20 @@ async fn a_committed_transaction_runs_its_job_once_soon_whatever_the_search_path
         latency < Duration::from_secs(5),
         "started {latency:?} after the commit"
     );
-    assert_eq!(steps_logged(&client, &ns, e.job_id).await, 3);
+    assert_eq!(steps_logged(&client, e.job_id).await, 3);
     assert_eq!(double_commits(&pool, &ns).await, 0);
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_leader_killed_between_commit_and_publish_is_replaced_and_the_job_runs_once() {
-    let (ns, _cfg, client) = fresh_namespace("ob_kill", Duration::from_secs(5)).await;
-    let stack = DevStack::shared().expect("dev stack");
-    let program = env!("CARGO_BIN_EXE_tenure-test-worker");
-    let mut workers: Vec<(String, ChildWorker)> = (0..3)
-        .map(|i| {
-            let id = format!("w{i}");
-            let child = ChildWorker::spawn(program, stack, &ns, &id, 5, &[]);
-            (id, child)
-        })
-        .collect();
+#[tenure::test(ttl_secs = 5, worker = tenure_tests::test_worker)]
+async fn the_leader_killed_between_commit_and_publish_is_replaced_and_the_job_runs_once(
+    env: TestEnv,
+) {
+    let (ns, _cfg, client) = on_kit(&env).await;
+    let mut workers = tenure_tests::worker_processes(&env, &["w0", "w1", "w2"]).await;
     assert!(
         wait_until(Duration::from_secs(30), || async {
-            workers.iter().all(|(_, w)| w.has_line("READY")) && leader(&client).await.is_some()
+            leader(&client).await.is_some()
         })
         .await
     );
@@ -192,10 +161,10 @@ async fn the_leader_killed_between_commit_and_publish_is_replaced_and_the_job_ru
         .iter()
         .position(|(id, _)| *id == first)
         .expect("leader is ours");
-    let (_, mut killed) = workers.remove(at);
+    let (_, killed) = workers.remove(at);
     // The leader stops (before it can publish), the caller commits, then
     // the leader dies.
-    killed.signal("-STOP");
+    killed.pause();
     let pool = client.store().pool().clone();
     let mut tx = pool.begin().await.unwrap();
     let e = client
@@ -219,14 +188,14 @@ async fn the_leader_killed_between_commit_and_publish_is_replaced_and_the_job_ru
     );
     let (second, second_token) = leader(&client).await.unwrap();
     assert!(second != first && second_token > first_token);
-    assert_eq!(steps_logged(&client, &ns, e.job_id).await, 3);
+    assert_eq!(steps_logged(&client, e.job_id).await, 3);
     assert_eq!(double_commits(&pool, &ns).await, 0);
     eprintln!("leader {first} killed; {second} published the committed job; it ran once");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn enqueue_many_reports_each_duplicate_and_runs_every_new_job_once() {
-    let (ns, cfg, client) = fresh_namespace("ob_many", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn enqueue_many_reports_each_duplicate_and_runs_every_new_job_once(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let existing = client
         .enqueue::<ThreeStep>("k-1", &work(1))
         .await
@@ -265,7 +234,7 @@ async fn enqueue_many_reports_each_duplicate_and_runs_every_new_job_once() {
         .await
     );
     for id in ids {
-        assert_eq!(steps_logged(&client, &ns, id).await, 3, "{id} ran once");
+        assert_eq!(steps_logged(&client, id).await, 3, "{id} ran once");
         let input = client.job(id).await.unwrap().unwrap().input;
         assert_ne!(input["n"], 9, "the first item of a key wins");
     }
@@ -307,9 +276,9 @@ fn picky(n: u64, refuse: bool) -> PickyInput {
     PickyInput { n, refuse }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_invalid_item_fails_alone_and_all_or_nothing_enqueues_none() {
-    let (_ns, _cfg, client) = fresh_namespace("ob_invalid", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn an_invalid_item_fails_alone_and_all_or_nothing_enqueues_none(env: TestEnv) {
+    let (_ns, _cfg, client) = on_kit(&env).await;
     let id = |k: &str| JobId::from_key("test.picky", k);
     let exists = |k: &'static str| {
         let client = client.clone();
@@ -364,29 +333,20 @@ async fn an_invalid_item_fails_alone_and_all_or_nothing_enqueues_none() {
     assert_eq!(stats.work_messages, 3);
 }
 
-/// Rows of `ns.jobs` with `status`, and history events of `ids`.
-async fn rows_with(client: &Client, ns: &str, status: &str) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {ns}.jobs WHERE status = $1"))
-        .bind(status)
-        .fetch_one(client.store().pool())
-        .await
-        .unwrap()
+/// History events of `ids`.
+async fn events_of(client: &Client, ids: &[JobId]) -> usize {
+    let mut n = 0;
+    for id in ids {
+        n += client.store().job_events(*id).await.unwrap().len();
+    }
+    n
 }
 
-async fn events_of(client: &Client, ns: &str, ids: &[JobId]) -> i64 {
-    let ids: Vec<sqlx::types::Uuid> = ids.iter().map(JobId::as_uuid).collect();
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {ns}.job_events WHERE job_id = ANY($1)"
-    ))
-    .bind(ids)
-    .fetch_one(client.store().pool())
-    .await
-    .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn retention_deletes_old_done_and_cancelled_rows_and_keeps_dead_ones_by_default() {
-    let (ns, mut cfg, client) = fresh_namespace("ob_retain", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn retention_deletes_old_done_and_cancelled_rows_and_keeps_dead_ones_by_default(
+    env: TestEnv,
+) {
+    let (ns, mut cfg, client) = on_kit(&env).await;
     cfg.retention = tenure::config::Retention {
         done_after: Some(Duration::from_secs(1)),
         cancelled_after: Some(Duration::from_secs(1)),
@@ -424,9 +384,9 @@ async fn retention_deletes_old_done_and_cancelled_rows_and_keeps_dead_ones_by_de
     gone.push(cancelled);
     assert!(
         wait_until(Duration::from_secs(40), || async {
-            rows_with(&client, &ns, "done").await == 0
-                && rows_with(&client, &ns, "cancelled").await == 0
-                && rows_with(&client, &ns, "dead").await == 1
+            count_status(&client, JobStatus::Done).await == 0
+                && count_status(&client, JobStatus::Cancelled).await == 0
+                && count_status(&client, JobStatus::Dead).await == 1
         })
         .await,
         "done and cancelled rows pruned, the dead one kept"
@@ -437,18 +397,14 @@ async fn retention_deletes_old_done_and_cancelled_rows_and_keeps_dead_ones_by_de
         client.job(dead).await.unwrap().unwrap().status,
         JobStatus::Dead
     );
-    assert_eq!(
-        events_of(&client, &ns, &gone).await,
-        0,
-        "their history went too"
-    );
-    assert!(events_of(&client, &ns, &[dead]).await > 0);
+    assert_eq!(events_of(&client, &gone).await, 0, "their history went too");
+    assert!(events_of(&client, &[dead]).await > 0);
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_operator_prune_deletes_in_batches_and_counts_first() {
-    let (ns, cfg, client) = fresh_namespace("ob_prune", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn an_operator_prune_deletes_in_batches_and_counts_first(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = tenure_tests::three_step_worker(&cfg, &ns, "w0").await;
     let mut ids = Vec::new();
     for n in 0..5 {
@@ -479,7 +435,7 @@ async fn an_operator_prune_deletes_in_batches_and_counts_first() {
     );
     assert_eq!(store.prunable(JobStatus::Done, age).await.unwrap(), 5);
     assert_eq!(
-        rows_with(&client, &ns, "done").await,
+        count_status(&client, JobStatus::Done).await,
         5,
         "counting changes nothing"
     );
@@ -528,9 +484,9 @@ async fn dlq_max_age(cfg: &tenure::Config) -> Duration {
     s.info().await.unwrap().config.max_age
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn dlq_max_age_is_applied_to_an_existing_dlq_stream_by_a_worker() {
-    let (ns, mut cfg, _client) = fresh_namespace("ob_dlqage", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn dlq_max_age_is_applied_to_an_existing_dlq_stream_by_a_worker(env: TestEnv) {
+    let (ns, mut cfg, _client) = on_kit(&env).await;
     // The client created the streams: dead letters kept forever by default.
     assert_eq!(dlq_max_age(&cfg).await, Duration::ZERO);
     cfg.retention.dlq_max_age = Some(Duration::from_secs(7 * 24 * 3600));

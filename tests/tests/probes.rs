@@ -34,20 +34,13 @@ struct Count {
 }
 
 impl Slow {
-    async fn write(&self, ctx: &mut StepCtx, step: i32) -> Result<(), StepError> {
+    async fn write(&self, ctx: &mut StepCtx, step: u32) -> Result<(), StepError> {
         tokio::time::sleep(STEP).await;
         let sql = format!(
-            "INSERT INTO {}.slow (job_id, step, token) VALUES ($1, $2, $3)",
+            "INSERT INTO {}.slow (job_id, token, step) VALUES ($1, $2, $3)",
             self.schema
         );
-        let (job, token) = (ctx.job_id().as_uuid(), ctx.token().get());
-        sqlx::query(&sql)
-            .bind(job)
-            .bind(step)
-            .bind(token)
-            .execute(ctx.db().await?)
-            .await?;
-        Ok(())
+        tenure_tests::insert_in_step(ctx, &sql, Some(step), None).await
     }
 }
 
@@ -81,30 +74,11 @@ async fn workers(cfg: Config) -> WorkerBuilder {
 
 /// Creates the guarded table `slow` and has the checker watch it.
 async fn table(env: &TestEnv) {
-    let s = env.schema();
-    sqlx::query(&format!(
-        "CREATE TABLE {s}.slow (job_id uuid NOT NULL, step int NOT NULL, token bigint NOT NULL)"
-    ))
-    .execute(env.pool())
-    .await
-    .unwrap();
-    env.history()
-        .watch_table(&format!("{s}.slow"), "job_id", "step", Some("token"));
-    env.client()
-        .install_guard(&format!("{s}.slow"))
-        .await
-        .unwrap();
+    tenure_tests::step_table(env, "slow", true).await;
 }
 
 async fn slow_rows(env: &TestEnv, job: JobId) -> Vec<(i32, i64)> {
-    sqlx::query_as(&format!(
-        "SELECT step, token FROM {}.slow WHERE job_id = $1 ORDER BY step",
-        env.schema()
-    ))
-    .bind(job.as_uuid())
-    .fetch_all(env.pool())
-    .await
-    .unwrap()
+    tenure_tests::step_rows(env, "slow", job).await
 }
 
 #[tenure::test(ttl_secs = 3, worker = workers)]

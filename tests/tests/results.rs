@@ -41,10 +41,7 @@ async fn wait_returns_the_typed_output_and_result_is_none_while_running(env: Tes
     let w = three_step_worker(&cfg, &ns, "w0").await;
     let slow = Work {
         n: 42,
-        slow_worker: Some("w0".into()),
-        slow_step: 0,
-        slow_ms: 1500,
-        ..Work::default()
+        ..tenure_tests::slow_on("w0", 0, 1500)
     };
     let e = client.enqueue::<ThreeStep>("slow", &slow).await.unwrap();
     assert_eq!(client.result::<ThreeStep>(e.job_id).await.unwrap(), None);
@@ -132,10 +129,7 @@ async fn wait_on_a_job_that_dies_or_is_cancelled_names_the_status(env: TestEnv) 
     // A job cancelled while a waiter waits: the waiter hears of it.
     let held = Work {
         n: 2,
-        slow_worker: Some("w0".into()),
-        slow_step: 1,
-        slow_ms: 3000,
-        ..Work::default()
+        ..tenure_tests::slow_on("w0", 1, 3000)
     };
     let e = client.enqueue::<ThreeStep>("held", &held).await.unwrap();
     let waiter = {
@@ -288,12 +282,7 @@ impl Transfer {
             "INSERT INTO {}.refunds (job_id, token, reason) VALUES ($1, $2, $3)",
             self.schema
         );
-        sqlx::query(&sql)
-            .bind(ctx.job_id().as_uuid())
-            .bind(ctx.token().get())
-            .bind(&dead.reason)
-            .execute(ctx.db().await?)
-            .await?;
+        tenure_tests::insert_in_step(ctx, &sql, None, Some(&dead.reason)).await?;
         if self.flaky_hook && ctx.attempt() == 0 {
             return Err(StepError::retryable("the refund service timed out"));
         }
@@ -305,14 +294,13 @@ impl Transfer {
 /// `token` and the text column `note`).
 async fn bank(client: &tenure::Client, ns: &str, note: &str) {
     let pool = client.store().pool();
-    for ddl in [
+    let ddl = [
         format!("CREATE TABLE {ns}.accounts (id text PRIMARY KEY, balance bigint NOT NULL)"),
         format!(
             "CREATE TABLE {ns}.refunds (job_id uuid NOT NULL, token bigint NOT NULL, {note} text NOT NULL)"
         ),
-    ] {
-        sqlx::query(&ddl).execute(pool).await.unwrap();
-    }
+    ];
+    tenure_tests::execute_all(pool, &ddl).await;
     for t in ["accounts", "refunds"] {
         client.install_guard(&format!("{ns}.{t}")).await.unwrap();
     }
@@ -332,16 +320,6 @@ async fn balances(client: &tenure::Client, ns: &str) -> Vec<(String, i64)> {
         "SELECT id, balance FROM {ns}.accounts ORDER BY id"
     ))
     .fetch_all(client.store().pool())
-    .await
-    .unwrap()
-}
-
-async fn refunds(client: &tenure::Client, ns: &str, id: tenure::JobId) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {ns}.refunds WHERE job_id = $1"
-    ))
-    .bind(id.as_uuid())
-    .fetch_one(client.store().pool())
     .await
     .unwrap()
 }
@@ -405,7 +383,7 @@ async fn run_failed_transfer(env: &TestEnv, flaky_hook: bool) {
     // A while longer: nothing compensates twice.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        refunds(&client, &ns, e.job_id).await,
+        tenure_tests::rows_of(&client, "refunds", e.job_id).await,
         1,
         "the hook committed exactly once"
     );
@@ -427,7 +405,7 @@ async fn run_failed_transfer(env: &TestEnv, flaky_hook: bool) {
     assert!(again, "the second death is compensated");
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        refunds(&client, &ns, e.job_id).await,
+        tenure_tests::rows_of(&client, "refunds", e.job_id).await,
         2,
         "one committed run per death"
     );

@@ -7,59 +7,19 @@ use std::time::Duration;
 
 use tenure::blocks::fence::JobStatus;
 use tenure::blocks::lease::{Acquire, Session};
-use tenure::devstack::{DevStack, DevStackOptions};
+use tenure::testing::{FaultPlan, TestEnv};
 use tenure::{Cancelled, Client, Config, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
 use tenure_tests::metered::cancellable_worker;
 use tenure_tests::{
-    CancelProbe, Cancellable, ChildWorker, Hold, ThreeStep, Work, config_for, double_commits,
-    fresh_namespace, prepare_schema, three_step_worker, wait_until,
+    CancelProbe, Cancellable, Hold, ThreeStep, Work, assert_dead_lettered, count_status,
+    done_within, double_commits, events_of_kind, on_kit, slow_on, steps_logged, three_step_worker,
+    wait_until, work,
 };
 
-fn stack() -> &'static DevStack {
-    DevStack::shared().expect("dev stack")
-}
-
-async fn count_status(client: &Client, schema: &str, status: &str) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {schema}.jobs WHERE status = $1"
-    ))
-    .bind(status)
-    .fetch_one(client.store().pool())
-    .await
-    .expect("count")
-}
-
-/// Asserts that each of `jobs` has a DLQ entry whose reason mentions `reason`
-/// (within 10 s: the row is marked dead before its entry is published).
-async fn assert_dead_lettered(client: &Client, jobs: &[JobId], reason: &str) {
-    wait_until(Duration::from_secs(10), || async {
-        let dlq = client.queue().dead_letters(100).await.unwrap();
-        jobs.iter()
-            .all(|id| dlq.iter().any(|d| d.job_id == Some(*id)))
-    })
-    .await;
-    let dlq = client.queue().dead_letters(100).await.unwrap();
-    for id in jobs {
-        let entry = dlq
-            .iter()
-            .find(|d| d.job_id == Some(*id))
-            .expect("in the DLQ");
-        assert!(entry.reason.contains(reason), "reason: {}", entry.reason);
-    }
-}
-
-/// Whether job `id` is `done` within `within`.
-async fn done_within(client: &Client, id: JobId, within: Duration) -> bool {
-    wait_until(within, || async {
-        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
-    })
-    .await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
-    let (ns, cfg, client) = fresh_namespace("rt_thousand", Duration::from_secs(5)).await;
+#[tenure::test(ttl_secs = 5)]
+async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
 
     let mut workers = Vec::new();
     for i in 0..3 {
@@ -84,13 +44,7 @@ async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
             let client = client.clone();
             async move {
                 client
-                    .enqueue::<ThreeStep>(
-                        &format!("job-{n}"),
-                        &Work {
-                            n: *n,
-                            ..Work::default()
-                        },
-                    )
+                    .enqueue::<ThreeStep>(&format!("job-{n}"), &work(*n))
                     .await
                     .expect("enqueue")
             }
@@ -100,10 +54,10 @@ async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
     assert!(ids.iter().all(|e| !e.duplicate));
 
     let done = wait_until(Duration::from_secs(240), || async {
-        count_status(&client, &ns, "done").await == N as i64
+        count_status(&client, JobStatus::Done).await == N as i64
     })
     .await;
-    let done_count = count_status(&client, &ns, "done").await;
+    let done_count = count_status(&client, JobStatus::Done).await;
     assert!(done, "only {done_count} of {N} jobs done");
 
     let pool = client.store().pool();
@@ -123,13 +77,7 @@ async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
     assert_eq!(per_job, N as i64, "every job has all three steps");
     // Duplicate enqueue after completion: the row dedups, nothing runs again.
     let again = client
-        .enqueue::<ThreeStep>(
-            "job-7",
-            &Work {
-                n: 7,
-                ..Work::default()
-            },
-        )
+        .enqueue::<ThreeStep>("job-7", &work(7))
         .await
         .unwrap();
     assert!(again.duplicate);
@@ -137,12 +85,6 @@ async fn thousand_three_step_jobs_on_three_workers_commit_each_step_once() {
     for w in workers {
         w.shutdown().await.expect("shutdown");
     }
-}
-
-/// A `tenure-test-worker` child process of namespace `ns`.
-fn child_worker(stack: &DevStack, ns: &str, id: &str, ttl_secs: u64) -> ChildWorker {
-    let program = env!("CARGO_BIN_EXE_tenure-test-worker");
-    ChildWorker::spawn(program, stack, ns, id, ttl_secs, &[])
 }
 
 #[derive(Default)]
@@ -166,24 +108,14 @@ impl WorkerObserver for Record {
 /// The seed's timeline: A (token t1) commits step 0 and stalls in step 1; it is
 /// paused past its TTL; B takes over with t2 > t1, resumes at step 1 and
 /// finishes; A wakes, tries to write under t1 and is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn paused_worker_is_fenced_out_after_takeover() {
-    let stack = stack();
-    let ns = DevStack::unique_namespace("rt_pause");
-    let ttl = Duration::from_secs(2);
-    let cfg = config_for(stack, &ns, ttl);
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-
-    let a = child_worker(stack, &ns, "A", 2);
-    assert!(wait_until(Duration::from_secs(30), || async { a.has_line("READY") }).await);
+#[tenure::test(ttl_secs = 2, worker = tenure_tests::test_worker)]
+async fn paused_worker_is_fenced_out_after_takeover(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
+    let a = env.worker_process("A", FaultPlan::new()).await.unwrap();
 
     let work = Work {
         n: 1,
-        slow_worker: Some("A".into()),
-        slow_step: 1,
-        slow_ms: 8000,
-        ..Work::default()
+        ..slow_on("A", 1, 8000)
     };
     let job_id = client
         .enqueue::<ThreeStep>("seed-timeline", &work)
@@ -213,7 +145,7 @@ async fn paused_worker_is_fenced_out_after_takeover() {
         "A commits step 0"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    a.signal("-STOP"); // t1: A stalls inside step 1, past its lease
+    a.pause(); // t1: A stalls inside step 1, past its lease
 
     let rec = Arc::new(Record::default());
     let b = Worker::builder(cfg.clone().with_worker_id("B"))
@@ -242,8 +174,8 @@ async fn paused_worker_is_fenced_out_after_takeover() {
     assert_eq!(row.fence, t2);
     assert_eq!(row.takeovers, 1, "A did not release: one takeover");
 
-    a.signal("-CONT"); // A wakes and tries to write step 1 under t1
-    let stale_line = format!("STALE {job_id} 1 {t1}");
+    a.resume(); // A wakes and tries to write step 1 under t1
+    let stale_line = format!("refused {job_id} 1 {t1}");
     assert!(
         wait_until(Duration::from_secs(30), || async {
             a.has_line(&stale_line)
@@ -252,15 +184,15 @@ async fn paused_worker_is_fenced_out_after_takeover() {
         "A's write under {t1} must be refused; A printed {:?}",
         a.lines()
     );
-    assert!(!a.has_line(&format!("COMMIT {job_id} 1")));
+    assert!(!a.has_line(&format!("commit {job_id} 1")));
     assert_eq!(log(1).await.len(), 1, "A's stale write did not land");
     assert_eq!(double_commits(&pool, &ns).await, 0);
     b.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
-    let (ns, cfg, client) = fresh_namespace("rt_poison", Duration::from_secs(2)).await;
+#[tenure::test(ttl_secs = 2)]
+async fn job_that_keeps_losing_its_owner_is_dead_lettered(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let job_id = client
         .enqueue::<ThreeStep>("poison", &Work::default())
         .await
@@ -294,9 +226,11 @@ async fn job_that_keeps_losing_its_owner_is_dead_lettered() {
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_worker_lives() {
-    let (ns, cfg, client) = fresh_namespace("rt_fail", Duration::from_secs(3)).await;
+#[tenure::test(ttl_secs = 3)]
+async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_worker_lives(
+    env: TestEnv,
+) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = three_step_worker(&cfg, &ns, "w").await;
 
     let always = client
@@ -378,16 +312,10 @@ async fn failing_and_panicking_steps_are_retried_then_dead_lettered_and_the_work
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes() {
-    let stack = DevStack::start_with(DevStackOptions::default())
-        .await
-        .expect("own stack");
-    let ns = DevStack::unique_namespace("rt_quorum");
-    let ttl = Duration::from_secs(3);
-    let cfg = config_for(&stack, &ns, ttl);
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
+#[tenure::test(own_stack, ttl_secs = 3)]
+async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
+    let (stack, ttl) = (env.stack(), cfg.lease_ttl);
     let rec = Arc::new(Record::default());
     let w = Worker::builder(cfg.clone().with_worker_id("w"))
         .register(ThreeStep {
@@ -404,13 +332,7 @@ async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes() {
         tokio::spawn(async move {
             for n in 0..400u64 {
                 let _ = client
-                    .enqueue::<ThreeStep>(
-                        &format!("q-{n}"),
-                        &Work {
-                            n,
-                            ..Work::default()
-                        },
-                    )
+                    .enqueue::<ThreeStep>(&format!("q-{n}"), &work(n))
                     .await;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -449,27 +371,25 @@ async fn quorum_loss_stops_commits_before_lease_can_lapse_and_work_resumes() {
     stack.etcd_member(leader).resume().unwrap();
     producer.await.unwrap();
     let all_done = wait_until(Duration::from_secs(120), || async {
-        count_status(&client, &ns, "done").await == 400
+        count_status(&client, JobStatus::Done).await == 400
     })
     .await;
     assert!(
         all_done,
         "after recovery every job completes ({} done)",
-        count_status(&client, &ns, "done").await
+        count_status(&client, JobStatus::Done).await
     );
     assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
     w.shutdown().await.unwrap();
 }
 
-/// A namespace whose broker gives up after `max_deliver` deliveries (TTL
-/// 2 s), with one `ThreeStep` job enqueued under `key`: its name, config,
-/// client and the job.
-async fn one_job(prefix: &str, max_deliver: i64, key: &str) -> (String, Config, Client, JobId) {
-    let ns = DevStack::unique_namespace(prefix);
-    let mut cfg = config_for(stack(), &ns, Duration::from_secs(2));
+/// The test's namespace with a broker that gives up after `max_deliver`
+/// deliveries, with one `ThreeStep` job enqueued under `key`: its name,
+/// config, a client on that config and the job.
+async fn one_job(env: &TestEnv, max_deliver: i64, key: &str) -> (String, Config, Client, JobId) {
+    let (ns, mut cfg, _) = on_kit(env).await;
     cfg.max_deliver = max_deliver;
     let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
     let job_id = client
         .enqueue::<ThreeStep>(key, &Work::default())
         .await
@@ -491,9 +411,9 @@ async fn other_type_worker(cfg: &Config, ns: &str) -> Worker {
         .expect("worker")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_job_a_live_session_holds_is_never_given_up_by_the_broker() {
-    let (ns, cfg, client, job_id) = one_job("rt_maxdeliver_held", 3, "held-for-a-while").await;
+#[tenure::test(ttl_secs = 2)]
+async fn a_job_a_live_session_holds_is_never_given_up_by_the_broker(env: TestEnv) {
+    let (ns, cfg, client, job_id) = one_job(&env, 3, "held-for-a-while").await;
     // Another live session holds the job's lock: every delivery waits behind
     // it, many times MaxDeliver, and the job's fate does not change.
     let holder = Session::establish(&cfg).await.expect("session");
@@ -516,9 +436,9 @@ async fn a_job_a_live_session_holds_is_never_given_up_by_the_broker() {
 /// The broker gives up on a message while a live session holds the job's
 /// lock: the job is not dead, its message is renewed (no dead letter), and
 /// it runs once the holder is gone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_backstop_renews_the_message_of_a_job_a_live_owner_holds() {
-    let (ns, cfg, client, job_id) = one_job("rt_backstop_held", 2, "held-unsettled").await;
+#[tenure::test(ttl_secs = 2)]
+async fn the_backstop_renews_the_message_of_a_job_a_live_owner_holds(env: TestEnv) {
+    let (ns, cfg, client, job_id) = one_job(&env, 2, "held-unsettled").await;
     let holder = Session::establish(&cfg).await.expect("session");
     assert!(holder.acquire(job_id).await.unwrap().is_acquired());
     let queue = tenure::blocks::queue::Queue::provision(&cfg).await.unwrap();
@@ -545,9 +465,9 @@ async fn the_backstop_renews_the_message_of_a_job_a_live_owner_holds() {
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_message_nobody_settles_is_given_up_and_its_row_marked_dead() {
-    let (ns, cfg, client, job_id) = one_job("rt_maxdeliver", 2, "never-settled").await;
+#[tenure::test(ttl_secs = 2)]
+async fn a_message_nobody_settles_is_given_up_and_its_row_marked_dead(env: TestEnv) {
+    let (ns, cfg, client, job_id) = one_job(&env, 2, "never-settled").await;
     // A consumer that takes the message and neither acks nor naks it (a
     // worker that crashes before settling), until the broker gives up; the
     // listener of a worker of another type marks the row.
@@ -580,24 +500,16 @@ async fn a_message_nobody_settles_is_given_up_and_its_row_marked_dead() {
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn graceful_shutdown_releases_jobs_without_counting_takeovers() {
+#[tenure::test]
+async fn graceful_shutdown_releases_jobs_without_counting_takeovers(env: TestEnv) {
     // A long TTL: this test is about the release, not about lease loss. With 2 s, a CPU-starved
     // CI machine once missed keepalives for 2.3 s, the watchdog cancelled the slow step, and the
     // job stood at step 1 instead of 2.
-    let (ns, cfg, client) = fresh_namespace("rt_shutdown", Duration::from_secs(10)).await;
+    let (ns, cfg, client) = on_kit(&env).await;
     let first = three_step_worker(&cfg, &ns, "first").await;
     // Slow step 1 on `first`: it is mid-job when shutdown begins.
     let job_id = client
-        .enqueue::<ThreeStep>(
-            "shutdown-mid-job",
-            &Work {
-                slow_worker: Some("first".into()),
-                slow_step: 1,
-                slow_ms: 500,
-                ..Work::default()
-            },
-        )
+        .enqueue::<ThreeStep>("shutdown-mid-job", &slow_on("first", 1, 500))
         .await
         .unwrap()
         .job_id;
@@ -623,39 +535,25 @@ async fn graceful_shutdown_releases_jobs_without_counting_takeovers() {
     second.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
-    let stack = stack();
-    let ns = DevStack::unique_namespace("rt_dedup");
-    let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
+#[tenure::test(ttl_secs = 2)]
+async fn enqueue_dedup_outlives_the_brokers_duplicate_window(env: TestEnv) {
+    let (ns, mut cfg, _) = on_kit(&env).await;
     cfg.duplicate_window = Duration::from_secs(1);
     let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    let work = Work {
-        n: 5,
-        ..Work::default()
-    };
-    let first = client.enqueue::<ThreeStep>("once", &work).await.unwrap();
+    let five = work(5);
+    let first = client.enqueue::<ThreeStep>("once", &five).await.unwrap();
     assert!(!first.duplicate);
     // Inside the broker's window: the row says duplicate, the broker drops the copy.
-    let inside = client.enqueue::<ThreeStep>("once", &work).await.unwrap();
+    let inside = client.enqueue::<ThreeStep>("once", &five).await.unwrap();
     assert!(inside.duplicate);
     assert_eq!(inside.job_id, first.job_id);
     // After the window the broker stores the message again; the row still knows.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let after = client.enqueue::<ThreeStep>("once", &work).await.unwrap();
+    let after = client.enqueue::<ThreeStep>("once", &five).await.unwrap();
     assert!(after.duplicate);
     assert_eq!(after.job_id, first.job_id);
     // The same key with another payload is refused, not silently overwritten.
-    let other = client
-        .enqueue::<ThreeStep>(
-            "once",
-            &Work {
-                n: 6,
-                ..Work::default()
-            },
-        )
-        .await;
+    let other = client.enqueue::<ThreeStep>("once", &work(6)).await;
     assert!(
         matches!(
             other,
@@ -676,13 +574,7 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
         .await,
         "the second message is acked at admission"
     );
-    let rows: i64 = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {ns}.step_log WHERE job_id = $1"
-    ))
-    .bind(first.job_id.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .unwrap();
+    let rows = steps_logged(&client, first.job_id).await;
     assert_eq!(rows, 3, "one job, three steps, once");
     w.shutdown().await.unwrap();
 }
@@ -692,17 +584,14 @@ async fn enqueue_dedup_outlives_the_brokers_duplicate_window() {
 /// must not lose the claim with it: after the claim window the claim is
 /// committed alone and the step opens its own transaction. Without that, the
 /// idle transaction is killed and every attempt fails the same way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
-    let (ns, cfg, client) = fresh_namespace("rt_slow_first", Duration::from_secs(2)).await;
+#[tenure::test(ttl_secs = 2)]
+async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let worker = three_step_worker(&cfg, &ns, "slow").await;
+    // Past the TTL, so past the idle-in-transaction timeout.
     let work = Work {
         n: 1,
-        slow_worker: Some("slow".into()),
-        slow_step: 0,
-        // Past the TTL, so past the idle-in-transaction timeout.
-        slow_ms: 3_000,
-        ..Work::default()
+        ..slow_on("slow", 0, 3_000)
     };
     let id = client
         .enqueue::<ThreeStep>("slow-first", &work)
@@ -715,14 +604,7 @@ async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
     // Without the claim window the idle claim transaction is killed and the
     // step's first write fails: a failed attempt, every time.
     assert_eq!(row.attempts, 0, "no attempt may fail: {row:?}");
-    let pool = client.store().pool();
-    let rows: i64 = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {ns}.step_log WHERE job_id = $1"
-    ))
-    .bind(id.as_uuid())
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let rows = steps_logged(&client, id).await;
     assert_eq!(rows, 3, "every step once");
     worker.shutdown().await.expect("shutdown");
 }
@@ -730,9 +612,9 @@ async fn a_first_step_that_works_past_the_ttl_before_writing_commits_once() {
 /// A finished job's lock delete waits for the next acquisition to ride along
 /// with, but not for long: with no other job coming, it goes on its own within
 /// the release linger, while the worker keeps running.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes() {
-    let (ns, cfg, client) = fresh_namespace("rt_release", Duration::from_secs(5)).await;
+#[tenure::test(ttl_secs = 5)]
+async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let worker = three_step_worker(&cfg, &ns, "rel").await;
     let id = client
         .enqueue::<ThreeStep>("lonely", &Work::default())
@@ -743,7 +625,7 @@ async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes() {
         done_within(&client, id, Duration::from_secs(60)).await,
         "job done"
     );
-    let mut etcd = etcd_client::Client::connect(stack().etcd_endpoints(), None)
+    let mut etcd = etcd_client::Client::connect(env.stack().etcd_endpoints(), None)
         .await
         .expect("etcd");
     let key = format!("{}jobs/{id}", cfg.etcd_prefix());
@@ -772,13 +654,9 @@ async fn a_finished_jobs_lock_is_deleted_soon_even_when_no_other_job_comes() {
 /// step again; a message with no job row and one whose row names an unknown job
 /// type go to the DLQ, the latter's row marked dead; a normal job in the same
 /// group runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types() {
-    let (ns, cfg, client) = fresh_namespace("rt_admit", Duration::from_secs(5)).await;
-    let work = |n| Work {
-        n,
-        ..Work::default()
-    };
+#[tenure::test(ttl_secs = 5)]
+async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let done = client
         .enqueue::<ThreeStep>("admit-done", &work(1))
         .await
@@ -890,13 +768,10 @@ async fn await_report(client: &Client, want: &[&str]) -> Option<i64> {
 /// (reported while PostgreSQL is up, on the health change itself), healthy
 /// again on a new session once the quorum is back, and stopped at shutdown.
 /// Its own dev stack: the quorum loss would disturb the shared one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_worker_reports_its_lease_health_through_a_quorum_loss_and_its_stop() {
-    let stack = DevStack::start().await.expect("dev stack");
-    let ns = DevStack::unique_namespace("report");
-    let cfg = config_for(&stack, &ns, Duration::from_secs(2));
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
+#[tenure::test(own_stack, ttl_secs = 2)]
+async fn a_worker_reports_its_lease_health_through_a_quorum_loss_and_its_stop(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
+    let stack = env.stack();
     let worker = three_step_worker(&cfg, &ns, "reporter-1").await;
     let first = await_report(&client, &["healthy"])
         .await
@@ -918,26 +793,13 @@ async fn a_worker_reports_its_lease_health_through_a_quorum_loss_and_its_stop() 
     await_report(&client, &["stopped"]).await;
 }
 
-/// `step_log` rows of `job` (committed writes of its steps).
-async fn logged(client: &Client, ns: &str, job: JobId) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {ns}.step_log WHERE job_id = $1"
-    ))
-    .bind(job.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .unwrap()
-}
-
 /// The `detail` of `job`'s `cancelled` events.
-async fn cancel_events(client: &Client, ns: &str, job: JobId) -> Vec<serde_json::Value> {
-    sqlx::query_scalar(&format!(
-        "SELECT detail FROM {ns}.job_events WHERE job_id = $1 AND kind = 'cancelled'"
-    ))
-    .bind(job.as_uuid())
-    .fetch_all(client.store().pool())
-    .await
-    .unwrap()
+async fn cancel_events(client: &Client, job: JobId) -> Vec<serde_json::Value> {
+    let events = events_of_kind(client, job, "cancelled").await;
+    events
+        .into_iter()
+        .map(|e| e.detail.unwrap_or_default())
+        .collect()
 }
 
 /// Whether the work stream is empty (every message acked) within `within`.
@@ -948,9 +810,9 @@ async fn work_stream_empty_within(client: &Client, within: Duration) -> bool {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs() {
-    let (ns, cfg, client) = fresh_namespace("rt_cancel_mid", Duration::from_secs(5)).await;
+#[tenure::test(ttl_secs = 5)]
+async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let probe = Arc::new(CancelProbe::default());
     let (worker, metered) = cancellable_worker(cfg.clone().with_worker_id("c1"), &ns, &probe).await;
     let hold = Hold { hold_ms: 20_000 };
@@ -987,13 +849,13 @@ async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs() {
     assert!(work_stream_empty_within(&client, Duration::from_secs(10)).await);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        logged(&client, &ns, job).await,
+        steps_logged(&client, job).await,
         0,
         "step 0's write rolled back"
     );
     assert!(!probe.wrote(job, 1), "step 1 never ran");
     assert_eq!(
-        cancel_events(&client, &ns, job).await,
+        cancel_events(&client, job).await,
         vec![serde_json::json!("operator: wrong account")]
     );
     assert_eq!(metered.counted("tenure.job.cancelled"), 1);
@@ -1004,14 +866,14 @@ async fn cancel_mid_step_rolls_back_its_writes_and_no_later_step_runs() {
     assert_eq!(again, Cancelled::Already);
     let after = client.job(job).await.unwrap().unwrap();
     assert_eq!(after, row, "the second cancel changed nothing");
-    assert_eq!(cancel_events(&client, &ns, job).await.len(), 1);
+    assert_eq!(cancel_events(&client, job).await.len(), 1);
     worker.shutdown().await.unwrap();
     assert_eq!(client.queue().stats().await.unwrap().dlq_messages, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cancel_of_a_pending_job_acks_its_message_and_never_runs_it() {
-    let (ns, cfg, client) = fresh_namespace("rt_cancel_pending", Duration::from_secs(5)).await;
+#[tenure::test(ttl_secs = 5)]
+async fn cancel_of_a_pending_job_acks_its_message_and_never_runs_it(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let probe = Arc::new(CancelProbe::default());
     let job = client
         .enqueue::<Cancellable>("pending", &Hold { hold_ms: 0 })
@@ -1042,14 +904,14 @@ async fn cancel_of_a_pending_job_acks_its_message_and_never_runs_it() {
         (JobStatus::Cancelled, 0, 0),
         "never claimed: {row:?}"
     );
-    assert!(!probe.wrote(job, 0) && logged(&client, &ns, job).await == 0);
+    assert!(!probe.wrote(job, 0) && steps_logged(&client, job).await == 0);
     worker.shutdown().await.unwrap();
     assert_eq!(client.queue().stats().await.unwrap().dlq_messages, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cancel_of_an_unknown_or_finished_job_is_a_typed_error_and_changes_nothing() {
-    let (ns, cfg, client) = fresh_namespace("rt_cancel_bad", Duration::from_secs(5)).await;
+#[tenure::test(ttl_secs = 5)]
+async fn cancel_of_an_unknown_or_finished_job_is_a_typed_error_and_changes_nothing(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let unknown = JobId::from_key("test.cancellable", "never-enqueued");
     let err = client.cancel(unknown, "no such job").await.unwrap_err();
     assert!(
@@ -1057,7 +919,7 @@ async fn cancel_of_an_unknown_or_finished_job_is_a_typed_error_and_changes_nothi
         "{err:?}"
     );
     assert!(client.job(unknown).await.unwrap().is_none());
-    assert!(cancel_events(&client, &ns, unknown).await.is_empty());
+    assert!(cancel_events(&client, unknown).await.is_empty());
 
     let probe = Arc::new(CancelProbe::default());
     let (worker, _metered) =
@@ -1089,17 +951,17 @@ async fn cancel_of_an_unknown_or_finished_job_is_a_typed_error_and_changes_nothi
         "{err:?}"
     );
     assert_eq!(client.job(job).await.unwrap().unwrap(), before);
-    assert!(cancel_events(&client, &ns, job).await.is_empty());
+    assert!(cancel_events(&client, job).await.is_empty());
     assert_eq!(
-        logged(&client, &ns, job).await,
+        steps_logged(&client, job).await,
         2,
         "both steps committed once"
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cancel_of_a_dead_job_takes_it_out_of_the_dlq_for_good() {
-    let (ns, cfg, client) = fresh_namespace("rt_cancel_dead", Duration::from_secs(10)).await;
+#[tenure::test]
+async fn cancel_of_a_dead_job_takes_it_out_of_the_dlq_for_good(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = three_step_worker(&cfg, &ns, "w").await;
     let fails = Work {
         fail_times: u32::MAX,

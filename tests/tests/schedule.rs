@@ -11,42 +11,29 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tenure::blocks::fence::{FenceError, JobStatus, TickBatch, tick_key};
-use tenure::devstack::DevStack;
 use tenure::testing::{FaultPlan, TestEnv, Violation};
 use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
 use tenure::{Config, Worker, WorkerBuilder, WorkerError};
 use tenure_tests::{
-    ChildWorker, ThreeStep, Work, claimed_at, double_commits, fresh_namespace, init_logs, on_kit,
-    three_step_worker, wait_until,
+    ThreeStep, claimed_at, double_commits, init_logs, on_kit, three_step_worker, wait_until,
 };
 
-fn stack() -> &'static DevStack {
-    DevStack::shared().expect("dev stack")
+/// How many job rows the schema holds, of any type and status.
+async fn jobs(client: &Client) -> i64 {
+    let overview = client.store().overview(Duration::from_secs(60)).await;
+    overview.expect("overview").total()
 }
 
-async fn count(client: &Client, sql: &str) -> i64 {
-    sqlx::query_scalar(sql)
-        .fetch_one(client.store().pool())
-        .await
-        .expect(sql)
-}
+use tenure_tests::{scheduler_leader as leader, work};
 
-/// When job `id` was first claimed (its history's first `claimed` event).
-fn work(n: u64) -> Work {
-    Work {
-        n,
-        ..Work::default()
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn delayed_jobs_wait_without_a_message_and_start_within_a_second_of_run_at() {
+#[tenure::test]
+async fn delayed_jobs_wait_without_a_message_and_start_within_a_second_of_run_at(env: TestEnv) {
     // A long TTL: the 1 s bound is about the scheduler, not about lease loss.
     // Under `make test` on 2 cores a job once started 5 s late; in that run
     // keepalives went unanswered for 2.5 s in another test (a 3 s TTL is lost
     // at 2.1 s). The logs say why if it happens again.
     init_logs();
-    let (ns, cfg, client) = fresh_namespace("sch_delay", Duration::from_secs(10)).await;
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = three_step_worker(&cfg, &ns, "w0").await;
     let mut jobs = Vec::new();
     for (n, delay_ms) in [2000u64, 2500, 3000, 3500, 4000].into_iter().enumerate() {
@@ -85,7 +72,7 @@ async fn delayed_jobs_wait_without_a_message_and_start_within_a_second_of_run_at
     for id in &jobs {
         let row = client.job(*id).await.unwrap().unwrap();
         let run_at = row.run_at.unwrap();
-        let claimed = claimed_at(&client, &ns, *id).await.expect("claimed");
+        let claimed = claimed_at(&client, *id).await.expect("claimed");
         let late = (claimed - run_at).num_milliseconds();
         assert!(late >= 0, "job {id} claimed {late} ms before its run_at");
         assert!(
@@ -99,9 +86,9 @@ async fn delayed_jobs_wait_without_a_message_and_start_within_a_second_of_run_at
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_past_run_at_runs_now_and_duplicates_follow_enqueue_rules() {
-    let (ns, cfg, client) = fresh_namespace("sch_past", Duration::from_secs(3)).await;
+#[tenure::test(ttl_secs = 3)]
+async fn a_past_run_at_runs_now_and_duplicates_follow_enqueue_rules(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = three_step_worker(&cfg, &ns, "w0").await;
     let past = Utc::now() - chrono::Duration::hours(1);
     let e = client
@@ -155,14 +142,14 @@ async fn a_past_run_at_runs_now_and_duplicates_follow_enqueue_rules() {
         })
         .await
     );
-    let claimed = claimed_at(&client, &ns, first.job_id).await.unwrap();
+    let claimed = claimed_at(&client, first.job_id).await.unwrap();
     assert!(claimed >= run_at.unwrap(), "not run before its run_at");
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delay_beyond_the_maximum_is_a_typed_error_and_enqueues_nothing() {
-    let (ns, mut cfg, _) = fresh_namespace("sch_max", Duration::from_secs(3)).await;
+#[tenure::test(ttl_secs = 3)]
+async fn a_delay_beyond_the_maximum_is_a_typed_error_and_enqueues_nothing(env: TestEnv) {
+    let (_, mut cfg, _) = on_kit(&env).await;
     cfg.max_delay = Duration::from_secs(60);
     let client = Client::connect(&cfg).await.unwrap();
     let after = client
@@ -190,10 +177,7 @@ async fn a_delay_beyond_the_maximum_is_a_typed_error_and_enqueues_nothing() {
         matches!(huge, Err(ClientError::DelayTooLong { .. })),
         "{huge:?}"
     );
-    assert_eq!(
-        count(&client, &format!("SELECT count(*) FROM {ns}.jobs")).await,
-        0
-    );
+    assert_eq!(jobs(&client).await, 0);
     assert_eq!(client.queue().stats().await.unwrap().work_messages, 0);
     // Within the maximum it is accepted.
     client
@@ -202,9 +186,9 @@ async fn a_delay_beyond_the_maximum_is_a_typed_error_and_enqueues_nothing() {
         .expect("within max_delay");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_schedule_fails_start_and_registers_nothing() {
-    let (ns, cfg, client) = fresh_namespace("sch_bad", Duration::from_secs(3)).await;
+#[tenure::test(ttl_secs = 3)]
+async fn a_bad_schedule_fails_start_and_registers_nothing(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let job = || ThreeStep {
         worker: "w".into(),
         schema: ns.clone(),
@@ -250,19 +234,13 @@ async fn a_bad_schedule_fails_start_and_registers_nothing() {
         dup,
         Err(WorkerError::Schedule(ScheduleError::Duplicate(_)))
     ));
-    assert_eq!(
-        count(&client, &format!("SELECT count(*) FROM {ns}.schedules")).await,
-        0
-    );
-    assert_eq!(
-        count(&client, &format!("SELECT count(*) FROM {ns}.jobs")).await,
-        0
-    );
+    assert_eq!(client.store().schedules().await.unwrap().len(), 0);
+    assert_eq!(jobs(&client).await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deposed_leaders_writes_are_refused_by_the_fence() {
-    let (ns, _cfg, client) = fresh_namespace("sch_fence", Duration::from_secs(3)).await;
+#[tenure::test(ttl_secs = 3)]
+async fn a_deposed_leaders_writes_are_refused_by_the_fence(env: TestEnv) {
+    let (ns, _cfg, client) = on_kit(&env).await;
     let store = client.store();
     let (old, new) = (FencingToken::for_tests(10), FencingToken::for_tests(20));
     store.claim_leader("scheduler", old, "old").await.unwrap();
@@ -314,7 +292,7 @@ async fn a_deposed_leaders_writes_are_refused_by_the_fence() {
         matches!(refused, Err(FenceError::LeaderFencedOut { .. })),
         "{refused:?}"
     );
-    let jobs = count(&client, &format!("SELECT count(*) FROM {ns}.jobs")).await;
+    let jobs = jobs(&client).await;
     assert_eq!(jobs, 1, "the stale leader inserted no tick");
     assert_eq!(
         store.enqueue_ticks("scheduler", new, &batch).await.unwrap(),
@@ -336,50 +314,29 @@ async fn a_deposed_leaders_writes_are_refused_by_the_fence() {
     );
 }
 
-/// A worker child process (`tenure-test-worker --cron tick`).
-fn child_worker(ns: &str, id: &str, ttl_secs: u64) -> ChildWorker {
-    let program = env!("CARGO_BIN_EXE_tenure-test-worker");
-    ChildWorker::spawn(program, stack(), ns, id, ttl_secs, &["--cron", "tick"])
+/// The tick times of the `test.three_step` jobs, in order.
+async fn ticks(client: &Client) -> Vec<DateTime<Utc>> {
+    let rows = client.store().list_jobs(None, i64::MAX).await.unwrap();
+    let mut ticks: Vec<_> = rows
+        .iter()
+        .filter(|r| r.job_type == "test.three_step")
+        .map(|r| r.run_at.expect("a tick's run_at"))
+        .collect();
+    ticks.sort();
+    ticks
 }
 
-/// The tick times of schedule `name`'s jobs, in order.
-async fn ticks(client: &Client, ns: &str) -> Vec<DateTime<Utc>> {
-    sqlx::query_scalar(&format!(
-        "SELECT run_at FROM {ns}.jobs WHERE job_type = 'test.three_step' ORDER BY run_at"
-    ))
-    .fetch_all(client.store().pool())
-    .await
-    .unwrap()
-}
-
-async fn leader(client: &Client) -> Option<(String, i64)> {
-    client
-        .store()
-        .leader("scheduler")
-        .await
-        .unwrap()
-        .map(|l| (l.worker, l.fence))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
+#[tenure::test(ttl_secs = 5, worker = tenure_tests::cron_test_worker)]
+async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once(env: TestEnv) {
     // A TTL of 5 s: the killed leader's key outlives it by about 5 s, within
     // `Config::missed_tick_after` (TTL + leader_retry + schedule_grace), so
     // the ticks of the gap are on time whatever the policy (the test
     // worker's is catch-up, max 1000).
-    let (ns, _cfg, client) = fresh_namespace("sch_kill", Duration::from_secs(5)).await;
-    let mut workers: Vec<(String, ChildWorker)> = (0..3)
-        .map(|i| (format!("w{i}"), child_worker(&ns, &format!("w{i}"), 5)))
-        .collect();
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            workers.iter().all(|(_, w)| w.has_line("READY"))
-        })
-        .await
-    );
+    let (ns, _cfg, client) = on_kit(&env).await;
+    let mut workers = tenure_tests::worker_processes(&env, &["w0", "w1", "w2"]).await;
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            ticks(&client, &ns).await.len() >= 4
+            ticks(&client).await.len() >= 4
         })
         .await
     );
@@ -388,7 +345,7 @@ async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
         .iter()
         .position(|(id, _)| *id == first_leader)
         .expect("leader is ours");
-    let (_, mut killed) = workers.remove(at);
+    let (_, killed) = workers.remove(at);
     killed.kill(); // SIGKILL, by its pid
     let killed_at = Utc::now();
     let took_over = wait_until(Duration::from_secs(15), || async {
@@ -401,7 +358,7 @@ async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
     // Run a few more ticks under the new leader, then stop.
     tokio::time::sleep(Duration::from_secs(4)).await;
     drop(workers);
-    let ticks = ticks(&client, &ns).await;
+    let ticks = ticks(&client).await;
     let secs: Vec<i64> = ticks.iter().map(DateTime::timestamp).collect();
     let gaps: Vec<_> = secs.windows(2).filter(|w| w[1] - w[0] != 1).collect();
     assert!(
@@ -426,9 +383,9 @@ async fn three_workers_kill_the_leader_every_tick_is_enqueued_exactly_once() {
     assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
-    let (ns, cfg, client) = fresh_namespace("sch_missed", Duration::from_secs(3)).await;
+#[tenure::test(ttl_secs = 3)]
+async fn missed_ticks_are_skipped_or_caught_up_at_most_max(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let start = || {
         Worker::builder(cfg.clone().with_worker_id("w0"))
             .register(ThreeStep {
@@ -490,9 +447,9 @@ async fn missed_ticks_are_skipped_or_caught_up_at_most_max() {
 /// leader's due query finds nothing of it at its `run_at` (found by review:
 /// the cancel left `awaiting_publish` set, so the leader published a message
 /// that a worker then only acked).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_job_cancelled_before_its_run_at_is_never_published() {
-    let (ns, cfg, client) = fresh_namespace("sch_cancel", Duration::from_secs(3)).await;
+#[tenure::test(ttl_secs = 3)]
+async fn a_waiting_job_cancelled_before_its_run_at_is_never_published(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
     let w = three_step_worker(&cfg, &ns, "w0").await;
     let id = client
         .enqueue_after::<ThreeStep>("cancel-me", &work(1), Duration::from_millis(1500))
@@ -519,13 +476,7 @@ async fn a_waiting_job_cancelled_before_its_run_at_is_never_published() {
         })
         .await
     );
-    let published: i64 = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {ns}.job_events WHERE job_id = $1"
-    ))
-    .bind(id.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .unwrap();
+    let published = client.store().job_events(id).await.unwrap().len();
     let stats = client.queue().stats().await.unwrap();
     assert_eq!(stats.work_messages, 0, "{stats:?}");
     let row = client.job(id).await.unwrap().unwrap();

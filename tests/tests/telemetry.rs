@@ -14,13 +14,9 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 use tenure::Worker;
 use tenure::blocks::fence::{FenceStore, JobStatus};
 use tenure::blocks::lease::{Acquire, Session};
-use tenure::devstack::DevStack;
+use tenure::testing::TestEnv;
 use tenure::{Client, Config, JobId, StepCtx, StepError};
-use tenure_tests::{config_for, wait_until};
-
-fn stack() -> &'static DevStack {
-    DevStack::shared().expect("dev stack")
-}
+use tenure_tests::wait_until;
 
 /// Every log line of this test binary (a global `fmt` subscriber writing into
 /// memory, installed once).
@@ -235,17 +231,17 @@ async fn status(client: &Client, id: JobId) -> Option<JobStatus> {
     client.job(id).await.unwrap().map(|r| r.status)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_counted_once() {
+#[tenure::test(ttl_secs = 3)]
+async fn one_contention_one_takeover_one_stale_rejection_one_dlq_routing_each_counted_once(
+    env: TestEnv,
+) {
     logs();
-    let ns = DevStack::unique_namespace("obs_metrics");
-    let mut cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let mut cfg = env.config().clone();
     // A contended delivery comes back after 2-6 s: time to see the contention
     // counted once and free the lock before the redelivery.
     cfg.contention_backoff.base = Duration::from_secs(4);
     cfg.contention_backoff.cap = Duration::from_secs(4);
     let client = Client::connect(&cfg).await.expect("client");
-    client.migrate().await.expect("migrate");
 
     // Takeover: a previous owner claims the job and vanishes without releasing.
     let taken = client
@@ -477,13 +473,11 @@ impl Blocker {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_revoked_session_is_counted_as_a_loss_by_cause_and_a_new_grant() {
+#[tenure::test(ttl_secs = 2)]
+async fn a_revoked_session_is_counted_as_a_loss_by_cause_and_a_new_grant(env: TestEnv) {
     logs();
-    let ns = DevStack::unique_namespace("obs_loss");
-    let cfg = config_for(stack(), &ns, Duration::from_secs(2));
+    let cfg = env.config().clone();
     let client = Client::connect(&cfg).await.expect("client");
-    client.migrate().await.expect("migrate");
     let (exporter, provider) = in_memory_metrics();
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
         .meter(provider.meter("tenure"))
@@ -495,7 +489,7 @@ async fn a_revoked_session_is_counted_as_a_loss_by_cause_and_a_new_grant() {
 
     // The job lock hangs off the worker's session lease: revoke that lease
     // behind the worker's back (an operator, or etcd expiring it).
-    let mut etcd = etcd_client::Client::connect(stack().etcd_endpoints(), None)
+    let mut etcd = etcd_client::Client::connect(env.stack().etcd_endpoints(), None)
         .await
         .unwrap();
     let key = format!("{}jobs/{job}", cfg.etcd_prefix());
@@ -557,15 +551,13 @@ async fn a_revoked_session_is_counted_as_a_loss_by_cause_and_a_new_grant() {
     provider.shutdown().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn prometheus_scrape_shows_a_workers_metrics() {
+#[tenure::test(ttl_secs = 3)]
+async fn prometheus_scrape_shows_a_workers_metrics(env: TestEnv) {
     use tenure::telemetry::prometheus::PrometheusEndpoint;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    let ns = DevStack::unique_namespace("obs_prom");
-    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let cfg = env.config().clone();
     let client = Client::connect(&cfg).await.expect("client");
-    client.migrate().await.expect("migrate");
     let endpoint =
         PrometheusEndpoint::serve("127.0.0.1:0".parse().unwrap(), Duration::from_secs(5))
             .await
@@ -624,14 +616,12 @@ async fn prometheus_scrape_shows_a_workers_metrics() {
 /// rides in the next batch's etcd Txn instead of a request of its own, and
 /// every job still runs under a verified token. The `lock batch` debug event
 /// says how many re-reads a batch carried.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lock_rereads_ride_in_the_next_batch_under_load() {
+#[tenure::test(ttl_secs = 5)]
+async fn lock_rereads_ride_in_the_next_batch_under_load(env: TestEnv) {
     logs();
-    let ns = DevStack::unique_namespace("obs_fold");
-    let mut cfg = config_for(stack(), &ns, Duration::from_secs(5)).with_worker_id("fold");
+    let mut cfg = env.config().clone().with_worker_id("fold");
     cfg.max_in_flight = 32;
     let client = Client::connect(&cfg).await.expect("client");
-    client.migrate().await.expect("migrate");
     let worker = Worker::builder(cfg).register(Plain).start().await.unwrap();
     const N: u64 = 300;
     let mut ids = Vec::new();
@@ -674,13 +664,11 @@ async fn lock_rereads_ride_in_the_next_batch_under_load() {
 /// A step's commit opens the next step's fenced transaction in the same round
 /// trip, and the next step uses it: the chained admission admits (it never
 /// falls back for a healthy job).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_step_commit_opens_the_next_steps_transaction() {
+#[tenure::test(ttl_secs = 5)]
+async fn a_step_commit_opens_the_next_steps_transaction(env: TestEnv) {
     logs();
-    let ns = DevStack::unique_namespace("obs_chain");
-    let cfg = config_for(stack(), &ns, Duration::from_secs(5)).with_worker_id("chain");
+    let cfg = env.config().clone().with_worker_id("chain");
     let client = Client::connect(&cfg).await.expect("client");
-    client.migrate().await.expect("migrate");
     let worker = Worker::builder(cfg).register(Plain).start().await.unwrap();
     let id = client.enqueue::<Plain>("chained", &1).await.unwrap().job_id;
     let done = wait_until(Duration::from_secs(60), || async {
@@ -738,9 +726,8 @@ impl Counted {
 /// Runs `n` `Counted` jobs on one worker with two run slots and `prefetch`;
 /// returns the largest lock batch (acquisitions in one etcd Txn) and the most
 /// jobs that ran at once.
-async fn counted_run(prefetch: usize, n: u64) -> (f64, usize) {
-    let ns = DevStack::unique_namespace("obs_ahead");
-    let mut cfg = config_for(stack(), &ns, Duration::from_secs(5))
+async fn counted_run(cfg: Config, prefetch: usize, n: u64) -> (f64, usize) {
+    let mut cfg = cfg
         .with_worker_id(format!("ahead-{prefetch}"))
         .with_prefetch(prefetch);
     cfg.max_in_flight = 2;
@@ -799,10 +786,10 @@ async fn counted_run(prefetch: usize, n: u64) -> (f64, usize) {
 /// jobs, in groups: lock batches carry more acquisitions than it has run slots,
 /// while no more jobs than its run slots ever run. Without it (the control), a
 /// worker holds at most `max_in_flight` deliveries, so no batch can carry more.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn deliveries_fetched_ahead_share_lock_batches_beyond_the_run_slots() {
+#[tenure::test(ttl_secs = 5)]
+async fn deliveries_fetched_ahead_share_lock_batches_beyond_the_run_slots(env: TestEnv) {
     logs();
-    let (largest, most_running) = counted_run(8, 150).await;
+    let (largest, most_running) = counted_run(env.config().clone(), 8, 150).await;
     assert!(
         largest > 2.0,
         "with prefetch 8 and 2 run slots, some lock batch should carry more than 2 \
@@ -812,7 +799,9 @@ async fn deliveries_fetched_ahead_share_lock_batches_beyond_the_run_slots() {
         most_running <= 2,
         "{most_running} jobs ran at once with 2 run slots"
     );
-    let (largest, most_running) = counted_run(0, 40).await;
+    // The control in a namespace of its own: nothing of the first run carries over.
+    let control = tenure_tests::in_new_namespace(env.config(), "obs_ahead");
+    let (largest, most_running) = counted_run(control, 0, 40).await;
     assert!(largest <= 2.0, "without prefetch: {largest}");
     assert!(
         most_running <= 2,
@@ -837,13 +826,11 @@ impl Timed {
 /// duration to its last commit are recorded once per job, by type: jobs
 /// enqueued 500 ms before any worker exists waited at least that long, and
 /// a job's duration covers its wait and its step.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn queue_wait_and_job_duration_are_recorded_once_per_job() {
+#[tenure::test(ttl_secs = 5)]
+async fn queue_wait_and_job_duration_are_recorded_once_per_job(env: TestEnv) {
     logs();
-    let ns = DevStack::unique_namespace("obs_timed");
-    let cfg = config_for(stack(), &ns, Duration::from_secs(5)).with_worker_id("timed");
+    let cfg = env.config().clone().with_worker_id("timed");
     let client = Client::connect(&cfg).await.expect("client");
-    client.migrate().await.expect("migrate");
     let mut ids = Vec::new();
     for k in 0..4u64 {
         let e = client.enqueue::<Timed>(&format!("t{k}"), &k).await;

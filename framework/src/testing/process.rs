@@ -273,6 +273,24 @@ impl WorkerProcess {
         child.wait().ok()
     }
 
+    /// Stops the whole worker (`SIGSTOP`, by its pid): keepalives included,
+    /// as a long GC pause or a stopped VM would; [`WorkerProcess::resume`]
+    /// continues it.
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// Continues a worker [`WorkerProcess::pause`] stopped (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    fn signal(&self, sig: Signal) {
+        if let Ok(pid) = i32::try_from(self.pid) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+        }
+    }
+
     /// Closes its stdin: the worker shuts down gracefully; waits for it.
     pub fn shutdown(&self) {
         let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
