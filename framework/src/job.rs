@@ -23,11 +23,13 @@ use crate::{FencingToken, JobId, StepIndex};
 #[cfg(feature = "mysql")]
 mod mysql;
 pub mod step_list;
+mod timeout;
 
 /// A boxed, `Send` future, as returned by [`Job::run_step`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 pub use crate::steps::StepInfo;
+pub use timeout::{OnTimeout, StepTimedOut, StepTimeout};
 
 /// A job type: a fenced state machine of steps.
 ///
@@ -93,6 +95,10 @@ pub trait Job: Send + Sync + 'static {
     /// Failed attempts tolerated before the job is dead-lettered (`None`: the
     /// worker's `Config::max_retries`).
     const RETRIES: Option<u32> = None;
+    /// Each step's time limit, by index (`#[step(timeout = "30s")]`, or the
+    /// job's `step_timeout`): `None`, or an index past the end, is no limit.
+    /// See [`StepTimeout`].
+    const STEP_TIMEOUTS: &'static [Option<StepTimeout>] = &[];
 
     /// Whether the job type has an `on_dead` hook
     /// (`#[tenure::job(on_dead = ..)]`): when `true`, a death marks the job's
@@ -548,6 +554,12 @@ impl StepError {
     /// The underlying error, if it is of type `E`.
     pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
         self.source.as_deref().and_then(|e| e.downcast_ref::<E>())
+    }
+
+    /// Whether the step was stopped at its [`StepTimeout`] (the source is a
+    /// [`StepTimedOut`]).
+    pub fn is_timeout(&self) -> bool {
+        self.downcast_ref::<StepTimedOut>().is_some()
     }
 }
 

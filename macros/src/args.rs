@@ -18,10 +18,13 @@ pub(crate) struct JobArgs {
     pub(crate) retries: Option<u32>,
     /// `on_dead = compensate`: a method of the job's impl block.
     pub(crate) on_dead: Option<syn::Ident>,
+    /// `step_timeout = "30s"`: every step's timeout unless it has its own, in
+    /// milliseconds.
+    pub(crate) step_timeout_ms: Option<u64>,
 }
 
-const KNOWN: &str =
-    "expected `name = \"...\"`, `max_takeovers = N`, `retries = N` or `on_dead = method`";
+const KNOWN: &str = "expected `name = \"...\"`, `max_takeovers = N`, `retries = N`, \
+                     `on_dead = method` or `step_timeout = \"30s\"`";
 
 /// Parses the attribute's arguments, reporting every problem into `errors`.
 pub(crate) fn parse_args(attr: TokenStream, errors: &mut Errors) -> JobArgs {
@@ -53,8 +56,8 @@ fn parse_metas(attr: TokenStream, errors: &mut Errors) -> Option<Punctuated<Meta
                 e.span(),
                 format!(
                     "{e} (the arguments of #[tenure::job] are `name = \"...\"`, \
-                     `max_takeovers = N`, `retries = N` and `on_dead = method`, separated by \
-                     commas)"
+                     `max_takeovers = N`, `retries = N`, `on_dead = method` and \
+                     `step_timeout = \"30s\"`, separated by commas)"
                 ),
             ));
             None
@@ -82,6 +85,7 @@ fn parse_arg(meta: &Meta, seen: &mut Vec<Arg>, args: &mut JobArgs, errors: &mut 
         Arg::MaxTakeovers => args.max_takeovers = parse_count(key, value, errors),
         Arg::Retries => args.retries = parse_count(key, value, errors),
         Arg::OnDead => args.on_dead = parse_hook(value, errors),
+        Arg::StepTimeout => args.step_timeout_ms = parse_timeout(value, errors),
     }
 }
 
@@ -92,6 +96,7 @@ enum Arg {
     MaxTakeovers,
     Retries,
     OnDead,
+    StepTimeout,
 }
 
 impl Arg {
@@ -103,6 +108,7 @@ impl Arg {
             Some("max_takeovers") => Some(Arg::MaxTakeovers),
             Some("retries") => Some(Arg::Retries),
             Some("on_dead") => Some(Arg::OnDead),
+            Some("step_timeout") => Some(Arg::StepTimeout),
             _ => None,
         };
         if known.is_none() {
@@ -119,6 +125,7 @@ impl Arg {
             Arg::MaxTakeovers => "max_takeovers",
             Arg::Retries => "retries",
             Arg::OnDead => "on_dead",
+            Arg::StepTimeout => "step_timeout",
         }
     }
 
@@ -129,6 +136,7 @@ impl Arg {
             Arg::Name => "`name = \"ledger.transfer\"`".to_owned(),
             Arg::MaxTakeovers | Arg::Retries => format!("`{key} = 3`"),
             Arg::OnDead => "`on_dead = compensate`".to_owned(),
+            Arg::StepTimeout => "`step_timeout = \"30s\"`".to_owned(),
         }
     }
 }
@@ -159,6 +167,22 @@ fn parse_name(value: &Expr, errors: &mut Errors) -> Option<String> {
             errors.spanned(
                 other,
                 "`name` must be a string literal, e.g. `name = \"ledger.transfer\"`",
+            );
+            None
+        }
+    }
+}
+
+/// `step_timeout = "30s"`: a string literal holding a duration.
+fn parse_timeout(value: &Expr, errors: &mut Errors) -> Option<u64> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => crate::timeout::parse_duration("step_timeout", s, errors),
+        other => {
+            errors.spanned(
+                other,
+                "`step_timeout` must be a string literal, e.g. `step_timeout = \"30s\"`",
             );
             None
         }
@@ -269,6 +293,7 @@ mod tests {
             name = "ledger.transfer",
             max_takeovers = 5,
             retries = 3,
+            step_timeout = "2m",
         ));
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(
@@ -278,6 +303,7 @@ mod tests {
                 max_takeovers: Some(5),
                 retries: Some(3),
                 on_dead: None,
+                step_timeout_ms: Some(120_000),
             }
         );
     }

@@ -29,6 +29,11 @@ impl Errors {
         self.push(syn::Error::new_spanned(tokens, message));
     }
 
+    /// How many errors were reported so far.
+    pub(crate) fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |e| e.clone().into_iter().count())
+    }
+
     /// The messages, in order (for unit tests).
     #[cfg(test)]
     pub(crate) fn messages(&self) -> Vec<String> {

@@ -130,6 +130,8 @@ fn job_impl(
     let max_takeovers = option_u32(args.max_takeovers);
     let retries = option_u32(args.retries);
     let on_dead = args.on_dead.as_ref().map(on_dead);
+    let timeouts: Vec<_> = def.steps.iter().map(|s| s.timeout).collect();
+    let step_timeouts = crate::timeout::step_timeouts(&timeouts, args.step_timeout_ms);
     let run_step = run_step(&def.steps, chain_calls);
     quote! {
         #[automatically_derived]
@@ -140,6 +142,7 @@ fn job_impl(
             const STEPS: &'static [::tenure::job::StepInfo] = &[#(#step_infos),*];
             const MAX_TAKEOVERS: ::core::option::Option<::core::primitive::u32> = #max_takeovers;
             const RETRIES: ::core::option::Option<::core::primitive::u32> = #retries;
+            #step_timeouts
             #on_dead
 
             #run_step

@@ -14,6 +14,7 @@ mod expand;
 mod parse;
 mod signature;
 mod test_attr;
+mod timeout;
 
 /// Turns an `impl` block of `#[step]` methods into a job type: implements
 /// [`tenure::Job`](https://docs.rs/tenure/latest/tenure/job/trait.Job.html) for it.
@@ -72,6 +73,8 @@ mod test_attr;
 ///   dead-lettered; default: the worker's `Config`.
 /// - `retries = N` (optional, `u32`): failed attempts tolerated before the job is
 ///   dead-lettered; default: the worker's `Config`.
+/// - `step_timeout = "30s"` (optional): the time limit of every step that has
+///   none of its own (see `#[step(timeout)]` below); default: none.
 ///
 /// # Steps
 /// Every method marked `#[step]` is a step, in declaration order, named after the
@@ -90,6 +93,13 @@ mod test_attr;
 /// - `ctx` may be spelled `&mut StepCtx`, `&mut tenure::StepCtx`, ... (any path
 ///   ending in `StepCtx`).
 /// - The future of a step must be `Send` (steps run on a multi-threaded runtime).
+///
+/// A step may have a time limit: `#[step(timeout = "30s")]` (a whole number and
+/// `ms`, `s`, `m` or `h`). A step still running at its limit is stopped at its
+/// next `.await`, its transaction rolled back, and the attempt fails as a
+/// retryable error (`on_timeout = "retryable"`, the default) or dead-letters the
+/// job (`#[step(timeout = "30s", on_timeout = "permanent")]`); a job that dies of
+/// it is dead-lettered as `timeout`. See `tenure::job::StepTimeout`.
 ///
 /// # Generated code
 /// The impl block is kept as written, minus the `#[step]` markers (each step gets

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use proc_macro2::Span;
 use quote::quote;
 use syn::spanned::Spanned;
-use syn::{Attribute, Ident, ImplItem, ItemImpl, Meta, Type};
+use syn::{Attribute, Ident, ImplItem, ItemImpl, Type};
 
 use crate::errors::Errors;
 use crate::signature::parse_step;
+use crate::timeout::{StepArgs, parse_step_args};
 
 /// The shape every step must have, quoted in error messages.
 pub(crate) const SIGNATURE: &str =
@@ -39,6 +40,8 @@ pub(crate) struct StepDef {
     pub(crate) output: Type,
     /// `E` in `Result<U, E>`.
     pub(crate) error: Type,
+    /// Its timeout, from the `#[step(..)]` marker.
+    pub(crate) timeout: StepArgs,
 }
 
 /// Strips every `#[step]` marker from `item` (always, so that the impl block can be
@@ -150,7 +153,7 @@ fn collect_steps(item: &mut ItemImpl, errors: &mut Errors) -> Steps {
         let Some(marker) = markers.first() else {
             continue;
         };
-        let markers_ok = check_markers(&markers, errors);
+        let step_args = check_markers(&markers, errors);
         let ImplItem::Fn(f) = impl_item else {
             not_a_method(impl_item, marker, errors);
             steps.failed = true;
@@ -162,8 +165,8 @@ fn collect_steps(item: &mut ItemImpl, errors: &mut Errors) -> Steps {
         f.attrs.push(syn::parse_quote!(
             #[allow(clippy::unused_async, clippy::needless_pass_by_ref_mut)]
         ));
-        match step {
-            Some(step) if markers_ok => steps.add(position, step, errors),
+        match (step, step_args) {
+            (Some(step), Some(timeout)) => steps.add(position, StepDef { timeout, ..step }, errors),
             _ => steps.failed = true,
         }
     }
@@ -173,23 +176,23 @@ fn collect_steps(item: &mut ItemImpl, errors: &mut Errors) -> Steps {
     steps
 }
 
-/// One `#[step]` marker without arguments; returns whether it is (else reported).
-fn check_markers(markers: &[Attribute], errors: &mut Errors) -> bool {
+/// The arguments of the one `#[step]` marker, or `None` when it is repeated or
+/// its arguments are wrong (reported).
+fn check_markers(markers: &[Attribute], errors: &mut Errors) -> Option<StepArgs> {
     let mut ok = true;
     for extra in markers.iter().skip(1) {
         errors.spanned(extra, "duplicate #[step] marker");
         ok = false;
     }
-    let arguments = match markers.first().map(|marker| &marker.meta) {
-        Some(Meta::List(list)) => quote!(#list),
-        Some(Meta::NameValue(nv)) => quote!(#nv),
-        Some(Meta::Path(_)) | None => return ok,
-    };
-    errors.spanned(
-        arguments,
-        "#[step] takes no arguments: the step's name is the method's name",
-    );
-    false
+    let args = parse_step_args(markers.first()?, errors)?;
+    if args.permanent.is_some() && args.timeout_ms.is_none() {
+        errors.spanned(
+            markers.first()?,
+            "`on_timeout` needs this step's own `timeout = \"..\"` beside it",
+        );
+        return None;
+    }
+    ok.then_some(args)
 }
 
 /// Reports a `#[step]` marker on something else than a method.
@@ -373,8 +376,61 @@ mod tests {
         });
         assert!(def.is_none());
         assert_eq!(errors.len(), 3, "{errors:?}");
-        assert!(errors[0].starts_with("#[step] takes no arguments"));
+        assert!(
+            errors[0].starts_with("unknown argument: #[step] takes `timeout"),
+            "{errors:?}"
+        );
         assert!(errors[1].starts_with("duplicate #[step]"));
         assert!(errors[2].starts_with("#[step] goes on a step method, not on an associated const"));
+    }
+
+    #[test]
+    fn timeout_arguments() {
+        let (def, errors, _) = job(parse_quote! {
+            impl Transfer {
+                #[step(timeout = "30s")] async fn a(&self, c: &mut StepCtx, x: u32) -> Result<u32, StepError> { todo!() }
+                #[step(timeout = "1h", on_timeout = "permanent")] async fn b(&self, c: &mut StepCtx, x: u32) -> Result<u32, StepError> { todo!() }
+                #[step] async fn c(&self, c: &mut StepCtx, x: u32) -> Result<u32, StepError> { todo!() }
+            }
+        });
+        assert!(errors.is_empty(), "{errors:?}");
+        let t: Vec<_> = def.unwrap().steps.iter().map(|s| s.timeout).collect();
+        assert_eq!(t[0].timeout_ms, Some(30_000));
+        assert_eq!(
+            (t[1].timeout_ms, t[1].permanent),
+            (Some(3_600_000), Some(true))
+        );
+        assert_eq!(t[2], StepArgs::default());
+    }
+
+    #[test]
+    fn timeout_problems() {
+        let (def, errors, _) = job(parse_quote! {
+            impl Transfer {
+                #[step(timeout = "30")] async fn a(&self, c: &mut StepCtx, x: u32) -> Result<u32, StepError> { todo!() }
+                #[step(on_timeout = "permanent")] async fn b(&self, c: &mut StepCtx, x: u32) -> Result<u32, StepError> { todo!() }
+                #[step(timeout = "1s", timeout = "2s")] async fn c(&self, c: &mut StepCtx, x: u32) -> Result<u32, StepError> { todo!() }
+                #[step(on_timeout = "never", timeout = 5)] async fn d(&self, c: &mut StepCtx, x: u32) -> Result<u32, StepError> { todo!() }
+            }
+        });
+        assert!(def.is_none());
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        assert!(
+            errors[0].starts_with("`timeout` has no unit it knows"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with("`on_timeout` needs this step's own `timeout"),
+            "{errors:?}"
+        );
+        assert!(errors[2].starts_with("duplicate argument"), "{errors:?}");
+        assert!(
+            errors[3].starts_with("`on_timeout` is \"retryable\""),
+            "{errors:?}"
+        );
+        assert!(
+            errors[4].starts_with("expected a string literal"),
+            "{errors:?}"
+        );
     }
 }

@@ -37,6 +37,7 @@ pub(crate) fn parse_step(f: &ImplItemFn, errors: &mut Errors) -> Option<StepDef>
             input: input.clone(),
             output: output.clone(),
             error: error.clone(),
+            timeout: crate::timeout::StepArgs::default(),
         }),
         _ => None,
     }

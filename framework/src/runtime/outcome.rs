@@ -56,6 +56,9 @@ pub(super) enum Outcome {
     Fail {
         reason: String,
         after: Option<Duration>,
+        /// The dead letter's code if this failure exhausts the retries:
+        /// `MaxRetries`, or `Timeout` for a step stopped at its timeout.
+        exhausted: DeadCode,
     },
     /// We stop a job we own (the worker drains, the step was cancelled, our
     /// definition does not fit its committed steps): the release is recorded
@@ -90,6 +93,7 @@ impl Outcome {
         Outcome::Fail {
             reason,
             after: None,
+            exhausted: DeadCode::MaxRetries,
         }
     }
 }
@@ -138,6 +142,9 @@ pub(super) enum DeadCode {
     PermanentError,
     /// The job failed more than its retry limit.
     MaxRetries,
+    /// A step ran past its timeout: the last of the retries, or a timeout
+    /// that says `on_timeout = "permanent"`.
+    Timeout,
     /// No worker whose definition fits the job's committed steps took it
     /// within `Config::definition_grace`.
     DefinitionChanged,
@@ -153,6 +160,7 @@ impl DeadCode {
             DeadCode::MaxTakeovers => "max_takeovers",
             DeadCode::PermanentError => "permanent_error",
             DeadCode::MaxRetries => "max_retries",
+            DeadCode::Timeout => "timeout",
             DeadCode::DefinitionChanged => "definition_changed",
         }
     }
@@ -321,7 +329,11 @@ impl JobRun {
         let mut outcome = outcome;
         let ending = loop {
             outcome = match outcome {
-                Outcome::Fail { reason, after } => self.record_failure(&mut a, reason, after).await,
+                Outcome::Fail {
+                    reason,
+                    after,
+                    exhausted,
+                } => self.record_failure(&mut a, reason, after, exhausted).await,
                 Outcome::Release { after } => self.record_release(&a, after).await,
                 Outcome::Regression { error } => {
                     self.regression_alarm(&a, &error);
@@ -418,6 +430,7 @@ impl JobRun {
         a: &mut Attempt,
         reason: String,
         after: Option<Duration>,
+        exhausted: DeadCode,
     ) -> Outcome {
         let sh = &self.shared;
         let Held::Claim(owned) = &mut a.held else {
@@ -445,7 +458,7 @@ impl JobRun {
             let reason =
                 format!("failed {attempts} times (retries = {limit}); last error: {reason}");
             return Outcome::DeadLetter {
-                code: DeadCode::MaxRetries,
+                code: exhausted,
                 reason,
             };
         }
@@ -691,6 +704,7 @@ mod tests {
             (DeadCode::MaxTakeovers, "max_takeovers"),
             (DeadCode::PermanentError, "permanent_error"),
             (DeadCode::MaxRetries, "max_retries"),
+            (DeadCode::Timeout, "timeout"),
             (DeadCode::DefinitionChanged, "definition_changed"),
         ];
         for (code, text) in all {

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::StepIndex;
-use crate::job::{BoxFuture, DeadJob, Job, StepCtx, StepError, StepInfo};
+use crate::job::{BoxFuture, DeadJob, Job, StepCtx, StepError, StepInfo, StepTimeout};
 
 /// A [`Job`] behind a trait object (the runtime holds many job types at once).
 pub(crate) trait DynJob: Send + Sync + 'static {
@@ -12,6 +12,7 @@ pub(crate) trait DynJob: Send + Sync + 'static {
     fn steps(&self) -> &'static [StepInfo];
     fn max_takeovers(&self) -> Option<u32>;
     fn retries(&self) -> Option<u32>;
+    fn step_timeout(&self, step: StepIndex) -> Option<StepTimeout>;
     fn has_on_dead(&self) -> bool;
     fn on_dead<'a>(
         &'a self,
@@ -38,6 +39,9 @@ impl<J: Job> DynJob for J {
     }
     fn retries(&self) -> Option<u32> {
         J::RETRIES
+    }
+    fn step_timeout(&self, step: StepIndex) -> Option<StepTimeout> {
+        J::STEP_TIMEOUTS.get(step.get() as usize).copied().flatten()
     }
     fn has_on_dead(&self) -> bool {
         J::ON_DEAD

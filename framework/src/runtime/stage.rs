@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use super::registry::DynJob;
 use crate::StepIndex;
-use crate::job::{StepCtx, StepError};
+use crate::job::{BoxFuture, StepCtx, StepError, StepTimedOut, StepTimeout};
 
 /// What a stage hands back: the context (unless the step panicked) and the result.
 pub(crate) struct StageOutcome {
@@ -63,9 +63,10 @@ impl Actor for StageActor {
                 input,
                 reply,
             } = args;
-            let run = AssertUnwindSafe(job.run_step(step, &mut ctx, input))
-                .catch_unwind()
-                .await;
+            let limit = job.step_timeout(step);
+            let name = ctx.step_name();
+            let running = within(limit, step, name, job.run_step(step, &mut ctx, input));
+            let run = AssertUnwindSafe(running).catch_unwind().await;
             let outcome = match run {
                 Ok(result) => StageOutcome {
                     ctx: Some(ctx),
@@ -89,6 +90,28 @@ impl Actor for StageActor {
         }
         myself.stop(None);
         Ok(())
+    }
+}
+
+/// The step's future, stopped (dropped at its next `.await`) at its
+/// [`StepTimeout`], if it has one: then the attempt's error is a
+/// [`StepTimedOut`].
+async fn within(
+    limit: Option<StepTimeout>,
+    step: StepIndex,
+    name: &'static str,
+    running: BoxFuture<'_, Result<serde_json::Value, StepError>>,
+) -> Result<serde_json::Value, StepError> {
+    let Some(t) = limit else {
+        return running.await;
+    };
+    match tokio::time::timeout(t.limit, running).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(step = %step, name, limit = ?t.limit, "step ran past its timeout; stopped");
+            let limit = t.limit;
+            Err(StepTimedOut { step, name, limit }.into_step_error(t.on_timeout))
+        }
     }
 }
 

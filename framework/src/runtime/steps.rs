@@ -287,6 +287,9 @@ impl JobRun {
             }
             return stale(at, step, &err);
         }
+        if err.is_timeout() {
+            return timed_out(err);
+        }
         let reason = format!("step {index} ({name}): {}", err.message());
         match err.kind() {
             StepErrorKind::Cancelled if owned.session.health() == Health::Lost => {
@@ -303,6 +306,7 @@ impl JobRun {
             _ => Outcome::Fail {
                 reason,
                 after: err.requested_delay(),
+                exhausted: DeadCode::MaxRetries,
             },
         }
     }
@@ -393,6 +397,23 @@ impl JobRun {
                 && r.status == JobStatus::Running
                 && !r.released
         )
+    }
+}
+
+/// How a step stopped at its timeout ends the delivery: a retryable failure
+/// (dead-lettered `timeout` once the retries are spent), or `timeout` at once.
+fn timed_out(err: StepError) -> Outcome {
+    let reason = err.message().to_string();
+    match err.kind() {
+        StepErrorKind::Permanent => Outcome::DeadLetter {
+            code: DeadCode::Timeout,
+            reason,
+        },
+        _ => Outcome::Fail {
+            reason,
+            after: None,
+            exhausted: DeadCode::Timeout,
+        },
     }
 }
 
