@@ -4,14 +4,19 @@
 //! ```text
 //! cargo run --release -p tenure-model --example check             # Bound::SMALL (what `make test` checks)
 //! cargo run --release -p tenure-model --example check -- larger   # Bound::LARGER
+//! cargo run --release -p tenure-model --example check -- partitions           # Bound::PARTITIONS
+//! cargo run --release -p tenure-model --example check -- partitions larger    # Bound::PARTITIONS_LARGER
 //! ```
 //! Add `faithful` to check only the faithful protocol (safety, deadlocks and
-//! AG EF liveness), and `workers=3 steps=3 expiries=2 aborts=1 restores=1
-//! phantoms=1 max_takeovers=1 jobs=2` to change any part of the bound.
+//! AG EF liveness), `bfs` to skip the AG EF check, and `workers=3 steps=3
+//! expiries=2 aborts=1 restores=1 phantoms=1 max_takeovers=1 jobs=2
+//! partitions=2 handovers=1` to change any part of the bound. The weakened
+//! variants run at their own bounds in partition mode (`Variant::bound`), at the
+//! bound given here with one lock per job.
 
 use tenure_model::liveness::check_always_finishable;
-use tenure_model::model::{Bound, EqualToken, Switches, Tenure};
-use tenure_model::variants::{self, ADMISSION_ONLY};
+use tenure_model::model::{Bound, EqualToken, Mode, Switches, Tenure};
+use tenure_model::variants::{self, ADMISSION_ONLY, Variant};
 use tenure_model::{Outcome, check, render};
 
 const DEPTH: usize = 200;
@@ -62,10 +67,12 @@ fn liveness(name: &str, model: &Tenure) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let bound = if args.iter().any(|a| a == "larger") {
-        Bound::LARGER
-    } else {
-        Bound::SMALL
+    let larger = args.iter().any(|a| a == "larger");
+    let bound = match (args.iter().any(|a| a == "partitions"), larger) {
+        (true, true) => Bound::PARTITIONS_LARGER,
+        (true, false) => Bound::PARTITIONS,
+        (false, true) => Bound::LARGER,
+        (false, false) => Bound::SMALL,
     };
     let mut bound = bound;
     for a in &args {
@@ -84,6 +91,8 @@ fn main() {
             "restores" => bound.snapshot_restores = n,
             "phantoms" => bound.phantom_grants = n,
             "max_takeovers" => bound.max_takeovers = n,
+            "partitions" => bound.mode = Mode::Partitions(n),
+            "handovers" => bound.handovers = n,
             _ => {}
         }
     }
@@ -92,8 +101,17 @@ fn main() {
     let model = Tenure::faithful(bound);
     let out = check(model.clone(), DEPTH, None);
     summary("faithful", &out);
+    if args.iter().any(|a| a == "bfs") {
+        return;
+    }
     liveness("faithful", &model);
     if faithful_only {
+        return;
+    }
+    if bound.mode != Mode::Locks {
+        for v in variants::PARTITIONS {
+            variant(v.name, Tenure::faithful(v.bound), v);
+        }
         return;
     }
     let today = Tenure {
@@ -119,16 +137,21 @@ fn main() {
         &check(only, DEPTH, None),
     );
     for v in variants::ALL {
-        let m = Tenure {
-            bound,
-            switches: v.switches,
-        };
-        let out = check(m.clone(), DEPTH, Some(v.breaks));
-        summary(v.name, &out);
-        match out.discovery(v.breaks) {
-            Some(path) => println!("  counterexample for {:?}:\n{}", v.breaks, render(&m, path)),
-            None => println!("  NO counterexample for {:?}", v.breaks),
-        }
-        liveness(v.name, &m);
+        variant(v.name, Tenure::faithful(bound), v);
     }
+}
+
+/// Checks variant `v` at `base`'s bound: its counterexample, then AG EF.
+fn variant(name: &str, base: Tenure, v: Variant) {
+    let m = Tenure {
+        switches: v.switches,
+        ..base
+    };
+    let out = check(m.clone(), DEPTH, Some(v.breaks));
+    summary(name, &out);
+    match out.discovery(v.breaks) {
+        Some(path) => println!("  counterexample for {:?}:\n{}", v.breaks, render(&m, path)),
+        None => println!("  NO counterexample for {:?}", v.breaks),
+    }
+    liveness(name, &m);
 }

@@ -20,9 +20,10 @@
 pub mod check;
 pub mod liveness;
 pub mod model;
+mod partition;
 pub mod trace;
 pub mod variants;
 
 pub use check::{Outcome, check};
-pub use model::{Action, Bound, EqualToken, State, Switches, Tenure, props};
+pub use model::{Action, Bound, EqualToken, Mode, PartitionFence, State, Switches, Tenure, props};
 pub use trace::render;

@@ -19,6 +19,18 @@ pub const MAX_WORKERS: usize = 3;
 pub const MAX_JOBS: usize = 2;
 /// Largest number of steps per job a [`Bound`] may ask for.
 pub const MAX_STEPS: usize = 3;
+/// Largest number of partitions a [`Mode::Partitions`] may ask for.
+pub const MAX_PARTITIONS: usize = 2;
+
+/// How jobs are owned (`Config::partitions`, `runtime/owning.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// One etcd lock per job (`Owning::Locks`, the default).
+    Locks,
+    /// Partition mode (`Owning::Partitions`) with this many partitions
+    /// (1..=[`MAX_PARTITIONS`]); job `j` is in partition `j % P`.
+    Partitions(u8),
+}
 
 /// Which version of the protocol the model runs: the faithful one, or one with a
 /// check switched off. Each weakened switch has a test that finds a
@@ -45,6 +57,28 @@ pub struct Switches {
     /// `settle` performs with `ReleaseMode::Prompt`). Off: a
     /// liveness mutation, the negative control of [`crate::liveness`].
     pub release_refused_lock: bool,
+    /// Partition mode: how the owner's claim of the partition's row in
+    /// `partition_fences` (`tenure_claim_partition`, migration 0015) checks
+    /// the fence there.
+    pub partition_fence: PartitionFence,
+    /// Partition mode: the job claim accepts the row's own token
+    /// (`tenure_claim(.., p_partitioned = true, ..)`: `fence < $tok OR fence =
+    /// $tok`). Off: the strict per-job claim, a liveness mutation (an owner
+    /// cannot take back a job it handed back).
+    pub partition_claim_equal: bool,
+}
+
+/// How the partition owner's claim in `partition_fences` is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PartitionFence {
+    /// The code: `ON CONFLICT .. DO UPDATE .. WHERE f.fence < EXCLUDED.fence`,
+    /// refused otherwise (`FenceError::PartitionFencedOut`; the regression
+    /// alarm when the fence equals the token), and the key resigned.
+    Strict,
+    /// `WHERE f.fence <= EXCLUDED.fence`: a token equal to the fence accepted.
+    AcceptEqual,
+    /// No partition claim: the owner runs jobs right after its election.
+    Skip,
 }
 
 /// The claim's answer when `fence == token` on a freshly acquired lock.
@@ -76,6 +110,8 @@ impl Switches {
         verify_read: true,
         equal_token: EqualToken::Alarm,
         release_refused_lock: true,
+        partition_fence: PartitionFence::Strict,
+        partition_claim_equal: true,
     };
 }
 
@@ -101,6 +137,11 @@ pub struct Bound {
     pub phantom_grants: u8,
     /// The job type's `max_takeovers`.
     pub max_takeovers: u8,
+    /// How jobs are owned.
+    pub mode: Mode,
+    /// Partition mode: hand-overs a rebalance may start (an owner above its
+    /// fair share giving a partition back).
+    pub handovers: u8,
 }
 
 impl Bound {
@@ -114,6 +155,8 @@ impl Bound {
         snapshot_restores: 1,
         phantom_grants: 1,
         max_takeovers: 1,
+        mode: Mode::Locks,
+        handovers: 0,
     };
 
     /// A larger bound (the ignored test): three steps, two lease expiries.
@@ -127,6 +170,35 @@ impl Bound {
         snapshot_restores: 1,
         phantom_grants: 1,
         max_takeovers: 1,
+        mode: Mode::Locks,
+        handovers: 0,
+    };
+
+    /// Partition mode as `make test` checks it, part one: the two jobs in one
+    /// partition (one owner runs both under one token), one hand-over, one
+    /// lease expiry, one transaction ended by the server; no snapshot restore
+    /// and no issue 11456 grant (see README.md for its size).
+    pub const PARTITIONS: Bound = Bound {
+        mode: Mode::Partitions(1),
+        handovers: 1,
+        snapshot_restores: 0,
+        phantom_grants: 0,
+        ..Bound::SMALL
+    };
+
+    /// Partition mode, part two: a snapshot restore instead of the lease
+    /// expiry (what the strict raise of `partition_fences` is for).
+    pub const PARTITIONS_RESTORE: Bound = Bound {
+        lease_expiries: 0,
+        snapshot_restores: 1,
+        ..Bound::PARTITIONS
+    };
+
+    /// Partition mode with every fault of [`Bound::SMALL`] but the issue 11456
+    /// grant, and one hand-over (the ignored test; about 22 million states).
+    pub const PARTITIONS_LARGER: Bound = Bound {
+        snapshot_restores: 1,
+        ..Bound::PARTITIONS
     };
 }
 
@@ -163,6 +235,11 @@ pub struct State {
     pub nats: [bool; MAX_JOBS],
     /// Each worker's one job actor (`max_in_flight = 1`).
     pub workers: [Pc; MAX_WORKERS],
+    /// Partition mode: per partition, its row in `partition_fences` (0: none).
+    pub partition_fences: [u8; MAX_PARTITIONS],
+    /// Partition mode: per worker and partition, what its rebalancer holds
+    /// (`runtime/partitions.rs`, `Ownership`).
+    pub owns: [[Own; MAX_PARTITIONS]; MAX_WORKERS],
     /// Faults that may still happen.
     pub budget: Budget,
     /// History variables (not part of any real system).
@@ -180,6 +257,8 @@ pub struct Etcd {
     pub leases: [Lease; MAX_WORKERS],
     /// Per job: its lock key, if it exists.
     pub locks: [Option<LockKey>; MAX_JOBS],
+    /// Partition mode: per partition, its key `<ns>/own/partitions/<type>/<p>`.
+    pub partitions: [Option<LockKey>; MAX_PARTITIONS],
 }
 
 /// A worker's session lease: the `epoch`-th lease that worker was granted.
@@ -216,6 +295,9 @@ pub struct Row {
     pub status: Status,
     /// Claims that raised a fence whose owner did not release.
     pub takeovers: u8,
+    /// The owner released the job (`tenure_release`; only partition mode's
+    /// hand-over writes it here).
+    pub released: bool,
     /// The worker whose open transaction holds the row lock.
     pub locked_by: Option<u8>,
 }
@@ -232,7 +314,7 @@ pub enum Status {
 }
 
 impl Status {
-    fn is_terminal(self) -> bool {
+    pub(crate) fn is_terminal(self) -> bool {
         !matches!(self, Status::Live)
     }
 }
@@ -240,7 +322,7 @@ impl Status {
 /// What a lock create handed a worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Grant {
-    /// The job.
+    /// The job (in an [`Own`], the partition).
     pub job: u8,
     /// The lease epoch the create used.
     pub epoch: u8,
@@ -276,6 +358,9 @@ pub struct Undo {
     pub fence: u8,
     /// The takeover count before the claim.
     pub takeovers: u8,
+    /// The released flag before the claim (a released row is `pending`; the
+    /// claim makes it `running` and not released).
+    pub released: bool,
 }
 
 /// Where a worker's job actor is in its phases (`JobRun::phases`,
@@ -319,7 +404,7 @@ impl Pc {
     /// The job and token of a worker past its claim.
     /// (A worker whose transaction the server ended can only fail, unless it
     /// goes on to admit a step, when it counts again.)
-    fn owner_of(&self) -> Option<(u8, u8, bool)> {
+    pub(crate) fn owner_of(&self) -> Option<(u8, u8, bool)> {
         match self {
             Pc::Running { grant, tx, .. } if !matches!(tx, Tx::Aborted { .. }) => {
                 Some((grant.job, grant.token, grant.real))
@@ -340,6 +425,32 @@ pub struct Budget {
     pub snapshot_restores: u8,
     /// See [`Bound::phantom_grants`].
     pub phantom_grants: u8,
+    /// See [`Bound::handovers`].
+    pub handovers: u8,
+}
+
+/// What a worker's rebalancer holds of one partition (`runtime/partitions.rs`:
+/// `Rebalance::take`, then a `Unit` in `Ownership` until it is forgotten or
+/// handed over).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Own {
+    /// Nothing.
+    None,
+    /// The campaign's create answered; next: the re-read (`campaign_at`,
+    /// `verify_leader`).
+    Created(Grant),
+    /// Elected (verified); next: the claim in `partition_fences`.
+    Elected(Grant),
+    /// Owned: its jobs are granted this token (`Ownership::grant`) until
+    /// `handover` (cancelled by a hand-over or when found lost).
+    Owned {
+        /// The partition key's lease epoch and `create_revision`; `job` is the
+        /// partition.
+        grant: Grant,
+        /// The unit's `handover` token is cancelled: no new grant, running
+        /// jobs stop at their next step boundary.
+        handover: bool,
+    },
 }
 
 /// History variables: what the properties need to remember.
@@ -355,6 +466,8 @@ pub struct Ghost {
     pub stale_commit: bool,
     /// A committed write carried a token smaller than an earlier one.
     pub token_decreased: bool,
+    /// Per job: a release (partition hand-over) committed.
+    pub released: [bool; MAX_JOBS],
 }
 
 // -------------------------------------------------------------- actions
@@ -461,6 +574,76 @@ pub enum Action {
         /// Worker.
         w: u8,
     },
+    /// Partition mode, `Rebalance::take` -> `Session::own_partition`
+    /// (`lease/partition.rs`) -> `campaign_at` (`lease/leader.rs`): the
+    /// partition key created if absent under the worker's session lease.
+    /// `phantom`: etcd issue 11456, as for [`Action::Acquire`].
+    Campaign {
+        /// Worker.
+        w: u8,
+        /// Partition.
+        p: u8,
+        /// The answer is an issue 11456 phantom grant.
+        phantom: bool,
+    },
+    /// Partition mode, `verify_leader` (`lease/leader.rs`): the linearizable
+    /// re-read; the key must carry our lease and the create's revision, else
+    /// `Campaign::Follower`.
+    VerifyCampaign {
+        /// Worker.
+        w: u8,
+        /// Partition.
+        p: u8,
+    },
+    /// Partition mode, `FenceStore::claim_partition` (`fence/partitions.rs`;
+    /// `tenure_claim_partition`, migration 0015): raises the partition's row
+    /// in `partition_fences` strictly, then `Ownership::insert`. Refused:
+    /// `Rebalance::refused` (the regression alarm when the fence equals the
+    /// token) and `resign_until_gone` (the key deleted, guarded by its
+    /// `create_revision`).
+    ClaimPartition {
+        /// Worker.
+        w: u8,
+        /// Partition.
+        p: u8,
+    },
+    /// Partition mode, `Rebalance::hand_over` -> `Ownership::start_handover`:
+    /// a worker above its fair share gives a partition back; no new job of
+    /// it is granted, running ones stop at their next step boundary.
+    HandOver {
+        /// Worker.
+        w: u8,
+        /// Partition.
+        p: u8,
+    },
+    /// Partition mode, the hand-over's `resign_until_gone` (`Session::resign`:
+    /// delete guarded by `create_revision`) and `Ownership::remove`. The code
+    /// waits for the partition's in-flight jobs first, but at most
+    /// `Config::shutdown_grace`; the model lets the delete come at any time.
+    Resign {
+        /// Worker.
+        w: u8,
+        /// Partition.
+        p: u8,
+    },
+    /// Partition mode, `Ownership::forget_lost` (`Rebalance::reconcile` /
+    /// `run`): the rebalancer sees its session lost or its key gone, cancels
+    /// the unit's `handover` token and forgets it.
+    ForgetPartition {
+        /// Worker.
+        w: u8,
+        /// Partition.
+        p: u8,
+    },
+    /// Partition mode, `run_steps` (`runtime/steps.rs`) finding
+    /// `owned.handing_over()` at a step boundary: `Outcome::Release` ->
+    /// `record_release` -> `FenceStore::record_release` (`tenure_release`:
+    /// `released = true, status = 'pending' WHERE fence = $tok AND status =
+    /// 'running' AND NOT released`), then the nak.
+    ReleaseJob {
+        /// Worker.
+        w: u8,
+    },
     /// etcd restored from a snapshot taken just before the last lock create,
     /// WITHOUT `--bump-revision`: the revision goes back by one and keys created
     /// after the snapshot are gone, so the next create reissues a token.
@@ -488,6 +671,20 @@ impl Action {
             Action::LeaseExpires { w } => ("etcd: lease expires", Some(w)),
             Action::EstablishSession { w } => ("Session::establish_with_backoff", Some(w)),
             Action::PgEndsIdleTx { w } => ("postgres: idle_in_transaction timeout", Some(w)),
+            Action::Campaign { w, phantom, .. } => (
+                if phantom {
+                    "Session::own_partition (campaign_at), etcd issue 11456"
+                } else {
+                    "Session::own_partition (campaign_at)"
+                },
+                Some(w),
+            ),
+            Action::VerifyCampaign { w, .. } => ("verify_leader (linearizable re-read)", Some(w)),
+            Action::ClaimPartition { w, .. } => ("FenceStore::claim_partition", Some(w)),
+            Action::HandOver { w, .. } => ("Rebalance::hand_over", Some(w)),
+            Action::Resign { w, .. } => ("resign_until_gone (guarded delete)", Some(w)),
+            Action::ForgetPartition { w, .. } => ("Ownership::forget_lost", Some(w)),
+            Action::ReleaseJob { w } => ("handing_over: FenceStore::record_release", Some(w)),
             Action::EtcdRestoreWithoutBump => {
                 ("etcd: snapshot restore without --bump-revision", None)
             }
@@ -512,13 +709,13 @@ impl fmt::Display for Action {
 
 // ---------------------------------------------------------------- model
 
-fn idx(n: u8) -> usize {
+pub(crate) fn idx(n: u8) -> usize {
     usize::from(n)
 }
 
 /// A committed write of job `job`'s row under `token`: history for the
 /// properties. `claim`: the write is a claim; `step`: it commits that step.
-fn record_commit(g: &mut Ghost, job: u8, token: u8, claim: bool, step: Option<u8>) {
+pub(crate) fn record_commit(g: &mut Ghost, job: u8, token: u8, claim: bool, step: Option<u8>) {
     let j = idx(job);
     if token < g.accepted[j] {
         g.token_decreased = true;
@@ -537,11 +734,11 @@ fn record_commit(g: &mut Ghost, job: u8, token: u8, claim: bool, step: Option<u8
 }
 
 impl Tenure {
-    fn workers(&self) -> impl Iterator<Item = u8> + use<> {
+    pub(crate) fn workers(&self) -> impl Iterator<Item = u8> + use<> {
         (0..self.bound.workers.min(MAX_WORKERS)).filter_map(|w| u8::try_from(w).ok())
     }
 
-    fn jobs(&self) -> impl Iterator<Item = u8> + use<> {
+    pub(crate) fn jobs(&self) -> impl Iterator<Item = u8> + use<> {
         (0..self.bound.jobs.min(MAX_JOBS)).filter_map(|j| u8::try_from(j).ok())
     }
 
@@ -550,6 +747,7 @@ impl Tenure {
         (row.fence == token || !self.switches.admission_fence)
             && row.step == step
             && row.status == Status::Live
+            && !row.released
     }
 
     /// The step CAS predicate (`tenure_step_cas`).
@@ -557,6 +755,7 @@ impl Tenure {
         (row.fence == token || !self.switches.cas_fence)
             && row.step == step
             && row.status == Status::Live
+            && !row.released
     }
 
     /// After a refused fenced statement (`verdict`, `fence/claims.rs`): a newer
@@ -564,15 +763,27 @@ impl Tenure {
     /// without ack and leaving the lock alone; anything else fails the attempt
     /// and hands the job back (`fail_attempt` / `hand_back`: lock released,
     /// message nak'ed).
-    fn after_refusal(row: &Row, grant: Grant) -> Pc {
+    fn after_refusal(&self, row: &Row, grant: Grant) -> Pc {
         if row.fence > grant.token {
             Pc::Idle
         } else {
+            self.leaving(grant, false)
+        }
+    }
+
+    /// Where a worker goes to end a delivery: ack (if `ack`), then delete the
+    /// job's lock. Partition mode has no lock to delete: a hand-back is the
+    /// nak alone (the worker is idle again).
+    pub(crate) fn leaving(&self, grant: Grant, ack: bool) -> Pc {
+        let lock = (!self.partitioned()).then_some(grant);
+        if ack || lock.is_some() {
             Pc::Leaving {
                 job: grant.job,
-                lock: Some(grant),
-                ack: false,
+                lock,
+                ack,
             }
+        } else {
+            Pc::Idle
         }
     }
 
@@ -585,8 +796,17 @@ impl Tenure {
                 if pc != Pc::Idle || !s.nats[j] {
                     return None;
                 }
+                // Partition mode: fetched from the consumer of an owned
+                // partition, granted its token (`acquire_partition`).
+                let grant = if self.partitioned() {
+                    Some(self.partition_grant(s, w, job)?)
+                } else {
+                    None
+                };
                 if s.pg[j].status.is_terminal() {
                     s.nats[j] = false; // ack (or the DLQ publish) at once
+                } else if let Some(g) = grant {
+                    s.workers[wi] = Pc::Locked(g);
                 } else {
                     s.workers[wi] = Pc::Admitted { job };
                 }
@@ -642,6 +862,10 @@ impl Tenure {
                     Pc::Idle // LockLostBeforeVerify: undo (nothing of ours left), nak
                 };
             }
+            Action::ClaimAndBegin { .. } if self.partitioned() => {
+                let Pc::Locked(g) = pc else { return None };
+                self.claim_partitioned(s, w, g)?;
+            }
             Action::ClaimAndBegin { .. } => {
                 let Pc::Locked(g) = pc else { return None };
                 let j = idx(g.job);
@@ -651,15 +875,12 @@ impl Tenure {
                 }
                 if row.status.is_terminal() {
                     // FenceError::Terminal: ack, release the lock.
-                    s.workers[wi] = Pc::Leaving {
-                        job: g.job,
-                        lock: Some(g),
-                        ack: true,
-                    };
+                    s.workers[wi] = self.leaving(g, true);
                 } else if row.fence < g.token || !self.switches.claim_fence {
                     let undo = Undo {
                         fence: row.fence,
                         takeovers: row.takeovers,
+                        released: row.released,
                     };
                     let r = &mut s.pg[j];
                     r.takeovers = (r.takeovers + u8::from(r.fence > 0)).min(9);
@@ -686,11 +907,7 @@ impl Tenure {
                     // FencedOut (or, fixed protocol, fence == token on a fresh
                     // lock): ALERT, release the lock, do not ack.
                     s.workers[wi] = if self.switches.release_refused_lock {
-                        Pc::Leaving {
-                            job: g.job,
-                            lock: Some(g),
-                            ack: false,
-                        }
+                        self.leaving(g, false)
                     } else {
                         Pc::Idle
                     };
@@ -720,11 +937,7 @@ impl Tenure {
                             && self.switches.equal_token != EqualToken::AlarmAtClaimOnly
                             && self.switches.equal_token != EqualToken::AcceptAsOurs
                         {
-                            Pc::Leaving {
-                                job: grant.job,
-                                lock: Some(grant),
-                                ack: false,
-                            }
+                            self.leaving(grant, false)
                         } else {
                             Pc::Running {
                                 grant,
@@ -772,7 +985,7 @@ impl Tenure {
                         poisoned: false,
                     };
                 } else {
-                    s.workers[wi] = Self::after_refusal(&row, grant);
+                    s.workers[wi] = self.after_refusal(&row, grant);
                 }
             }
             Action::CommitStep { .. } => {
@@ -792,11 +1005,7 @@ impl Tenure {
                     Tx::Aborted { .. } => {
                         // The server ended the transaction: the commit fails,
                         // fail_attempt hands the job back.
-                        s.workers[wi] = Pc::Leaving {
-                            job: grant.job,
-                            lock: Some(grant),
-                            ack: false,
-                        };
+                        s.workers[wi] = self.leaving(grant, false);
                         return Some(());
                     }
                 };
@@ -807,9 +1016,10 @@ impl Tenure {
                     if let Some(u) = undo {
                         r.fence = u.fence;
                         r.takeovers = u.takeovers;
+                        r.released = u.released;
                     }
                     r.locked_by = None;
-                    s.workers[wi] = Self::after_refusal(r, grant);
+                    s.workers[wi] = self.after_refusal(r, grant);
                     return Some(());
                 }
                 let last = step + 1 >= self.bound.steps;
@@ -827,11 +1037,7 @@ impl Tenure {
                     Some(step),
                 );
                 if last {
-                    s.workers[wi] = Pc::Leaving {
-                        job: grant.job,
-                        lock: Some(grant),
-                        ack: true,
-                    };
+                    s.workers[wi] = self.leaving(grant, true);
                 } else {
                     // Same round trip: BEGIN and the next step's admission.
                     let next = step + 1;
@@ -867,11 +1073,7 @@ impl Tenure {
                     Tx::Open { .. } => return None, // commit_claim first (EndUnusedTx)
                     Tx::Aborted { .. } => {
                         // commit_claim failed: hand_back.
-                        s.workers[wi] = Pc::Leaving {
-                            job: grant.job,
-                            lock: Some(grant),
-                            ack: false,
-                        };
+                        s.workers[wi] = self.leaving(grant, false);
                         return Some(());
                     }
                 }
@@ -882,13 +1084,10 @@ impl Tenure {
                 if row.fence == grant.token && row.status == Status::Live {
                     s.pg[j].status = Status::Dead;
                     record_commit(&mut s.ghost, grant.job, grant.token, false, None);
-                    s.workers[wi] = Pc::Leaving {
-                        job: grant.job,
-                        lock: Some(grant),
-                        ack: true, // the DLQ publish terminates the message
-                    };
+                    // The DLQ publish terminates the message.
+                    s.workers[wi] = self.leaving(grant, true);
                 } else {
-                    s.workers[wi] = Self::after_refusal(&row, grant);
+                    s.workers[wi] = self.after_refusal(&row, grant);
                 }
             }
             Action::Ack { .. } => {
@@ -935,7 +1134,7 @@ impl Tenure {
                 }
                 s.budget.lease_expiries -= 1;
                 s.etcd.leases[wi].alive = false;
-                for k in s.etcd.locks.iter_mut() {
+                for k in s.etcd.locks.iter_mut().chain(&mut s.etcd.partitions) {
                     if k.is_some_and(|k| k.worker == w && k.epoch == lease.epoch) {
                         *k = None;
                     }
@@ -967,6 +1166,7 @@ impl Tenure {
                 if let Some(u) = undo {
                     r.fence = u.fence;
                     r.takeovers = u.takeovers;
+                    r.released = u.released;
                 }
                 r.locked_by = None;
                 s.workers[wi] = Pc::Running {
@@ -978,6 +1178,13 @@ impl Tenure {
                     poisoned,
                 };
             }
+            Action::Campaign { p, phantom, .. } => self.campaign(s, w, p, phantom)?,
+            Action::VerifyCampaign { p, .. }
+            | Action::ClaimPartition { p, .. }
+            | Action::HandOver { p, .. }
+            | Action::Resign { p, .. }
+            | Action::ForgetPartition { p, .. } => self.own_step(s, w, p, action)?,
+            Action::ReleaseJob { .. } => self.release_job(s, w)?,
             Action::EtcdRestoreWithoutBump => return None,
         }
         Some(())
@@ -1000,7 +1207,7 @@ impl Tenure {
         s.budget.snapshot_restores -= 1;
         s.etcd.revision -= 1;
         let rev = s.etcd.revision;
-        for k in s.etcd.locks.iter_mut() {
+        for k in s.etcd.locks.iter_mut().chain(&mut s.etcd.partitions) {
             if k.is_some_and(|k| k.create_revision > rev) {
                 *k = None;
             }
@@ -1034,6 +1241,11 @@ pub mod props {
     pub const SOMETIMES_TAKEOVER_DONE: &str = "sometimes a job is done after a takeover";
     /// Reachability: a job went dead (poison check).
     pub const SOMETIMES_DEAD: &str = "sometimes a job is dead-lettered";
+    /// 6. Partition mode: a partition token names one owner.
+    pub const ONE_PARTITION_OWNER_PER_TOKEN: &str =
+        "no two workers own or run a partition under the same token";
+    /// Reachability, partition mode: a job released at a hand-over finished.
+    pub const SOMETIMES_HANDOVER_DONE: &str = "sometimes a job is done after a hand-over";
 }
 
 impl Model for Tenure {
@@ -1051,6 +1263,7 @@ impl Model for Tenure {
             step: 0,
             status: Status::Live,
             takeovers: 0,
+            released: false,
             locked_by: None,
         };
         vec![State {
@@ -1061,15 +1274,19 @@ impl Model for Tenure {
                     alive: true,
                 }; MAX_WORKERS],
                 locks: [None; MAX_JOBS],
+                partitions: [None; MAX_PARTITIONS],
             },
             pg: [row; MAX_JOBS],
             nats,
             workers: [Pc::Idle; MAX_WORKERS],
+            partition_fences: [0; MAX_PARTITIONS],
+            owns: [[Own::None; MAX_PARTITIONS]; MAX_WORKERS],
             budget: Budget {
                 lease_expiries: b.lease_expiries,
                 pg_aborts: b.pg_aborts,
                 snapshot_restores: b.snapshot_restores,
                 phantom_grants: b.phantom_grants,
+                handovers: b.handovers,
             },
             ghost: Ghost {
                 commits: [[0; MAX_STEPS]; MAX_JOBS],
@@ -1077,6 +1294,7 @@ impl Model for Tenure {
                 accepted: [0; MAX_JOBS],
                 stale_commit: false,
                 token_decreased: false,
+                released: [false; MAX_JOBS],
             },
         }]
     }
@@ -1132,6 +1350,9 @@ impl Model for Tenure {
             {
                 actions.push(Action::PgEndsIdleTx { w });
             }
+            if self.partitioned() {
+                self.partition_actions(s, w, actions);
+            }
         }
         if s.budget.snapshot_restores > 0 && s.etcd.revision > 0 {
             actions.push(Action::EtcdRestoreWithoutBump);
@@ -1154,7 +1375,14 @@ impl Model for Tenure {
             | Action::ReleaseLock { w }
             | Action::LeaseExpires { w }
             | Action::EstablishSession { w }
-            | Action::PgEndsIdleTx { w } => {
+            | Action::PgEndsIdleTx { w }
+            | Action::Campaign { w, .. }
+            | Action::VerifyCampaign { w, .. }
+            | Action::ClaimPartition { w, .. }
+            | Action::HandOver { w, .. }
+            | Action::Resign { w, .. }
+            | Action::ForgetPartition { w, .. }
+            | Action::ReleaseJob { w } => {
                 if idx(w) >= self.bound.workers.min(MAX_WORKERS) {
                     return None;
                 }
@@ -1165,7 +1393,7 @@ impl Model for Tenure {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut all = vec![
             Property::always(props::NO_DOUBLE_COMMIT, |_: &Tenure, s: &State| {
                 s.ghost.commits.iter().flatten().all(|c| *c <= 1)
             }),
@@ -1206,6 +1434,10 @@ impl Model for Tenure {
             Property::sometimes(props::SOMETIMES_DEAD, |m: &Tenure, s: &State| {
                 m.jobs().any(|j| s.pg[idx(j)].status == Status::Dead)
             }),
-        ]
+        ];
+        if self.partitioned() {
+            all.extend(crate::partition::properties());
+        }
+        all
     }
 }

@@ -2,7 +2,7 @@
 
 use stateright::Model;
 
-use crate::model::{Action, Pc, State, Status, Tenure, Tx, job_name};
+use crate::model::{Action, MAX_PARTITIONS, Own, Pc, State, Status, Tenure, Tx, job_name};
 
 fn pc_text(pc: &Pc) -> String {
     match pc {
@@ -42,6 +42,49 @@ fn pc_text(pc: &Pc) -> String {
                 parts.push(format!("release lock token {}", g.token));
             }
             format!("leaving {} ({})", job_name(*job), parts.join(", then "))
+        }
+    }
+}
+
+fn own_text(p: usize, own: &Own) -> String {
+    match own {
+        Own::None => format!("partition {p} not held"),
+        Own::Created(g) => format!("partition {p} created, token {} (unverified)", g.token),
+        Own::Elected(g) => format!("partition {p} elected, token {}", g.token),
+        Own::Owned {
+            grant,
+            handover: false,
+        } => format!("owns partition {p}, token {}", grant.token),
+        Own::Owned {
+            grant,
+            handover: true,
+        } => format!("handing partition {p} over, token {}", grant.token),
+    }
+}
+
+/// Partition mode's changes: ownership, partition keys, `partition_fences`.
+fn partition_diff(model: &Tenure, a: &State, b: &State, out: &mut Vec<String>) {
+    for w in 0..model.bound.workers {
+        for p in 0..MAX_PARTITIONS {
+            if a.owns[w][p] != b.owns[w][p] {
+                out.push(format!("w{w}: {}", own_text(p, &b.owns[w][p])));
+            }
+        }
+    }
+    for p in 0..MAX_PARTITIONS {
+        let (ka, kb) = (a.etcd.partitions[p], b.etcd.partitions[p]);
+        if ka != kb {
+            out.push(match kb {
+                Some(k) => format!(
+                    "partition key {p} held by w{} token {}",
+                    k.worker, k.create_revision
+                ),
+                None => format!("partition key {p} gone"),
+            });
+        }
+        let (fa, fb) = (a.partition_fences[p], b.partition_fences[p]);
+        if fa != fb {
+            out.push(format!("partition_fences {p}: {fa} -> {fb}"));
         }
     }
 }
@@ -101,6 +144,16 @@ fn diff(model: &Tenure, a: &State, b: &State) -> Vec<String> {
         if ra.takeovers != rb.takeovers {
             out.push(format!("row {name} takeovers {}", rb.takeovers));
         }
+        if ra.released != rb.released {
+            out.push(format!(
+                "row {name} {}",
+                if rb.released {
+                    "released (pending)"
+                } else {
+                    "not released"
+                }
+            ));
+        }
         if ra.locked_by != rb.locked_by {
             out.push(match rb.locked_by {
                 Some(w) => format!("row {name} locked by w{w}"),
@@ -119,6 +172,7 @@ fn diff(model: &Tenure, a: &State, b: &State) -> Vec<String> {
             }
         }
     }
+    partition_diff(model, a, b, &mut out);
     if a.workers == b.workers && out.is_empty() {
         out.push("no change".into());
     }

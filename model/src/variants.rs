@@ -1,6 +1,6 @@
 //! The weakened protocols of issue 24 and the property each one breaks.
 
-use crate::model::{EqualToken, Switches, props};
+use crate::model::{Bound, EqualToken, PartitionFence, Switches, props};
 
 /// A weakened protocol: its switches, and the property a counterexample is
 /// expected for.
@@ -12,6 +12,8 @@ pub struct Variant {
     pub what: &'static str,
     /// The protocol.
     pub switches: Switches,
+    /// The bound its counterexample is found at.
+    pub bound: Bound,
     /// The property it breaks.
     pub breaks: &'static str,
 }
@@ -24,6 +26,7 @@ pub const NO_CLAIM_FENCE: Variant = Variant {
         claim_fence: false,
         ..Switches::FAITHFUL
     },
+    bound: Bound::SMALL,
     breaks: props::NO_STALE_COMMIT,
 };
 
@@ -37,6 +40,7 @@ pub const NO_ADMISSION_FENCE: Variant = Variant {
         cas_fence: false,
         ..Switches::FAITHFUL
     },
+    bound: Bound::SMALL,
     breaks: props::NO_STALE_COMMIT,
 };
 
@@ -48,6 +52,7 @@ pub const NO_VERIFY_READ: Variant = Variant {
         verify_read: false,
         ..Switches::FAITHFUL
     },
+    bound: Bound::SMALL,
     breaks: props::CLAIMS_FROM_REAL_LOCKS,
 };
 
@@ -59,6 +64,7 @@ pub const EQUAL_TOKEN_ACCEPTED: Variant = Variant {
         equal_token: EqualToken::AcceptAsOurs,
         ..Switches::FAITHFUL
     },
+    bound: Bound::SMALL,
     breaks: props::ONE_OWNER_PER_TOKEN,
 };
 
@@ -71,10 +77,78 @@ pub const EQUAL_TOKEN_AFTER_FAILED_CLAIM_COMMIT: Variant = Variant {
         equal_token: EqualToken::AlarmAtClaimOnly,
         ..Switches::FAITHFUL
     },
+    bound: Bound::SMALL,
     breaks: props::ONE_OWNER_PER_TOKEN,
 };
 
-/// All weakened variants.
+/// (pa) Partition mode: the owner's claim in `partition_fences` accepts a
+/// fence equal to its token (`WHERE f.fence <= EXCLUDED.fence`).
+pub const PARTITION_FENCE_EQUAL: Variant = Variant {
+    name: "(pa) partition claim accepts fence == token",
+    what: "tenure_claim_partition with `f.fence <= EXCLUDED.fence`",
+    switches: Switches {
+        partition_fence: PartitionFence::AcceptEqual,
+        ..Switches::FAITHFUL
+    },
+    bound: Bound::PARTITIONS_RESTORE,
+    breaks: props::ONE_OWNER_PER_TOKEN,
+};
+
+/// (pb) Partition mode: no partition claim at all; the elected owner claims
+/// jobs (`fence <= $tok`) right away.
+pub const NO_PARTITION_FENCE: Variant = Variant {
+    name: "(pb) jobs claimed with fence <= token, partition fence never raised",
+    what: "Rebalance::take without FenceStore::claim_partition",
+    switches: Switches {
+        partition_fence: PartitionFence::Skip,
+        ..Switches::FAITHFUL
+    },
+    bound: Bound::PARTITIONS_RESTORE,
+    breaks: props::ONE_OWNER_PER_TOKEN,
+};
+
+/// (pc) Partition mode: the job claim without `fence <= $tok`.
+pub const PARTITION_NO_CLAIM_FENCE: Variant = Variant {
+    name: "(pc) partition job claim without fence <= token",
+    what: "tenure_claim(.., p_partitioned = true, ..) without its fence condition",
+    switches: Switches {
+        claim_fence: false,
+        ..Switches::FAITHFUL
+    },
+    bound: Bound::PARTITIONS,
+    breaks: props::NO_STALE_COMMIT,
+};
+
+/// (pd) Partition mode: the step transaction without `fence = $tok`.
+pub const PARTITION_NO_ADMISSION_FENCE: Variant = Variant {
+    name: "(pd) partition mode, admission and CAS without fence = token",
+    what: "tenure_admit and tenure_step_cas without `fence = $tok`",
+    switches: Switches {
+        admission_fence: false,
+        cas_fence: false,
+        ..Switches::FAITHFUL
+    },
+    bound: Bound::PARTITIONS,
+    breaks: props::NO_STALE_COMMIT,
+};
+
+/// (pe) Partition mode: no re-read after the campaign's create, with an issue
+/// 11456 grant.
+pub const PARTITION_NO_VERIFY_READ: Variant = Variant {
+    name: "(pe) partition campaign without the verification read",
+    what: "campaign_at without verify_leader",
+    switches: Switches {
+        verify_read: false,
+        ..Switches::FAITHFUL
+    },
+    bound: Bound {
+        phantom_grants: 1,
+        ..Bound::PARTITIONS
+    },
+    breaks: props::CLAIMS_FROM_REAL_LOCKS,
+};
+
+/// All weakened variants of one lock per job.
 pub const ALL: [Variant; 5] = [
     NO_CLAIM_FENCE,
     NO_ADMISSION_FENCE,
@@ -82,6 +156,23 @@ pub const ALL: [Variant; 5] = [
     EQUAL_TOKEN_ACCEPTED,
     EQUAL_TOKEN_AFTER_FAILED_CLAIM_COMMIT,
 ];
+
+/// All weakened variants of partition mode.
+pub const PARTITIONS: [Variant; 5] = [
+    PARTITION_FENCE_EQUAL,
+    NO_PARTITION_FENCE,
+    PARTITION_NO_CLAIM_FENCE,
+    PARTITION_NO_ADMISSION_FENCE,
+    PARTITION_NO_VERIFY_READ,
+];
+
+/// Partition mode's liveness mutation (the negative control of its AG EF
+/// check): the job claim strict (`fence < $tok`) as with a lock per job, so an
+/// owner cannot take back a job it handed back under the same token.
+pub const PARTITION_STRICT_JOB_CLAIM: Switches = Switches {
+    partition_claim_equal: false,
+    ..Switches::FAITHFUL
+};
 
 /// Not a counterexample: only the admission's `fence = $tok` dropped; the
 /// step CAS (`tenure_step_cas`) checks it again under the same row lock.
