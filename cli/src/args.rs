@@ -278,6 +278,23 @@ pub enum Command {
         #[arg(long, default_value = "cancelled by an operator")]
         reason: String,
     },
+    /// Pause a job type for every worker of the namespace, within about half a
+    /// second: its messages stay in the stream (nothing is redelivered,
+    /// counted or dead-lettered because of it), no job of it starts, and a
+    /// running one finishes its current step, then waits before the next.
+    /// Durable until `tenure resume`; pausing twice changes nothing.
+    Pause {
+        /// The job type (e.g. `billing.charge`).
+        job_type: String,
+    },
+    /// Resume a paused job type: its waiting jobs go on, its messages are
+    /// fetched again. Resuming a type that is not paused changes nothing.
+    Resume {
+        /// The job type.
+        job_type: String,
+    },
+    /// The paused job types: since when and by whom.
+    Paused,
     /// Delete finished jobs (and their history) that finished longer ago than
     /// the given ages, in batches that skip rows locked by anyone; a status
     /// without an age is kept. `--dry-run` counts them and changes nothing.

@@ -164,6 +164,22 @@ pub struct CancelView {
     pub outcome: &'static str,
 }
 
+/// What a pause or resume did (`tenure pause`, `tenure resume`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PauseView {
+    pub job_type: String,
+    /// `paused`, `already paused`, `resumed` or `not paused`.
+    pub outcome: &'static str,
+}
+
+/// A paused job type (`tenure paused`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PausedView {
+    pub job_type: String,
+    pub paused_at: DateTime<Utc>,
+    pub paused_by: Option<String>,
+}
+
 /// What a prune did or would do (`tenure prune`).
 #[derive(Debug, Clone, Serialize)]
 pub struct PruneView {
@@ -571,6 +587,66 @@ pub async fn cancel(
         job_id: id.to_string(),
         outcome,
     })
+}
+
+/// Pauses (`pause`) or resumes `job_type` through [`Client::pause`] or
+/// [`Client::resume`]; a name no job type can have is the client's typed
+/// error, said as it is.
+pub async fn pause(
+    ctx: &Ctx,
+    client: &Client,
+    job_type: &str,
+    pause: bool,
+) -> anyhow::Result<PauseView> {
+    let verb = if pause { "pausing" } else { "resuming" };
+    let changed = async {
+        match pause {
+            true => client.pause(job_type).await,
+            false => client.resume(job_type).await,
+        }
+    };
+    let changed = match tokio::time::timeout(ctx.timeout, changed).await {
+        Ok(Ok(changed)) => changed,
+        Ok(Err(e)) => return Err(anyhow!("{verb} {job_type}: {}", describe(&e))),
+        Err(_) => {
+            return Err(anyhow!(
+                "{verb} {job_type}: no answer within {:?}",
+                ctx.timeout
+            ));
+        }
+    };
+    let outcome = match (pause, changed) {
+        (true, true) => "paused",
+        (true, false) => "already paused",
+        (false, true) => "resumed",
+        (false, false) => "not paused",
+    };
+    Ok(PauseView {
+        job_type: job_type.to_string(),
+        outcome,
+    })
+}
+
+/// The paused job types (what [`Client::paused`] reads).
+pub async fn paused(ctx: &Ctx, store: &FenceStore) -> anyhow::Result<Vec<PausedView>> {
+    let rows = match tokio::time::timeout(ctx.timeout, store.paused_types()).await {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => return Err(anyhow!("reading the paused types: {}", describe(&e))),
+        Err(_) => {
+            return Err(anyhow!(
+                "reading the paused types: no answer within {:?}",
+                ctx.timeout
+            ));
+        }
+    };
+    Ok(rows
+        .into_iter()
+        .map(|p| PausedView {
+            job_type: p.job_type,
+            paused_at: p.paused_at,
+            paused_by: p.paused_by,
+        })
+        .collect())
 }
 
 /// Deletes (or with `dry_run`, counts) the finished jobs of each status

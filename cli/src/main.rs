@@ -159,9 +159,22 @@ async fn run_command(ctx: &Ctx, command: Command) -> anyhow::Result<()> {
             let view = data::cancel(ctx, &client, id, &reason).await?;
             ctx.print(&view, || format!("{} {}\n", view.outcome, view.job_id))
         }
+        Command::Pause { job_type } => pause(ctx, &job_type, true).await,
+        Command::Resume { job_type } => pause(ctx, &job_type, false).await,
+        Command::Paused => {
+            let store = ctx.store().await?;
+            let views = data::paused(ctx, &store).await?;
+            ctx.print(&views, || render::paused_table(&views))
+        }
         Command::Prune(a) => prune(ctx, a).await,
         Command::Serve(_) => Err(anyhow!("serve is not a one-shot command")),
     }
+}
+
+async fn pause(ctx: &Ctx, job_type: &str, pause: bool) -> anyhow::Result<()> {
+    let client = ctx.client().await?;
+    let view = data::pause(ctx, &client, job_type, pause).await?;
+    ctx.print(&view, || format!("{} {}\n", view.outcome, view.job_type))
 }
 
 async fn migrate(ctx: &Ctx, a: MigrateArgs) -> anyhow::Result<()> {

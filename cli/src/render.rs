@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use tenure::blocks::fence::{JobEvent, WorkerSeen};
 
 use crate::data::{
-    DeadLetterView, EnqueueView, JobDetail, JobView, MigrateView, OverviewView, PruneView,
-    RedriveView, SchedulesView,
+    DeadLetterView, EnqueueView, JobDetail, JobView, MigrateView, OverviewView, PausedView,
+    PruneView, RedriveView, SchedulesView,
 };
 
 /// `tenure job`: the row's fields, then its history as a table.
@@ -366,6 +366,23 @@ pub fn job_detail(v: &JobView) -> String {
         s.push_str(&format!("{k:<10}  {val}\n"));
     }
     s
+}
+
+/// `tenure paused`: the paused job types.
+pub fn paused_table(views: &[PausedView]) -> String {
+    let rows: Vec<Vec<String>> = views
+        .iter()
+        .map(|v| {
+            vec![
+                v.job_type.clone(),
+                time(&v.paused_at),
+                v.paused_by.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    let mut out = table(&["TYPE", "PAUSED AT", "BY"], &rows);
+    out.push_str(&format!("({} paused)\n", views.len()));
+    out
 }
 
 pub fn dlq_table(views: &[DeadLetterView]) -> String {

@@ -685,6 +685,54 @@ async fn has(pool: &sqlx::PgPool, check: &str, role: &str, object: &str, what: &
 /// applies nothing and says so; `--grant-worker`/`--grant-producer` give
 /// each role its privileges (and the producer none of the worker's); an
 /// unknown role is an error before anything is done.
+/// `tenure pause`, `paused` and `resume`: each says what it did, twice
+/// changes nothing, the row is what a worker reads, and a name no job type
+/// can have is refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenure_pause_and_resume_a_type_and_refuse_a_bad_name() {
+    let ns = DevStack::unique_namespace("cli_pause");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+
+    assert_eq!(
+        ok(&tenure(&cfg, &["pause", "cli.flaky"])).trim(),
+        "paused cli.flaky"
+    );
+    assert_eq!(
+        ok(&tenure(&cfg, &["pause", "cli.flaky"])).trim(),
+        "already paused cli.flaky"
+    );
+    let listed = json(&tenure(&cfg, &["--json", "paused"]));
+    let listed = listed.as_array().expect("a list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["job_type"], "cli.flaky");
+    assert_eq!(listed[0]["paused_by"], "tenure-cli", "{listed:?}");
+    let table = ok(&tenure(&cfg, &["paused"]));
+    assert!(
+        table.contains("cli.flaky") && table.contains("(1 paused)"),
+        "{table}"
+    );
+    let paused = client.paused().await.unwrap();
+    assert_eq!(paused.len(), 1);
+    assert_eq!(paused[0].job_type, "cli.flaky");
+
+    assert_eq!(
+        ok(&tenure(&cfg, &["resume", "cli.flaky"])).trim(),
+        "resumed cli.flaky"
+    );
+    assert_eq!(
+        ok(&tenure(&cfg, &["resume", "cli.flaky"])).trim(),
+        "not paused cli.flaky"
+    );
+    assert!(client.paused().await.unwrap().is_empty());
+    assert!(ok(&tenure(&cfg, &["paused"])).contains("(0 paused)"));
+
+    let err = failed(&tenure(&cfg, &["pause", "no spaces allowed"]));
+    assert!(err.contains("pausing no spaces allowed"), "{err}");
+    assert!(client.paused().await.unwrap().is_empty(), "nothing written");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_twice_then_with_grants_and_an_unknown_role() {
     let ns = DevStack::unique_namespace("cli_mig");

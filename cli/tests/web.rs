@@ -266,6 +266,7 @@ async fn web_view_in_a_real_browser() {
     shot(&browser, "workers").await;
     redrive_from_the_dlq_page(&browser, &base, &client, dead, token).await;
     cancel_from_the_dlq_and_job_pages(&browser, &base, &client, given_up).await;
+    pause_and_resume_from_the_overview(&browser, &base, &client).await;
     api_returns_what_the_cli_prints(&browser, &base, &cfg, frozen).await;
 
     browser.close().await.unwrap();
@@ -474,6 +475,35 @@ async fn cancel_from_the_dlq_and_job_pages(b: &Browser, base: &str, client: &Cli
     shot(b, "job-cancelled").await;
 }
 
+/// Pause a type from the overview's form, see it listed (and in the
+/// client's read), then resume it with its row's button.
+async fn pause_and_resume_from_the_overview(b: &Browser, base: &str, client: &Client) {
+    b.goto(&format!("{base}/")).await.unwrap();
+    assert!(text(b, "#paused-none").await.starts_with("None"));
+    b.find(Locator::Css("form.pause input[name=job_type]"))
+        .await
+        .unwrap()
+        .send_keys("web.billing")
+        .await
+        .unwrap();
+    click(b, "form.pause button").await;
+    assert_eq!(flash(b).await, "paused web.billing");
+    assert!(text(b, "#paused").await.contains("web.billing"));
+    let paused = client.paused().await.unwrap();
+    assert_eq!(
+        paused
+            .iter()
+            .map(|p| p.job_type.as_str())
+            .collect::<Vec<_>>(),
+        ["web.billing"]
+    );
+    shot(b, "overview-paused").await;
+    click(b, "button.resume[data-type='web.billing']").await;
+    assert_eq!(flash(b).await, "resumed web.billing");
+    assert!(client.paused().await.unwrap().is_empty());
+    assert!(text(b, "#paused-none").await.starts_with("None"));
+}
+
 async fn click(b: &Browser, css: &str) {
     b.find(Locator::Css(css))
         .await
@@ -570,6 +600,13 @@ fn actions_without_a_session_are_refused(base: &str, dead: JobId) {
         status.contains(" 403 "),
         "cancel without a session: {status}"
     );
+    for action in ["/types/pause", "/types/resume"] {
+        let (status, _) = post(base, action, "", "job_type=web.billing&csrf=guess");
+        assert!(
+            status.contains(" 403 "),
+            "{action} without a session: {status}"
+        );
+    }
     let (status, _) = post(base, "/login", "", "token=wrong-token-wrong");
     assert!(status.contains(" 403 "), "{status}");
     let (status, login) = post(

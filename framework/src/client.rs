@@ -713,6 +713,40 @@ impl Client {
         Ok(self.store.set_job_history(on).await?)
     }
 
+    /// Pauses job type `job_type` for every worker of the namespace, within
+    /// about [`Tuning::pause_poll`](crate::Tuning::pause_poll): its messages
+    /// stay in the stream (none is fetched, redelivered or dead-lettered
+    /// because of the pause), no held delivery of it is claimed, and a job of
+    /// it that is running finishes its current step, then waits, holding its
+    /// lock and message, before the next one. Durable (a row) until
+    /// [`resume`](Self::resume). `true` when it was not paused already.
+    /// Needs the operator's grant (`FenceStore::grant_operator`).
+    ///
+    /// # Errors
+    /// [`QueueError::InvalidJobType`] (as [`ClientError::Queue`]) for a name
+    /// no job type can have, before anything is written; server errors.
+    pub async fn pause(&self, job_type: &str) -> Result<bool, ClientError> {
+        crate::queue::validate_job_type(job_type)?;
+        Ok(self.store.pause_type(job_type).await?)
+    }
+
+    /// Resumes a paused job type; `true` when it was paused.
+    ///
+    /// # Errors
+    /// As [`pause`](Self::pause).
+    pub async fn resume(&self, job_type: &str) -> Result<bool, ClientError> {
+        crate::queue::validate_job_type(job_type)?;
+        Ok(self.store.resume_type(job_type).await?)
+    }
+
+    /// The paused job types.
+    ///
+    /// # Errors
+    /// Server errors.
+    pub async fn paused(&self) -> Result<Vec<crate::fence::PausedType>, ClientError> {
+        Ok(self.store.paused_types().await?)
+    }
+
     /// The job-row store (PostgreSQL): a building block, for tools.
     pub fn store(&self) -> &FenceStore {
         &self.store

@@ -1,10 +1,11 @@
 //! The operators' controls (issue 35), against the real servers: step
-//! timeouts (`#[step(timeout = "..")]`).
+//! timeouts (`#[step(timeout = "..")]`), pausing and resuming a job type.
 #![cfg(feature = "harness")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tenure::testing::TestEnv;
@@ -169,4 +170,139 @@ async fn a_permanent_timeout_dead_letters_at_once(env: TestEnv) {
     );
     assert_eq!(timed_rows(&env, hung).await, 0);
     w.shutdown().await.unwrap();
+}
+
+/// When each step of [`Paced`] started, by any worker of this process.
+static STARTS: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
+
+/// A three-step job whose steps note their start and take 50 ms.
+struct Paced;
+
+#[tenure::job(name = "test.paced")]
+impl Paced {
+    #[step]
+    async fn one(&self, ctx: &mut StepCtx, n: u32) -> Result<u32, StepError> {
+        pace(ctx).await;
+        Ok(n)
+    }
+    #[step]
+    async fn two(&self, ctx: &mut StepCtx, n: u32) -> Result<u32, StepError> {
+        pace(ctx).await;
+        Ok(n)
+    }
+    #[step]
+    async fn three(&self, ctx: &mut StepCtx, n: u32) -> Result<u32, StepError> {
+        pace(ctx).await;
+        Ok(n)
+    }
+}
+
+async fn pace(_ctx: &mut StepCtx) {
+    STARTS.lock().unwrap().push(Instant::now());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+fn starts_after(t: Instant) -> usize {
+    STARTS.lock().unwrap().iter().filter(|s| **s > t).count()
+}
+
+/// How many times the type's consumer delivered (redeliveries included:
+/// `delivered.consumer_seq`) and how many messages it delivered.
+async fn deliveries(env: &TestEnv, job_type: &str) -> (u64, u64) {
+    let nats = async_nats::connect(env.stack().nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let names = env.client().queue().names();
+    let stream = js.get_stream(&names.stream).await.unwrap();
+    let info = stream
+        .consumer_info(names.type_consumer(job_type))
+        .await
+        .unwrap();
+    (
+        info.delivered.consumer_sequence,
+        info.delivered.stream_sequence,
+    )
+}
+
+/// Two workers, 200 three-step jobs, a pause mid-run: within the pause's
+/// propagation bound no step starts any more (running steps finish), nothing
+/// is redelivered or dead-lettered, and after the resume every job ends done,
+/// each message delivered once.
+#[tenure::test(ttl_secs = 3)]
+async fn a_paused_type_starts_no_step_until_resumed(env: TestEnv) {
+    const JOBS: usize = 200;
+    tenure_tests::init_logs();
+    // Four jobs at a time each, so that the run outlasts the pause's start.
+    let start = |id: &'static str| {
+        env.worker(id, |mut cfg| async move {
+            cfg.max_in_flight = 4;
+            tenure::Worker::builder(cfg).register(Paced)
+        })
+    };
+    let (w0, w1) = (start("w0").await.unwrap(), start("w1").await.unwrap());
+    let mut ids = Vec::new();
+    for n in 0..JOBS {
+        let key = format!("paced-{n}");
+        ids.push(
+            env.client()
+                .enqueue::<Paced>(&key, &(n as u32))
+                .await
+                .unwrap()
+                .job_id,
+        );
+    }
+    while starts_after(Instant::now() - Duration::from_secs(3600)) < 60 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(env.client().pause("test.paced").await.unwrap());
+    assert!(
+        !env.client().pause("test.paced").await.unwrap(),
+        "paused twice"
+    );
+    // Two reads of `paused_types` (500 ms apart) and a step in flight.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let quiet_from = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(starts_after(quiet_from), 0, "a step started while paused");
+    let done = env
+        .client()
+        .store()
+        .overview(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let unfinished = done
+        .by_type_status
+        .iter()
+        .filter(|c| c.job_type == "test.paced" && c.status != "done")
+        .map(|c| c.count)
+        .sum::<i64>();
+    assert!(
+        unfinished > 0,
+        "every job ended before the pause: nothing shown"
+    );
+    let paused = env.client().paused().await.unwrap();
+    assert_eq!(paused.len(), 1);
+    assert_eq!(paused[0].job_type, "test.paced");
+
+    assert!(env.client().resume("test.paced").await.unwrap());
+    for id in &ids {
+        let row = env.run_until_done(*id, WAIT).await.unwrap();
+        assert_eq!(row.status, JobStatus::Done, "{row:?}");
+    }
+    assert!(
+        env.client()
+            .queue()
+            .dead_letters(10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let (delivered, messages) = deliveries(&env, "test.paced").await;
+    assert_eq!(
+        (delivered, messages),
+        (JOBS as u64, JOBS as u64),
+        "redelivered"
+    );
+    env.check().await.unwrap().assert_clean();
+    w0.shutdown().await.unwrap();
+    w1.shutdown().await.unwrap();
 }

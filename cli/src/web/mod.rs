@@ -404,6 +404,8 @@ fn router(app: Shared) -> Router {
         .route("/dlq/redrive", post(redrive_one))
         .route("/dlq/redrive-reason", post(redrive_reason))
         .route("/jobs/cancel", post(cancel_job))
+        .route("/types/pause", post(pause_type))
+        .route("/types/resume", post(resume_type))
         .route("/workers", get(workers_page))
         .route("/api/workers", get(workers_api))
         .route("/login", get(login_page).post(login))
@@ -456,11 +458,15 @@ async fn overview_page(
     headers: HeaderMap,
 ) -> Result<Response, WebError> {
     let o = app.overview.get(&app).await?;
-    Ok(page(pages::overview(
-        &o.view,
-        o.age,
-        &viewer(&app, &headers),
-    )))
+    let paused = data::paused(&app.ctx, &app.store).await?;
+    let flash = app.auth.take_flash(&headers);
+    let shown = pages::Overview {
+        view: &o.view,
+        age: o.age,
+        paused: &paused,
+        flash: flash.as_deref(),
+    };
+    Ok(page(pages::overview(&shown, &viewer(&app, &headers))))
 }
 
 async fn overview_api(State(app): State<Shared>) -> Result<Json<data::OverviewView>, ApiError> {
@@ -679,12 +685,14 @@ async fn workers_api(
     ))
 }
 
-/// The fields of an action's form (redrive one, redrive by reason, cancel).
+/// The fields of an action's form (redrive one, redrive by reason, cancel,
+/// pause and resume a type).
 #[derive(Debug, Deserialize)]
 struct ActionForm {
     csrf: Option<String>,
     job_id: Option<String>,
     reason: Option<String>,
+    job_type: Option<String>,
 }
 
 /// The client of an allowed action: operator mode, a session, its CSRF token.
@@ -774,6 +782,47 @@ async fn cancel_job(
     };
     app.auth.set_flash(&headers, note);
     Ok(Redirect::to(&format!("/jobs/{id}")).into_response())
+}
+
+async fn pause_type(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Form(f): Form<ActionForm>,
+) -> Result<Response, WebError> {
+    pause_or_resume(&app, &headers, f, true).await
+}
+
+async fn resume_type(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Form(f): Form<ActionForm>,
+) -> Result<Response, WebError> {
+    pause_or_resume(&app, &headers, f, false).await
+}
+
+/// Pauses or resumes the form's job type (`Client::pause`, `Client::resume`),
+/// then shows the overview with what happened.
+async fn pause_or_resume(
+    app: &App,
+    headers: &HeaderMap,
+    f: ActionForm,
+    pause: bool,
+) -> Result<Response, WebError> {
+    let client = allowed(app, headers, f.csrf.as_deref())?;
+    let job_type = f.job_type.unwrap_or_default();
+    let job_type = job_type.trim();
+    if job_type.is_empty() {
+        return Err(WebError::BadRequest("give a job type".into()));
+    }
+    let note = match data::pause(&app.ctx, client, job_type, pause).await {
+        Ok(v) => format!("{} {}", v.outcome, v.job_type),
+        Err(e) => {
+            let reference = logged(&format!("{e:#}"));
+            format!("not changed: {job_type} (reference {reference})")
+        }
+    };
+    app.auth.set_flash(headers, note);
+    Ok(Redirect::to("/").into_response())
 }
 
 async fn login_page(State(app): State<Shared>, headers: HeaderMap) -> Response {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
 use tenure::blocks::fence::{JobEvent, WorkerSeen};
 
-use crate::data::{DeadLetterView, JobDetail, JobView, JobsPage, OverviewView};
+use crate::data::{DeadLetterView, JobDetail, JobView, JobsPage, OverviewView, PausedView};
 
 /// The page's view of the session: whether actions are offered, and their token.
 #[derive(Debug, Clone, Default)]
@@ -119,9 +119,21 @@ fn card(label: &str, key: &str, value: String) -> Markup {
     html! { div.card { span { (label) } b id={ "ov-" (key.replace('.', "-")) } data-k=(key) { (value) } } }
 }
 
-pub fn overview(v: &OverviewView, age: std::time::Duration, viewer: &Viewer) -> Markup {
+/// What the overview page shows.
+pub struct Overview<'a> {
+    pub view: &'a OverviewView,
+    /// How old the counts are (zero: counted for this request).
+    pub age: std::time::Duration,
+    pub paused: &'a [PausedView],
+    /// What the last action did.
+    pub flash: Option<&'a str>,
+}
+
+pub fn overview(o: &Overview<'_>, viewer: &Viewer) -> Markup {
+    let (v, age) = (o.view, o.age);
     let r = &v.rows.recent;
     let body = html! {
+        @if let Some(f) = o.flash { p.flash #flash { (f) } }
         @if !age.is_zero() {
             p.note #counted-ago { "Counts from " (age.as_secs()) " s ago: on a table this large they are counted in the background, once per refresh." }
         }
@@ -161,8 +173,49 @@ pub fn overview(v: &OverviewView, age: std::time::Duration, viewer: &Viewer) -> 
             }
             p.note { "Worker lease health is not shown here: see Workers for what is known." }
         }
+        (paused_types(o.paused, viewer))
     };
     layout("Overview", viewer, body)
+}
+
+/// The paused job types, each with its resume button, and the pause form
+/// (operator mode).
+fn paused_types(paused: &[PausedView], viewer: &Viewer) -> Markup {
+    html! {
+        h2 { "Paused job types" }
+        @if paused.is_empty() { p #paused-none { "None: every type runs." } }
+        @else {
+            table #paused {
+                tr { th { "type" } th { "paused at" } th { "by" } th {} }
+                @for p in paused {
+                    tr {
+                        td { (p.job_type) } td { (time(&p.paused_at)) } td { (opt(p.paused_by.as_deref())) }
+                        td { (type_button(viewer, "/types/resume", "resume", &p.job_type, "Resume")) }
+                    }
+                }
+            }
+        }
+        @if let Some(csrf) = &viewer.csrf {
+            form.inline.pause method="post" action="/types/pause" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="text" name="job_type" placeholder="job type" maxlength="200";
+                button.pause { "Pause" }
+            }
+        }
+        p.note { "A paused type's messages stay in the stream; its running jobs finish their current step and wait before the next; nothing is dead-lettered or counted as a delivery. Seen by every worker within about half a second." }
+    }
+}
+
+fn type_button(viewer: &Viewer, action: &str, class: &str, job_type: &str, label: &str) -> Markup {
+    html! {
+        @if let Some(csrf) = &viewer.csrf {
+            form.inline method="post" action=(action) {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="job_type" value=(job_type);
+                button class=(class) data-type=(job_type) { (label) }
+            }
+        }
+    }
 }
 
 /// Percent-encodes everything but unreserved characters (for query values).

@@ -309,6 +309,7 @@ pub static SETTINGS: &[Setting] = &[
     field!("TENURE_TUNING_SHUTDOWN_CANCEL_WAIT", tuning.shutdown_cancel_wait: Duration, "wait for cancelled steps after the shutdown grace"),
     field!("TENURE_TUNING_PROGRESS_MIN_PERIOD", tuning.progress_min_period: Duration, "shortest period of a running step's progress acks"),
     field!("TENURE_TUNING_DUE_POLL", tuning.due_poll: Duration, "longest sleep of the due-job publisher"),
+    field!("TENURE_TUNING_PAUSE_POLL", tuning.pause_poll: Duration, "how often a worker reads the paused job types"),
     field!("TENURE_TUNING_DUE_BATCH", tuning.due_batch: usize, "due jobs published per batch"),
     field!("TENURE_TUNING_DUE_ROUND_BUDGET", tuning.due_round_budget: Duration, "how long one due-job round starts batches"),
     field!("TENURE_TUNING_LEADER_RETRY", tuning.leader_retry: Duration, "how often a non-leader campaigns again"),

@@ -134,6 +134,10 @@ pub struct Tuning {
     /// meanwhile for sooner is seen within this bound. A due job starts within
     /// about this much of its `run_at`.
     pub due_poll: Duration,
+    /// How often a worker reads which job types are paused (default 500 ms;
+    /// see [`Client::pause`](crate::Client::pause)): a pause or resume takes
+    /// effect on every worker within about this.
+    pub pause_poll: Duration,
     /// Due jobs published per batch (default 500): one read, concurrent
     /// publishes, one fenced update marking them published.
     pub due_batch: usize,
@@ -197,6 +201,7 @@ impl Tuning {
         shutdown_cancel_wait: Duration::from_secs(5),
         progress_min_period: Duration::from_millis(100),
         due_poll: Duration::from_millis(250),
+        pause_poll: Duration::from_millis(500),
         due_batch: 500,
         due_round_budget: Duration::from_secs(1),
         leader_retry: Duration::from_millis(500),
@@ -260,6 +265,9 @@ impl Tuning {
                 "tuning.due_poll",
                 "due_poll and leader_retry must be positive",
             );
+        }
+        if self.pause_poll.is_zero() {
+            return invalid("tuning.pause_poll", "must be positive");
         }
         if self.due_round_budget.is_zero() {
             return invalid("tuning.due_round_budget", "must be positive");

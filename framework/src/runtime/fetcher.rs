@@ -80,7 +80,10 @@ impl Actor for Fetcher {
             () = sh.draining.cancelled() => return Ok(()),
             h = st.args.slots.to_fetch() => h,
         };
-        let round = sh.owning.sources(st.args.routes.round());
+        // A paused type's messages stay in the stream (`pauses`).
+        let mut types = st.args.routes.round();
+        types.retain(|&(_, name, _)| !sh.pauses.is_paused(name));
+        let round = sh.owning.sources(types);
         if round.is_empty() {
             // Nothing to fetch from: every type at its limit, or (partition
             // mode) no partition led yet or any more.

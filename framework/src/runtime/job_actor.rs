@@ -15,7 +15,7 @@ use super::Shared;
 use super::outcome::{Attempt, Compensated, Compensation, DeadCode, Held, Outcome, Owned};
 use super::registry::DynJob;
 use super::run::JobRun;
-use super::slots::HoldSlot;
+use super::slots::{HoldSlot, NoRunSlot};
 use super::standing::Server;
 use crate::fence::{Claim, FenceError, FenceStore, FencedTx, JobRow, JobStatus};
 use crate::lease::{Coming, Health, Session};
@@ -177,6 +177,7 @@ impl JobRun {
         // Admission lets a dead row through only when its compensation is
         // pending: the hook runs under our lock, then the job is dead-lettered.
         let compensating = a.row.as_ref().is_some_and(|r| r.status == JobStatus::Dead);
+        self.hold_while_paused(a).await?;
         self.acquire(a, job_id, coming).await?;
         self.wait_run_slot(a).await?;
         if compensating {
@@ -249,7 +250,22 @@ impl JobRun {
     /// A run slot (held until the delivery is settled): at once unless this
     /// delivery was fetched ahead of the running jobs (see `Slots`).
     async fn wait_run_slot(&self, a: &mut Attempt) -> Result<(), Outcome> {
-        match self.slots.run_slot(&self.shared.draining).await {
+        let sh = &self.shared;
+        // A type paused meanwhile: wait for the resume instead of giving the
+        // delivery back when the bound passes (that would count a delivery).
+        let got = loop {
+            let stop = async {
+                tokio::select! {
+                    () = sh.draining.cancelled() => NoRunSlot::Draining,
+                    () = sh.pauses.paused(&a.job_type) => NoRunSlot::Paused,
+                }
+            };
+            match self.slots.run_slot_until(stop).await {
+                Err(NoRunSlot::Paused) => self.hold_while_paused(a).await?,
+                got => break got,
+            }
+        };
+        match got {
             Ok(slot) => a.run_slot = Some(slot),
             Err(why) => {
                 tracing::debug!(

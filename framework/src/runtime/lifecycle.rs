@@ -119,6 +119,10 @@ impl Lifecycle {
             schedules,
         };
         tasks.spawn(scheduler.run(stop_all.clone()));
+        tasks.spawn(super::pauses::watch_pauses(
+            shared.clone(),
+            stop_all.clone(),
+        ));
         Ok(Lifecycle {
             stops,
             tasks,

@@ -25,6 +25,7 @@ mod lifecycle;
 mod outcome;
 mod owning;
 mod partitions;
+mod pauses;
 mod readiness;
 mod registry;
 mod report;
@@ -159,6 +160,8 @@ pub(crate) struct Shared {
     pub(crate) cancels: cancel::Cancels,
     /// How this worker owns a job: one lock per job, or partitions.
     pub(crate) owning: owning::Owning,
+    /// The paused job types.
+    pub(crate) pauses: pauses::Pauses,
 }
 
 impl Shared {
@@ -355,7 +358,12 @@ impl WorkerBuilder {
             holding: Default::default(),
             cancels: Default::default(),
             owning,
+            pauses: Default::default(),
         });
+        // Before the first fetch: a type paused now is not fetched at start.
+        if !shared.pauses.refresh(&shared).await {
+            tracing::warn!("cannot read the paused job types at start; assuming none");
+        }
         let slots = Slots::new(&cfg);
         let keeper = KeeperArgs {
             cfg,

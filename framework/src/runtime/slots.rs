@@ -101,6 +101,8 @@ pub(crate) enum NoRunSlot {
     TooLong,
     /// The worker is shutting down.
     Draining,
+    /// The delivery's job type was paused while it waited (`pauses`).
+    Paused,
 }
 
 impl Slots {
@@ -202,11 +204,25 @@ impl Slots {
         }
     }
 
-    /// A run slot for a delivery whose lock is held: at once if one is free,
-    /// else after the deliveries ahead of it, bounded (see the module docs).
+    /// [`run_slot_until`](Self::run_slot_until) a shutdown.
+    #[cfg(test)]
     pub(crate) async fn run_slot(
         self: &Arc<Self>,
         draining: &tokio_util::sync::CancellationToken,
+    ) -> Result<RunSlot, NoRunSlot> {
+        self.run_slot_until(async {
+            draining.cancelled().await;
+            NoRunSlot::Draining
+        })
+        .await
+    }
+
+    /// A run slot for a delivery whose lock is held: at once if one is free,
+    /// else after the deliveries ahead of it, bounded (see the module docs);
+    /// `stop`'s answer ends the wait early.
+    pub(crate) async fn run_slot_until(
+        self: &Arc<Self>,
+        stop: impl std::future::Future<Output = NoRunSlot>,
     ) -> Result<RunSlot, NoRunSlot> {
         let slot = |permit| RunSlot {
             _permit: permit,
@@ -219,7 +235,7 @@ impl Slots {
         self.waiting.fetch_add(1, Ordering::AcqRel);
         self.changed.notify_one();
         let got = tokio::select! {
-            () = draining.cancelled() => Err(NoRunSlot::Draining),
+            why = stop => Err(why),
             r = tokio::time::timeout(self.max_wait, self.run.clone().acquire_owned()) => match r {
                 Ok(Ok(permit)) => Ok(slot(permit)),
                 // The semaphore is never closed; treat it like a timeout.

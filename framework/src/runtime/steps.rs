@@ -78,6 +78,14 @@ impl JobRun {
                     after: Duration::ZERO,
                 });
             }
+            // A paused type: the job waits here, its next step's transaction
+            // rolled back so that no row stays locked meanwhile.
+            if k > first && self.shared.pauses.is_paused(owned.job.name()) {
+                if let Some(tx) = open_tx.take() {
+                    let _ = tx.rollback().await;
+                }
+                self.wait_between_steps(owned, delivery).await?;
+            }
             let step = StepAt {
                 index: StepIndex::new(k),
                 name: steps.get(k as usize).map_or("?", |s| s.name),
@@ -370,7 +378,7 @@ impl JobRun {
     /// update waited for our row lock and lands now), else, if it does not
     /// within [`CANCEL_CONFIRM`] (the operator's cancel failed or is stuck),
     /// a voluntary release: the job is never acked on the notice alone.
-    async fn cancel_asked(&self, owned: &Owned) -> Outcome {
+    pub(super) async fn cancel_asked(&self, owned: &Owned) -> Outcome {
         let until = Instant::now() + CANCEL_CONFIRM;
         loop {
             match self.shared.store.job(owned.job_id).await {

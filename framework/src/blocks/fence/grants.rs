@@ -48,9 +48,12 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "tenure_prune_tombstones(double precision, integer)",
 ];
 
-/// An operator's own calls: cancel, redrive, retention, the guard's escape hatch.
+/// An operator's own calls: cancel, pause and resume, redrive, retention, the
+/// guard's escape hatch.
 const OPERATOR_FUNCTIONS: &[&str] = &[
     "tenure_cancel(uuid, text)",
+    "tenure_pause(text)",
+    "tenure_resume(text)",
     "tenure_redrive(uuid, bigint)",
     "tenure_prune_jobs(text, double precision, integer)",
     "tenure_prune_tombstones(double precision, integer)",
@@ -83,8 +86,8 @@ impl FenceStore {
         let mut stmts = self.producer_grants(role)?;
         let (s, role) = (&self.schema, guard::quote_table(role)?);
         stmts.push(format!(
-            "GRANT SELECT ON \"{s}\".schedules, \"{s}\".leader_fences, \"{s}\".partition_fences \
-             TO {role}"
+            "GRANT SELECT ON \"{s}\".schedules, \"{s}\".leader_fences, \"{s}\".partition_fences, \
+             \"{s}\".paused_types TO {role}"
         ));
         stmts.extend(self.execute_grants(WORKER_FUNCTIONS, &role));
         self.run_grants(&stmts).await
@@ -123,7 +126,7 @@ impl FenceStore {
             format!(
                 "GRANT SELECT ON \"{s}\".jobs, \"{s}\".job_events, \"{s}\".job_tombstones, \
                  \"{s}\".worker_reports, \"{s}\".schedules, \"{s}\".leader_fences, \
-                 \"{s}\".partition_fences, \"{s}\".partitioning TO {quoted}"
+                 \"{s}\".partition_fences, \"{s}\".partitioning, \"{s}\".paused_types TO {quoted}"
             ),
         ];
         stmts.extend(self.execute_grants(OPERATOR_FUNCTIONS, &quoted));
