@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tenure::blocks::fence::{
     FenceStore, JobCursor, JobEvent, JobFilter, JobRow, JobStatus, LeaderRow, Overview,
-    ScheduleRow, WorkerSeen,
+    PartitionOwner, ScheduleRow, WorkerSeen,
 };
 use tenure::blocks::queue::{DeadLetter, Queue};
 use tenure::{Client, ClientError, JobId};
@@ -162,6 +162,16 @@ pub struct CancelView {
     pub job_id: String,
     /// `cancelled` (now) or `already cancelled`.
     pub outcome: &'static str,
+}
+
+/// A worker (`tenure workers`): what PostgreSQL saw of it, and the
+/// partitions (partition mode) whose last claim is its.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerView {
+    #[serde(flatten)]
+    pub seen: WorkerSeen,
+    /// By type and partition; empty with one lock per job.
+    pub partitions: Vec<PartitionOwner>,
 }
 
 /// What a pause or resume did (`tenure pause`, `tenure resume`).
@@ -433,13 +443,60 @@ pub async fn overview(
     })
 }
 
-pub async fn workers(ctx: &Ctx, store: &FenceStore) -> anyhow::Result<Vec<WorkerSeen>> {
-    ctx.call(
-        &ctx.postgres(),
-        "reading the workers",
-        store.workers_seen(WINDOW),
-    )
-    .await
+pub async fn workers(ctx: &Ctx, store: &FenceStore) -> anyhow::Result<Vec<WorkerView>> {
+    let pg = ctx.postgres();
+    let seen = ctx.call(&pg, "reading the workers", store.workers_seen(WINDOW));
+    let owners = ctx.call(
+        &pg,
+        "reading the partition owners",
+        store.partition_owners(),
+    );
+    let (seen, owners) = tokio::try_join!(seen, owners)?;
+    Ok(with_partitions(seen, owners))
+}
+
+/// Each worker with the partitions whose last claim is its; a partition
+/// owner the window did not see gets a row of its own (no report, no event).
+fn with_partitions(seen: Vec<WorkerSeen>, owners: Vec<PartitionOwner>) -> Vec<WorkerView> {
+    let mut views: Vec<WorkerView> = seen
+        .into_iter()
+        .map(|seen| WorkerView {
+            seen,
+            partitions: Vec::new(),
+        })
+        .collect();
+    for owner in owners {
+        let at = match views.iter().position(|v| v.seen.worker == owner.worker) {
+            Some(at) => at,
+            None => {
+                views.push(WorkerView {
+                    seen: unseen(&owner.worker),
+                    partitions: Vec::new(),
+                });
+                views.len() - 1
+            }
+        };
+        views[at].partitions.push(owner);
+    }
+    views
+}
+
+/// A worker of which the window holds nothing.
+fn unseen(worker: &str) -> WorkerSeen {
+    WorkerSeen {
+        worker: worker.to_string(),
+        last_event_at: None,
+        claims: 0,
+        steps: 0,
+        stale_refusals: 0,
+        jobs_in_flight: 0,
+        connections: 0,
+        lease_id: None,
+        health: None,
+        reported_in_flight: None,
+        max_in_flight: None,
+        reported_at: None,
+    }
 }
 
 /// The cron schedules and the scheduler leader PostgreSQL last accepted.

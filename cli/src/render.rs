@@ -3,11 +3,11 @@
 //! returns the text; none reads a server.
 
 use chrono::{DateTime, Utc};
-use tenure::blocks::fence::{JobEvent, WorkerSeen};
+use tenure::blocks::fence::{JobEvent, PartitionOwner};
 
 use crate::data::{
     DeadLetterView, EnqueueView, JobDetail, JobView, MigrateView, OverviewView, PausedView,
-    PruneView, RedriveView, SchedulesView,
+    PruneView, RedriveView, SchedulesView, WorkerView,
 };
 
 /// `tenure job`: the row's fields, then its history as a table.
@@ -224,10 +224,11 @@ pub fn schedules_table(v: &SchedulesView) -> String {
     s
 }
 
-pub fn workers_table(views: &[WorkerSeen]) -> String {
+pub fn workers_table(views: &[WorkerView]) -> String {
     let rows: Vec<Vec<String>> = views
         .iter()
-        .map(|w| {
+        .map(|v| {
+            let w = &v.seen;
             vec![
                 w.worker.clone(),
                 w.health.clone().unwrap_or_else(|| "-".into()),
@@ -241,10 +242,11 @@ pub fn workers_table(views: &[WorkerSeen]) -> String {
                 w.stale_refusals.to_string(),
                 w.jobs_in_flight.to_string(),
                 w.connections.to_string(),
+                partitions_of(&v.partitions),
             ]
         })
         .collect();
-    table(
+    let mut out = table(
         &[
             "WORKER",
             "HEALTH",
@@ -255,8 +257,63 @@ pub fn workers_table(views: &[WorkerSeen]) -> String {
             "STALE",
             "IN FLIGHT",
             "CONNECTIONS",
+            "PARTITIONS",
         ],
         &rows,
+    );
+    out.push_str(&owners_table(views));
+    out
+}
+
+/// `type:0,2 other:1`: a worker's partitions, by type.
+pub fn partitions_of(owned: &[PartitionOwner]) -> String {
+    let mut by_type: Vec<(&str, Vec<String>)> = Vec::new();
+    for p in owned {
+        match by_type.iter_mut().find(|(t, _)| *t == p.job_type) {
+            Some((_, ps)) => ps.push(p.partition.to_string()),
+            None => by_type.push((&p.job_type, vec![p.partition.to_string()])),
+        }
+    }
+    if by_type.is_empty() {
+        return "-".into();
+    }
+    let each: Vec<String> = by_type
+        .iter()
+        .map(|(t, ps)| format!("{t}:{}", ps.join(",")))
+        .collect();
+    each.join(" ")
+}
+
+/// Partition mode: each partition's owner (its last claim), since when.
+fn owners_table(views: &[WorkerView]) -> String {
+    let mut owners: Vec<(&PartitionOwner, &str)> = views
+        .iter()
+        .flat_map(|v| {
+            let health = v.seen.health.as_deref().unwrap_or("-");
+            v.partitions.iter().map(move |p| (p, health))
+        })
+        .collect();
+    if owners.is_empty() {
+        return String::new();
+    }
+    owners.sort_by(|a, b| (&a.0.job_type, a.0.partition).cmp(&(&b.0.job_type, b.0.partition)));
+    let rows: Vec<Vec<String>> = owners
+        .iter()
+        .map(|(p, health)| {
+            vec![
+                p.job_type.clone(),
+                p.partition.to_string(),
+                p.worker.clone(),
+                p.token.to_string(),
+                time(&p.since),
+                (*health).to_string(),
+            ]
+        })
+        .collect();
+    let header = ["TYPE", "PARTITION", "OWNER", "TOKEN", "SINCE", "HEALTH"];
+    format!(
+        "\npartition owners (each partition's last claim):\n{}",
+        table(&header, &rows)
     )
 }
 

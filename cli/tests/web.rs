@@ -113,6 +113,7 @@ fn spawn_serve(cfg: &Config, token: &str) -> (Proc, String) {
     let mut child = cmd
         .args(["--nats", &cfg.nats_url, "--database-url", &cfg.database_url])
         .args(["--namespace", &cfg.namespace, "--schema", &cfg.schema])
+        .args(cfg.partitions.map(|p| format!("--partitions={p}")))
         .args(["serve", "--bind", "127.0.0.1:0", "--refresh", "1"])
         .env("TENURE_OPERATOR_TOKEN", token)
         .stdout(Stdio::piped())
@@ -342,7 +343,42 @@ async fn job_page_shows_both_owners_and_the_refusal(b: &Browser, base: &str, id:
         .parse()
         .unwrap();
     assert_eq!(refused_token, t0, "the refused write carried A's token");
+    ownership_picture_matches_the_history(b, t0, t1).await;
     shot(b, "job").await;
+}
+
+/// The job page's picture: A's bar under its token, B's under the larger
+/// one, the refused write a cross on A's bar, the three commits dots (one on
+/// A's bar, two on B's).
+async fn ownership_picture_matches_the_history(b: &Browser, a_token: i64, b_token: i64) {
+    let attr = |e: fantoccini::elements::Element, name: &'static str| async move {
+        e.attr(name).await.unwrap().unwrap_or_default()
+    };
+    let mut bars = Vec::new();
+    for bar in b
+        .find_all(Locator::Css("#ownership rect.owner"))
+        .await
+        .unwrap()
+    {
+        let worker = attr(bar.clone(), "data-worker").await;
+        bars.push((worker, attr(bar, "data-token").await));
+    }
+    assert_eq!(
+        bars,
+        [
+            ("A".to_string(), a_token.to_string()),
+            ("B".to_string(), b_token.to_string())
+        ]
+    );
+    let marks = |css: &'static str| async move {
+        let mut on = Vec::new();
+        for m in b.find_all(Locator::Css(css)).await.unwrap() {
+            on.push(attr(m, "data-worker").await);
+        }
+        on
+    };
+    assert_eq!(marks("#ownership g.refused").await, ["A"]);
+    assert_eq!(marks("#ownership g.commit").await, ["A", "B", "B"]);
 }
 
 async fn overview_matches_the_database(
@@ -473,6 +509,84 @@ async fn cancel_from_the_dlq_and_job_pages(b: &Browser, base: &str, client: &Cli
     assert_eq!(text(b, "#status").await, "cancelled");
     assert_eq!(status(client, waiting).await, Some(JobStatus::Cancelled));
     shot(b, "job-cancelled").await;
+}
+
+/// Partition mode: the workers page (and `tenure workers --json`) says which
+/// worker owns which partitions of which type, under which token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_page_shows_the_partition_owners() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let stack = DevStack::shared().expect("dev stack");
+    let ns = DevStack::unique_namespace("web_parts");
+    let cfg = config_for(stack, &ns, Duration::from_secs(2)).with_partitions(2);
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let worker = Worker::builder(cfg.clone().with_worker_id("P1"))
+        .register(ThreeStep {
+            worker: "P1".into(),
+            schema: ns.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    let owned = wait_until(Duration::from_secs(20), || async {
+        client.store().partition_owners().await.unwrap().len() == 2
+    })
+    .await;
+    assert!(owned, "P1 claims both partitions");
+    let owners = client.store().partition_owners().await.unwrap();
+
+    let listed = cli_json(&cfg, &["workers"]);
+    let p1 = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["worker"] == "P1")
+        .expect("P1 listed");
+    let parts: Vec<(String, u64)> = p1["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["job_type"].as_str().unwrap().to_string(),
+                p["partition"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        parts,
+        [
+            ("test.three_step".to_string(), 0),
+            ("test.three_step".to_string(), 1)
+        ]
+    );
+
+    let (_serve, base) = spawn_serve(&cfg, "web-parts-operator-token");
+    let (driver, b) = browser().await;
+    b.goto(&format!("{base}/workers")).await.unwrap();
+    assert_eq!(
+        text(&b, "#workers tr[data-worker='P1'] td.partitions").await,
+        "test.three_step:0,1"
+    );
+    let rows = b
+        .find_all(Locator::Css("#partition-owners tr[data-partition]"))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2);
+    for (row, owner) in rows.iter().zip(&owners) {
+        let shown = row.text().await.unwrap();
+        assert!(
+            shown.contains("P1") && shown.contains(&owner.token.to_string()),
+            "{shown}"
+        );
+    }
+    shot(&b, "workers-partitions").await;
+    b.close().await.unwrap();
+    drop(driver);
+    worker.shutdown().await.unwrap();
 }
 
 /// Pause a type from the overview's form, see it listed (and in the

@@ -25,6 +25,7 @@ mod guard;
 mod overview;
 mod pages;
 mod server;
+mod timeline;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -675,9 +676,7 @@ async fn workers_page(State(app): State<Shared>, headers: HeaderMap) -> Result<R
     Ok(page(pages::workers(&ws, &viewer(&app, &headers))))
 }
 
-async fn workers_api(
-    State(app): State<Shared>,
-) -> Result<Json<Vec<tenure::blocks::fence::WorkerSeen>>, ApiError> {
+async fn workers_api(State(app): State<Shared>) -> Result<Json<Vec<data::WorkerView>>, ApiError> {
     Ok(Json(
         data::workers(&app.ctx, &app.store)
             .await

@@ -5,9 +5,11 @@
 
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
-use tenure::blocks::fence::{JobEvent, WorkerSeen};
+use tenure::blocks::fence::{JobEvent, PartitionOwner};
 
-use crate::data::{DeadLetterView, JobDetail, JobView, JobsPage, OverviewView, PausedView};
+use crate::data::{
+    DeadLetterView, JobDetail, JobView, JobsPage, OverviewView, PausedView, WorkerView,
+};
 
 /// The page's view of the session: whether actions are offered, and their token.
 #[derive(Debug, Clone, Default)]
@@ -107,7 +109,7 @@ fn layout(title: &str, viewer: &Viewer, body: Markup) -> Markup {
     }
 }
 
-fn time(t: &DateTime<Utc>) -> String {
+pub(super) fn time(t: &DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string()
 }
 
@@ -332,6 +334,9 @@ pub fn job(d: &JobDetail, flash: Option<&str>, viewer: &Viewer) -> Markup {
         }
         @if j.status == "dead" { (redrive_button(viewer, &j.id)) }
         @if matches!(j.status.as_str(), "pending" | "running" | "dead") { (cancel_form(viewer, &j.id)) }
+        h2 { "Owners over time" }
+        p.note { "Each bar: one owner, from its claim to its release, the job's end or the next owner's claim. Marks: a green dot, a step committed; an orange dot, an attempt failed; a red cross, a write under that token refused by the fence." }
+        (super::timeline::ownership(&d.events))
         h2 { "Timeline" }
         p.note { "step: the step that committed, under that token; stale_refused: a write under an older token that the fence refused (other token = the fence that won)." }
         table #timeline {
@@ -424,25 +429,53 @@ pub fn dlq(entries: &[DeadLetterView], flash: Option<&str>, viewer: &Viewer) -> 
     layout("Dead-letter queue", viewer, body)
 }
 
-pub fn workers(ws: &[WorkerSeen], viewer: &Viewer) -> Markup {
+pub fn workers(ws: &[WorkerView], viewer: &Viewer) -> Markup {
     let body = html! {
         p.note { "From PostgreSQL: each worker's own report (its session lease and the lease's health, on every health change and every half TTL; "
                  "silent: no report for three TTLs), the job history of the last hour and the connections open now (application_name = worker id). "
                  "The fence never depends on these: a worker's word about itself is for operators only." }
         table #workers {
-            tr { th { "worker" } th { "health" } th { "lease" } th { "reported" } th { "last event" } th { "claims" } th { "step commits" } th { "stale refusals" } th { "jobs in flight" } th { "connections" } }
-            @for w in ws {
-                tr class=(format!("h-{}", w.health.as_deref().unwrap_or("none"))) {
+            tr { th { "worker" } th { "health" } th { "lease" } th { "reported" } th { "last event" } th { "claims" } th { "step commits" } th { "stale refusals" } th { "jobs in flight" } th { "connections" } th { "partitions" } }
+            @for v in ws {
+                @let w = &v.seen;
+                tr class=(format!("h-{}", w.health.as_deref().unwrap_or("none"))) data-worker=(w.worker) {
                     td { (w.worker) } td.health { (opt(w.health.as_deref())) }
                     td { (opt(w.lease_id.map(|l| format!("{l:x}")))) }
                     td { (opt(w.reported_at.as_ref().map(time))) }
                     td { (opt(w.last_event_at.as_ref().map(time))) }
                     td { (w.claims) } td { (w.steps) } td { (w.stale_refusals) } td { (w.jobs_in_flight) } td { (w.connections) }
+                    td.partitions { (crate::render::partitions_of(&v.partitions)) }
                 }
             }
         }
+        (partition_owners(ws))
     };
     layout("Workers", viewer, body)
+}
+
+/// Partition mode: which worker owns which partition of which type, since
+/// when (each partition's last claim, with its token).
+fn partition_owners(ws: &[WorkerView]) -> Markup {
+    let mut owners: Vec<(&PartitionOwner, Option<&str>)> = ws
+        .iter()
+        .flat_map(|v| v.partitions.iter().map(|p| (p, v.seen.health.as_deref())))
+        .collect();
+    owners.sort_by(|a, b| (&a.0.job_type, a.0.partition).cmp(&(&b.0.job_type, b.0.partition)));
+    html! {
+        @if !owners.is_empty() {
+            h2 { "Partition owners" }
+            p.note { "Each partition's last claim as PostgreSQL recorded it: its owner, unless that worker gave it up since and none claimed it (etcd's election key is the authority)." }
+            table #partition-owners {
+                tr { th { "type" } th { "partition" } th { "owner" } th { "token" } th { "since" } th { "owner's health" } }
+                @for (p, health) in &owners {
+                    tr data-type=(p.job_type) data-partition=(p.partition) {
+                        td { (p.job_type) } td { (p.partition) } td.owner { (p.worker) }
+                        td { (p.token) } td { (time(&p.since)) } td { (opt(*health)) }
+                    }
+                }
+            }
+        }
+    }
 }
 
 pub fn login(error: Option<&str>, viewer: &Viewer) -> Markup {

@@ -118,6 +118,7 @@ pub use history_admin::WorkerReport;
 pub(crate) use leader::DueJob;
 pub use leader::LeaderRow;
 pub use outbox::{BatchInserted, NewJob, OutboxListener};
+pub use partitions::PartitionOwner;
 pub use pauses::PausedType;
 pub use row::{Cancelled, Claim, Inserted, JobRow};
 pub use schedules::{ScheduleRow, TickBatch, tick_key};

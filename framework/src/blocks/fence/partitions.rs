@@ -9,13 +9,56 @@
 //! revision, and [`claim_partition`](FenceStore::claim_partition) refuses an
 //! owner whose token is not above every earlier owner's of the partition.
 
+use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use crate::types::{FencingToken, ObservedFence};
 
 use super::{FenceError, FenceStore};
 
+/// The last claim of one partition, as PostgreSQL recorded it
+/// (`partition_fences`): its owner unless that worker has given it up since
+/// and no other has claimed it (etcd's election key is the authority; this
+/// is for operators).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionOwner {
+    /// The job type.
+    pub job_type: String,
+    /// The partition.
+    pub partition: u32,
+    /// The owner's worker id.
+    pub worker: String,
+    /// The partition's fence: the owner's token.
+    pub token: i64,
+    /// When it claimed the partition.
+    pub since: DateTime<Utc>,
+}
+
 impl FenceStore {
+    /// The last claim of every partition, by type and partition.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn partition_owners(&self) -> Result<Vec<PartitionOwner>, FenceError> {
+        let sql = format!(
+            "SELECT job_type, partition, worker, fence, since FROM {} \
+             ORDER BY job_type, partition",
+            self.table("partition_fences")
+        );
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+        let owner = |r: &sqlx::postgres::PgRow| -> Result<PartitionOwner, sqlx::Error> {
+            let partition: i32 = r.try_get("partition")?;
+            Ok(PartitionOwner {
+                job_type: r.try_get("job_type")?,
+                partition: u32::try_from(partition).unwrap_or_default(),
+                worker: r.try_get("worker")?,
+                token: r.try_get("fence")?,
+                since: r.try_get("since")?,
+            })
+        };
+        Ok(rows.iter().map(owner).collect::<Result<_, _>>()?)
+    }
+
     /// Records `configured` (`Config::partitions`; `None`: one lock per job)
     /// as the namespace's way of owning jobs if nothing is recorded yet, and
     /// checks it against the record otherwise. The record is written once and
