@@ -174,6 +174,7 @@ pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// #[tenure::test(ttl_secs = 3)]          // a short TTL, for tests about lease loss
 /// #[tenure::test(worker = my_workers)]   // env.worker_process(..) runs my_workers(cfg)
 /// #[tenure::test(own_stack)]             // servers of its own (to restart PostgreSQL)
+/// #[tenure::test(partitions = 4)]        // the namespace owns jobs by partition (4)
 /// async fn name(env: tenure::testing::TestEnv) { .. }   // or -> Result<(), E: Debug>
 /// ```
 ///

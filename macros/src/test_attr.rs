@@ -2,7 +2,7 @@
 //! a `#[test]` that runs it through `tenure::testing::__run`.
 //!
 //! ```text
-//! #[tenure::test(ttl_secs = 3, worker = workers, own_stack)]
+//! #[tenure::test(ttl_secs = 3, worker = workers, own_stack, partitions = 4)]
 //! async fn name(env: TestEnv) -> R { body }
 //! ```
 //! becomes
@@ -28,9 +28,14 @@ struct TestArgs {
     ttl_secs: Option<u64>,
     worker: Option<ExprPath>,
     own_stack: bool,
+    partitions: Option<u32>,
 }
 
-const KNOWN: &str = "expected `ttl_secs = N`, `worker = path::to::fn` or `own_stack`";
+const KNOWN: &str =
+    "expected `ttl_secs = N`, `worker = path::to::fn`, `own_stack` or `partitions = N`";
+
+/// The most partitions a test may ask for (`tenure::config::MAX_PARTITIONS`).
+const MAX_PARTITIONS: u32 = 1024;
 
 /// The default lease TTL: tests that are not about lease loss use 10 s.
 const DEFAULT_TTL_SECS: u64 = 10;
@@ -73,6 +78,9 @@ fn parse_args(attr: TokenStream, errors: &mut Errors) -> TestArgs {
             (Some("ttl_secs"), Meta::NameValue(nv)) if args.ttl_secs.is_none() => {
                 args.ttl_secs = Some(ttl(&nv.value, errors));
             }
+            (Some("partitions"), Meta::NameValue(nv)) if args.partitions.is_none() => {
+                args.partitions = Some(partitions(&nv.value, errors));
+            }
             (Some("worker"), Meta::NameValue(nv)) if args.worker.is_none() => match &nv.value {
                 Expr::Path(p) => args.worker = Some(p.clone()),
                 other => errors.spanned(
@@ -80,9 +88,10 @@ fn parse_args(attr: TokenStream, errors: &mut Errors) -> TestArgs {
                     "`worker` names a function `async fn(tenure::Config) -> tenure::WorkerBuilder`",
                 ),
             },
-            (Some("own_stack" | "ttl_secs" | "worker"), Meta::Path(_) | Meta::NameValue(_))
-                if is_repeat(&meta, &args) =>
-            {
+            (
+                Some("own_stack" | "ttl_secs" | "worker" | "partitions"),
+                Meta::Path(_) | Meta::NameValue(_),
+            ) if is_repeat(&meta, &args) => {
                 errors.spanned(&meta, "duplicate argument");
             }
             _ => errors.spanned(&meta, format!("unknown or malformed argument: {KNOWN}")),
@@ -98,6 +107,7 @@ fn is_repeat(meta: &Meta, args: &TestArgs) -> bool {
         Some("own_stack") => args.own_stack,
         Some("ttl_secs") => args.ttl_secs.is_some(),
         Some("worker") => args.worker.is_some(),
+        Some("partitions") => args.partitions.is_some(),
         _ => false,
     }
 }
@@ -115,6 +125,24 @@ fn ttl(value: &Expr, errors: &mut Errors) -> u64 {
     }
     errors.spanned(value, "`ttl_secs` is a whole number of seconds, at least 1");
     DEFAULT_TTL_SECS
+}
+
+/// A partition count, 1 to [`MAX_PARTITIONS`].
+fn partitions(value: &Expr, errors: &mut Errors) -> u32 {
+    if let Expr::Lit(ExprLit {
+        lit: Lit::Int(i), ..
+    }) = value
+    {
+        match i.base10_parse::<u32>() {
+            Ok(n) if (1..=MAX_PARTITIONS).contains(&n) => return n,
+            _ => {}
+        }
+    }
+    errors.spanned(
+        value,
+        format!("`partitions` is a whole number of partitions, 1 to {MAX_PARTITIONS}"),
+    );
+    1
 }
 
 /// The function must be `async fn name(env: TestEnv)`, not generic, without
@@ -168,6 +196,10 @@ fn generate(func: &ItemFn, args: &TestArgs) -> TokenStream {
     let output = &sig.output;
     let ttl = args.ttl_secs.unwrap_or(DEFAULT_TTL_SECS);
     let own_stack = args.own_stack;
+    let partitions = match args.partitions {
+        Some(n) => quote!(::core::option::Option::Some(#n)),
+        None => quote!(::core::option::Option::None),
+    };
     let worker = match &args.worker {
         Some(p) => quote!(::core::option::Option::Some(|cfg| ::std::boxed::Box::pin(#p(cfg)))),
         None => quote!(::core::option::Option::None),
@@ -183,6 +215,7 @@ fn generate(func: &ItemFn, args: &TestArgs) -> TokenStream {
                     path: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#name)),
                     ttl_secs: #ttl,
                     own_stack: #own_stack,
+                    partitions: #partitions,
                     worker: #worker,
                 },
                 #body_fn,
@@ -207,7 +240,7 @@ mod tests {
     #[test]
     fn a_well_formed_test_has_no_errors() {
         let e = errors_of(
-            quote!(ttl_secs = 3, worker = crate::w, own_stack),
+            quote!(ttl_secs = 3, worker = crate::w, own_stack, partitions = 4),
             quote!(
                 async fn t(env: TestEnv) {}
             ),
@@ -218,12 +251,18 @@ mod tests {
     #[test]
     fn every_problem_is_reported() {
         let e = errors_of(
-            quote!(ttl_secs = 0, colour = 1, own_stack, own_stack),
+            quote!(
+                ttl_secs = 0,
+                colour = 1,
+                own_stack,
+                own_stack,
+                partitions = 0
+            ),
             quote!(
                 #[test]
                 fn t<T>(a: T, b: T) {}
             ),
         );
-        assert_eq!(e.len(), 7, "{e:?}");
+        assert_eq!(e.len(), 8, "{e:?}");
     }
 }

@@ -7,6 +7,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod metered;
+mod stacks;
+
+pub use stacks::{database_stack, secured_config, secured_stack};
 
 use std::time::Duration;
 
@@ -15,7 +18,10 @@ use tenure::blocks::fence::JobStatus;
 use tenure::devstack::DevStack;
 use tenure::{Config, StepCtx, StepError, Worker, WorkerBuilder};
 
-/// A `Config` for namespace `ns` on `stack` (schema = `ns`), with lease TTL `ttl`.
+/// A `Config` for namespace `ns` on `stack` (schema = `ns`), with lease TTL
+/// `ttl` and the kit's short backoffs: for the CLI's tests, which run
+/// `tenure migrate` on namespaces nothing migrated yet (a `#[tenure::test]`
+/// gets its config, migrated, from its `TestEnv`).
 pub fn config_for(stack: &DevStack, ns: &str, ttl: Duration) -> Config {
     let mut cfg = Config::new(ns)
         .with_schema(ns)
@@ -23,35 +29,12 @@ pub fn config_for(stack: &DevStack, ns: &str, ttl: Duration) -> Config {
         .with_nats_url(stack.nats_url())
         .with_database_url(stack.database_url())
         .with_lease_ttl(ttl);
-    short_backoffs(&mut cfg);
+    tenure::testing::short_backoffs(&mut cfg);
     cfg
 }
 
-/// Short backoffs (contention, retry, session): tests wait for retries and
-/// takeovers.
-pub fn short_backoffs(cfg: &mut Config) {
-    cfg.contention_backoff.base = Duration::from_millis(50);
-    cfg.contention_backoff.cap = Duration::from_millis(500);
-    cfg.retry_backoff.base = Duration::from_millis(50);
-    cfg.retry_backoff.cap = Duration::from_millis(500);
-    cfg.session_backoff.base = Duration::from_millis(100);
-    cfg.session_backoff.cap = Duration::from_secs(1);
-}
-
-/// A fresh namespace on the shared dev stack with lease TTL `ttl`: its name,
-/// its config, and a client whose schema is prepared ([`prepare_schema`]).
-pub async fn fresh_namespace(prefix: &str, ttl: Duration) -> (String, Config, tenure::Client) {
-    let ns = DevStack::unique_namespace(prefix);
-    let stack = DevStack::shared().expect("dev stack");
-    let cfg = config_for(stack, &ns, ttl);
-    let client = tenure::Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    (ns, cfg, client)
-}
-
 /// The namespace, config and client of a `#[tenure::test]`'s environment,
-/// with the test tables prepared ([`prepare_schema`]): what
-/// [`fresh_namespace`] gives a `#[tokio::test]`.
+/// with the test tables prepared ([`prepare_schema`]).
 pub async fn on_kit(env: &tenure::testing::TestEnv) -> (String, Config, tenure::Client) {
     prepare_schema(env.client()).await;
     (
@@ -59,6 +42,16 @@ pub async fn on_kit(env: &tenure::testing::TestEnv) -> (String, Config, tenure::
         env.config().clone(),
         env.client().clone(),
     )
+}
+
+/// The client of a `#[tenure::test]`'s environment ([`on_kit`]) and its
+/// worker `id` running [`ThreeStep`] ([`three_step_worker`]).
+pub async fn kit_and_worker(
+    env: &tenure::testing::TestEnv,
+    id: &str,
+) -> (tenure::Client, tenure::Worker) {
+    let (ns, cfg, client) = on_kit(env).await;
+    (client, three_step_worker(&cfg, &ns, id).await)
 }
 
 /// `cfg` moved to a namespace (and schema) of its own, on the same servers,
@@ -95,28 +88,45 @@ pub async fn cron_test_worker(cfg: Config) -> WorkerBuilder {
         .schedule_with::<ThreeStep>(every_second, &Work::default())
 }
 
-/// [`test_worker`] owning jobs by partition (4 partitions).
-pub async fn partitioned_test_worker(cfg: Config) -> WorkerBuilder {
-    test_worker(cfg.with_partitions(4)).await
-}
-
-/// How many of the jobs in `client`'s schema have `status` (the store's
-/// overview, as the CLI shows it).
-pub async fn count_status(client: &tenure::Client, status: JobStatus) -> i64 {
-    let overview = client
+/// The store's overview of `client`'s schema (its job rows by type and
+/// status, as the CLI shows them).
+pub async fn overview(client: &tenure::Client) -> tenure::blocks::fence::Overview {
+    client
         .store()
         .overview(Duration::from_secs(60))
         .await
-        .expect("overview");
-    overview.count(status)
+        .expect("overview")
+}
+
+/// How many of the jobs in `client`'s schema have `status` ([`overview`]).
+pub async fn count_status(client: &tenure::Client, status: JobStatus) -> i64 {
+    overview(client).await.count(status)
 }
 
 /// Whether job `id` is `done` within `within`.
 pub async fn done_within(client: &tenure::Client, id: tenure::JobId, within: Duration) -> bool {
+    all_done(client, &[id], within).await
+}
+
+/// Whether every job of `ids` is `done` within `within`.
+pub async fn all_done(client: &tenure::Client, ids: &[tenure::JobId], within: Duration) -> bool {
     wait_until(within, || async {
-        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
+        for id in ids {
+            match client.job(*id).await {
+                Ok(Some(row)) if row.status == JobStatus::Done => {}
+                _ => return false,
+            }
+        }
+        true
     })
     .await
+}
+
+/// The takeovers of all the jobs in `client`'s schema ([`overview`],
+/// summed over types and statuses).
+pub async fn total_takeovers(client: &tenure::Client) -> i64 {
+    let overview = overview(client).await;
+    overview.by_type_status.iter().map(|c| c.takeovers).sum()
 }
 
 /// Asserts that each of `jobs` has a DLQ entry whose reason mentions `reason`
@@ -195,10 +205,16 @@ pub async fn worker_processes(
 /// fails: a timing test that fails on a loaded machine then says why (a lost
 /// session, a failed publish). Idempotent.
 pub fn init_logs() {
+    init_logs_at("tenure=warn");
+}
+
+/// As [`init_logs`], with `default` as the filter when `RUST_LOG` is not set
+/// (e.g. `"tenure=info"` for tests whose log tells the story of a fault).
+pub fn init_logs_at(default: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "tenure=warn".into()),
+                .unwrap_or_else(|_| default.into()),
         )
         .with_test_writer()
         .try_init();
@@ -314,6 +330,22 @@ pub async fn insert_in_step(
         q = q.bind(text);
     }
     q.execute(ctx.db().await?).await?;
+    Ok(())
+}
+
+/// Runs `sql`, an `INSERT` of the step's row with `$1` the job's id and `$2`
+/// the step's token, on `pool`: a connection of its own (autocommit), not the
+/// step's fenced transaction. What a job that writes around the fence does.
+pub async fn insert_beside_step(
+    ctx: &StepCtx,
+    pool: &sqlx::PgPool,
+    sql: &str,
+) -> Result<(), StepError> {
+    sqlx::query(sql)
+        .bind(ctx.job_id().as_uuid())
+        .bind(ctx.token().get())
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
@@ -560,90 +592,6 @@ pub async fn wait_terminal(
             "job {id} not finished after {timeout:?}: {row:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A `tenure-test-worker` child process, its stdout lines collected; killed
-/// (by its pid) and reaped when dropped.
-#[derive(Debug)]
-pub struct ChildWorker {
-    child: std::process::Child,
-    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl ChildWorker {
-    /// Starts `program` (the test's `env!("CARGO_BIN_EXE_tenure-test-worker")`)
-    /// as worker `id` of namespace `ns` on `stack` with a lease TTL of
-    /// `ttl_secs`, with `extra` arguments after the usual ones.
-    pub fn spawn(
-        program: &str,
-        stack: &DevStack,
-        ns: &str,
-        id: &str,
-        ttl_secs: u64,
-        extra: &[&str],
-    ) -> Self {
-        use std::io::BufRead as _;
-        use std::process::{Command, Stdio};
-        let ttl = ttl_secs.to_string();
-        let servers = [
-            ("--etcd", stack.etcd_endpoints().join(",")),
-            ("--nats", stack.nats_url()),
-            ("--db", stack.database_url()),
-        ];
-        let mut child = Command::new(program)
-            .args(
-                servers
-                    .iter()
-                    .flat_map(|(flag, value)| [*flag, value.as_str()]),
-            )
-            .args(["--ns", ns, "--ttl-secs", &ttl, "--worker", id])
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn worker");
-        let out = child.stdout.take().expect("stdout");
-        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
-            }
-        });
-        ChildWorker { child, lines }
-    }
-
-    /// Whether the worker printed a line starting with `prefix`.
-    pub fn has_line(&self, prefix: &str) -> bool {
-        let lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
-        lines.iter().any(|l| l.starts_with(prefix))
-    }
-
-    /// Sends signal `sig` (e.g. `-STOP`) to the worker, by its pid.
-    pub fn signal(&self, sig: &str) {
-        let status = std::process::Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {sig} failed");
-    }
-
-    /// Every line the worker printed so far.
-    pub fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Kills the worker (SIGKILL) and reaps it.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for ChildWorker {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

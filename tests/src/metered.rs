@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use opentelemetry::metrics::{Meter, MeterProvider as _};
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, GaugeDataPoint, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tenure::{Config, Worker};
 
@@ -49,6 +49,46 @@ impl Metered {
             })
             .sum()
     }
+
+    /// The value of gauge `name` (i64 or f64) with attribute `job_type` =
+    /// `job_type` in a fresh reading (the exporter's earlier readings
+    /// dropped); `None` if it has no such point.
+    pub fn gauge(&self, name: &str, job_type: &str) -> Option<f64> {
+        self.exporter.reset();
+        self.provider.force_flush().expect("flush");
+        let exported = self.exporter.get_finished_metrics().expect("metrics");
+        let rm = exported.last()?;
+        for scope in rm.scope_metrics() {
+            for metric in scope.metrics().filter(|m| m.name() == name) {
+                let value = match metric.data() {
+                    AggregatedMetrics::I64(MetricData::Gauge(g)) => {
+                        of_type(g.data_points(), job_type).map(|v| v as f64)
+                    }
+                    AggregatedMetrics::F64(MetricData::Gauge(g)) => {
+                        of_type(g.data_points(), job_type)
+                    }
+                    _ => None,
+                };
+                if value.is_some() {
+                    return value;
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The value of the point with `job_type` = `t`.
+fn of_type<'a, T: Copy + 'a>(
+    mut points: impl Iterator<Item = &'a GaugeDataPoint<T>>,
+    t: &str,
+) -> Option<T> {
+    points
+        .find(|p| {
+            p.attributes()
+                .any(|kv| kv.key.as_str() == "job_type" && kv.value.as_str() == t)
+        })
+        .map(|p| p.value())
 }
 
 /// A worker of `cfg` that runs [`Cancellable`] jobs on `schema`, its steps

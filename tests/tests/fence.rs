@@ -15,25 +15,15 @@ use tenure::blocks::fence::{
     Admitted, FenceError, FenceStore, FencedTx, GateError, Inserted, JobStatus, PgFenceMarks,
     TokenGate,
 };
-use tenure::devstack::{DevStack, DevStackOptions};
+use tenure::devstack::DevStack;
 use tenure::{FencingToken, JobId, ObservedFence, StepIndex};
-
-/// One PostgreSQL-only dev stack per test binary (this file needs no etcd/NATS);
-/// each test takes its own schema.
-fn stack() -> &'static DevStack {
-    DevStack::shared_with(DevStackOptions {
-        etcd: false,
-        nats: false,
-        ..Default::default()
-    })
-    .expect("postgres dev stack")
-}
+use tenure_tests::database_stack;
 
 async fn pool(max: u32) -> PgPool {
     PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(30))
-        .connect(&stack().database_url())
+        .connect(&database_stack(false).database_url())
         .await
         .expect("connect")
 }

@@ -153,11 +153,7 @@ impl WritesAroundTheFence {
             "INSERT INTO {}.step_log (job_id, step, token, worker) VALUES ($1, 0, $2, 'own-pool')",
             self.schema
         );
-        sqlx::query(&sql)
-            .bind(ctx.job_id().as_uuid())
-            .bind(ctx.token().get())
-            .execute(&self.pool)
-            .await?;
+        tenure_tests::insert_beside_step(ctx, &self.pool, &sql).await?;
         Ok(n)
     }
 }

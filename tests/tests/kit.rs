@@ -65,11 +65,7 @@ impl Leaky {
             "INSERT INTO {}.leak (job_id, step, token) VALUES ($1, 0, $2)",
             self.schema
         );
-        sqlx::query(&sql)
-            .bind(ctx.job_id().as_uuid())
-            .bind(ctx.token().get())
-            .execute(&self.pool)
-            .await?;
+        tenure_tests::insert_beside_step(ctx, &self.pool, &sql).await?;
         Ok(c.n)
     }
 }

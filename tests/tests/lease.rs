@@ -17,14 +17,10 @@ use tokio_util::sync::CancellationToken;
 /// Tests that start their own stack and inject faults run one at a time.
 static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The framework's log at `info` (or what `RUST_LOG` asks for) in the
+/// test's output.
 fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "tenure=info".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    tenure_tests::init_logs_at("tenure=info");
 }
 
 fn config(ns: &str, endpoints: Vec<String>, ttl_secs: u64, worker: &str) -> Config {

@@ -10,23 +10,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sqlx::mysql::MySqlPool;
 use tenure::blocks::fence::{FenceStore, Inserted};
-use tenure::devstack::{DevStack, DevStackOptions};
+use tenure::devstack::DevStack;
 use tenure::job::StepCtx;
 use tenure::{FencingToken, JobId, StepIndex};
 use tenure::{MySqlFence, MySqlFenceError};
+use tenure_tests::database_stack;
 use tokio::sync::Barrier;
-
-/// PostgreSQL and MariaDB only, one stack per test binary; each test takes its
-/// own MariaDB database (and PostgreSQL schema).
-fn stack() -> &'static DevStack {
-    DevStack::shared_with(DevStackOptions {
-        etcd: false,
-        nats: false,
-        mariadb: true,
-        ..Default::default()
-    })
-    .expect("postgres + mariadb dev stack")
-}
 
 fn tok(n: i64) -> FencingToken {
     FencingToken::for_tests(n)
@@ -36,7 +25,10 @@ fn tok(n: i64) -> FencingToken {
 /// (account 1 holds 100) and an unguarded `applied` table of idempotency keys.
 async fn bank(prefix: &str) -> MySqlFence {
     let db = DevStack::unique_namespace(prefix);
-    let url = stack().create_mysql_database(&db).await.expect("database");
+    let url = database_stack(true)
+        .create_mysql_database(&db)
+        .await
+        .expect("database");
     let fence = MySqlFence::connect(
         &db,
         &url,
@@ -195,7 +187,7 @@ async fn a_crash_between_the_mysql_commit_and_the_checkpoint_moves_the_money_onc
     let ns = DevStack::unique_namespace("crash");
     let cfg = tenure::Config::new(ns.clone())
         .with_schema(ns)
-        .with_database_url(stack().database_url());
+        .with_database_url(database_stack(true).database_url());
     let store = FenceStore::connect(&cfg).await.unwrap();
     store.migrate().await.unwrap();
     let job = JobId::from_key("test.mysql", "crash");

@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tenure::blocks::fence::JobStatus;
-use tenure::devstack::DevStack;
 use tenure::testing::TestEnv;
 use tenure::{Client, Config, DeadJob, JobId, StepCtx, StepError, Worker};
-use tenure_tests::{config_for, wait_until};
+use tenure_tests::wait_until;
 
 /// How many times each job's `on_dead` hook ran (tests share the process).
 static COMPENSATED: Mutex<Option<HashMap<JobId, u32>>> = Mutex::new(None);
@@ -91,15 +90,9 @@ async fn a_redrive_of_a_running_job_never_kills_it(env: TestEnv) {
     redrive_while_running(env.client(), env.config()).await;
 }
 
-#[tokio::test]
-async fn a_redrive_of_a_running_job_never_kills_it_in_partition_mode() {
-    let stack = DevStack::shared().expect("dev stack");
-    let ns = DevStack::unique_namespace("ops_redrive_p");
-    let mut cfg = config_for(stack, &ns, Duration::from_secs(2));
-    cfg.partitions = Some(4);
-    let client = Client::connect(&cfg).await.unwrap();
-    client.migrate().await.unwrap();
-    redrive_while_running(&client, &cfg).await;
+#[tenure::test(ttl_secs = 2, partitions = 4)]
+async fn a_redrive_of_a_running_job_never_kills_it_in_partition_mode(env: TestEnv) {
+    redrive_while_running(env.client(), env.config()).await;
 }
 
 /// How many times each job's one step ran.

@@ -10,43 +10,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use tenure::blocks::fence::{FenceError, FenceStore};
 use tenure::blocks::lease::Session;
-use tenure::devstack::DevStack;
-use tenure::testing::{Fault, FaultHit, FaultPlan, FaultPoint, Injector, Relay};
+use tenure::testing::{Fault, FaultPlan, FaultPoint, Relay, TestEnv};
 use tenure::{
-    Client, ClientError, Config, JobId, JobStatus, Readiness, ReadinessCheck, StepIndex, Worker,
-    WorkerError,
+    Client, ClientError, Config, JobId, Readiness, ReadinessCheck, StepIndex, Worker, WorkerError,
 };
 use tenure_tests::{
-    ChildWorker, ThreeStep, Work, config_for, create_test_tables, double_commits, init_logs,
-    prepare_schema, three_step_worker, wait_until,
+    ThreeStep, Work, all_done, create_test_tables, double_commits, in_new_namespace, init_logs,
+    on_kit, slow_on, three_step_worker, total_takeovers, wait_until,
 };
-
-/// A fresh namespace in partition mode with `partitions` partitions, on the
-/// shared dev stack.
-async fn partitioned(prefix: &str, ttl: Duration, partitions: u32) -> (String, Config, Client) {
-    let stack = DevStack::shared().expect("dev stack");
-    partitioned_on(stack, prefix, ttl, partitions).await
-}
-
-async fn partitioned_on(
-    stack: &DevStack,
-    prefix: &str,
-    ttl: Duration,
-    partitions: u32,
-) -> (String, Config, Client) {
-    let ns = DevStack::unique_namespace(prefix);
-    let cfg = config_for(stack, &ns, ttl).with_partitions(partitions);
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    (ns, cfg, client)
-}
 
 /// How many partitions of `ThreeStep` each worker owns now, by worker id (read
 /// from etcd through a session of the test's own).
@@ -77,6 +52,16 @@ async fn owners(observer: &Session) -> BTreeMap<String, usize> {
     out
 }
 
+/// Worker `id` running [`ThreeStep`] on `cfg` and an observer session,
+/// once `id` owns every partition.
+async fn sole_owner(cfg: &Config, ns: &str, id: &str) -> (Worker, Session) {
+    let worker = three_step_worker(cfg, ns, id).await;
+    let observer = Session::establish(cfg).await.expect("observer session");
+    let all = cfg.partitions.expect("partition mode") as usize;
+    until_owners(&observer, &[(id, all)]).await;
+    (worker, observer)
+}
+
 /// Waits (up to 30 s) until the owners are exactly `want`; how long it took.
 async fn until_owners(observer: &Session, want: &[(&str, usize)]) -> Duration {
     let want: BTreeMap<String, usize> = want.iter().map(|(w, n)| ((*w).to_string(), *n)).collect();
@@ -104,37 +89,13 @@ async fn enqueue(client: &Client, prefix: &str, n: usize, work: &Work) -> Vec<Jo
     ids
 }
 
-async fn all_done(client: &Client, ids: &[JobId], within: Duration) -> bool {
-    wait_until(within, || async {
-        for id in ids {
-            match client.job(*id).await {
-                Ok(Some(row)) if row.status == JobStatus::Done => {}
-                _ => return false,
-            }
-        }
-        true
-    })
-    .await
-}
-
-async fn takeovers(client: &Client, ns: &str) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT coalesce(sum(takeovers), 0)::bigint FROM {ns}.jobs"
-    ))
-    .fetch_one(client.store().pool())
-    .await
-    .expect("takeovers")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn jobs_run_under_their_partitions_token_with_no_etcd_request_per_job() {
+// A stack of its own: etcd's counters then count this test's requests only.
+#[tenure::test(own_stack, partitions = 4)]
+async fn jobs_run_under_their_partitions_token_with_no_etcd_request_per_job(env: TestEnv) {
     init_logs();
-    // A stack of its own: etcd's counters then count this test's requests only.
-    let stack = DevStack::start().await.expect("dev stack");
-    let (ns, cfg, client) = partitioned_on(&stack, "part_steady", Duration::from_secs(10), 4).await;
-    let worker = three_step_worker(&cfg, &ns, "w1").await;
-    let observer = Session::establish(&cfg).await.expect("observer session");
-    until_owners(&observer, &[("w1", 4)]).await;
+    let stack = env.stack();
+    let (ns, cfg, client) = on_kit(&env).await;
+    let (worker, observer) = sole_owner(&cfg, &ns, "w1").await;
     let warm = enqueue(&client, "warm", 8, &Work::default()).await;
     assert!(all_done(&client, &warm, Duration::from_secs(30)).await);
 
@@ -163,21 +124,16 @@ async fn jobs_run_under_their_partitions_token_with_no_etcd_request_per_job() {
     worker.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_joining_worker_gets_its_share_and_a_leaving_one_hands_over_without_takeovers() {
+#[tenure::test(ttl_secs = 4, partitions = 8)]
+async fn a_joining_worker_gets_its_share_and_a_leaving_one_hands_over_without_takeovers(
+    env: TestEnv,
+) {
     init_logs();
-    let ttl = Duration::from_secs(4);
-    let (ns, cfg, client) = partitioned("part_join", ttl, 8).await;
-    let a = three_step_worker(&cfg, &ns, "a").await;
-    let observer = Session::establish(&cfg).await.expect("observer session");
-    until_owners(&observer, &[("a", 8)]).await;
+    let ttl = env.config().lease_ttl;
+    let (ns, cfg, client) = on_kit(&env).await;
+    let (a, observer) = sole_owner(&cfg, &ns, "a").await;
     // Jobs mid-step while ownership moves: step 1 takes 200 ms on `a`.
-    let slow = Work {
-        slow_worker: Some("a".into()),
-        slow_step: 1,
-        slow_ms: 200,
-        ..Work::default()
-    };
+    let slow = slow_on("a", 1, 200);
     let first = enqueue(&client, "before-join", 60, &slow).await;
     let b = three_step_worker(&cfg, &ns, "b").await;
     let joined = until_owners(&observer, &[("a", 4), ("b", 4)]).await;
@@ -200,7 +156,7 @@ async fn a_joining_worker_gets_its_share_and_a_leaving_one_hands_over_without_ta
     assert!(all_done(&client, &second, Duration::from_secs(60)).await);
     assert_eq!(double_commits(client.store().pool(), &ns).await, 0);
     assert_eq!(
-        takeovers(&client, &ns).await,
+        total_takeovers(&client).await,
         0,
         "hand-overs release their jobs: no takeover"
     );
@@ -208,14 +164,12 @@ async fn a_joining_worker_gets_its_share_and_a_leaving_one_hands_over_without_ta
     a.shutdown().await.expect("a shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_crashed_workers_partitions_are_taken_once_its_lease_expires() {
+#[tenure::test(ttl_secs = 3, partitions = 4, worker = tenure_tests::test_worker)]
+async fn a_crashed_workers_partitions_are_taken_once_its_lease_expires(env: TestEnv) {
     init_logs();
-    let stack = DevStack::shared().expect("dev stack");
-    let ttl = Duration::from_secs(3);
-    let (ns, cfg, client) = partitioned("part_crash", ttl, 4).await;
-    let program = env!("CARGO_BIN_EXE_tenure-test-worker");
-    let mut child = ChildWorker::spawn(program, stack, &ns, "child", 3, &["--partitions", "4"]);
+    let ttl = env.config().lease_ttl;
+    let (ns, cfg, client) = on_kit(&env).await;
+    let child = env.worker_process("child", FaultPlan::new()).await.unwrap();
     let observer = Session::establish(&cfg).await.expect("observer session");
     until_owners(&observer, &[("child", 4)]).await;
     let a = three_step_worker(&cfg, &ns, "a").await;
@@ -236,10 +190,9 @@ async fn a_crashed_workers_partitions_are_taken_once_its_lease_expires() {
     a.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_namespace_keeps_the_way_of_owning_jobs_it_recorded() {
-    let stack = DevStack::shared().expect("dev stack");
-    let (ns, cfg, _client) = partitioned("part_mode", Duration::from_secs(10), 4).await;
+#[tenure::test(partitions = 4)]
+async fn a_namespace_keeps_the_way_of_owning_jobs_it_recorded(env: TestEnv) {
+    let (ns, cfg, _client) = on_kit(&env).await;
     let changed = |e: &FenceError| {
         matches!(
             e,
@@ -249,10 +202,7 @@ async fn a_namespace_keeps_the_way_of_owning_jobs_it_recorded() {
             }
         )
     };
-    for other in [
-        config_for(stack, &ns, Duration::from_secs(10)),
-        cfg.clone().with_partitions(8),
-    ] {
+    for other in [one_lock_per_job(&cfg), cfg.clone().with_partitions(8)] {
         match Client::connect(&other).await {
             Err(ClientError::Fence(e)) if changed(&e) => {}
             r => panic!("a client with another partition count connected: {r:?}"),
@@ -274,12 +224,13 @@ async fn a_namespace_keeps_the_way_of_owning_jobs_it_recorded() {
     // The recorded way works, and the record is the namespace's, not the
     // client's: a namespace recorded as one lock per job refuses partitions.
     assert!(Client::connect(&cfg).await.is_ok());
-    let (ns2, cfg2, _client2) =
-        tenure_tests::fresh_namespace("part_mode_lock", Duration::from_secs(10)).await;
+    let cfg2 = one_lock_per_job(&in_new_namespace(&cfg, "part_mode_lock"));
+    tenure_tests::prepare_schema(&Client::connect(&cfg2).await.expect("client")).await;
+    let schema = cfg2.schema.clone();
     let started = tenure::Worker::builder(cfg2.with_partitions(4))
         .register(ThreeStep {
             worker: "w".into(),
-            schema: ns2,
+            schema,
         })
         .start()
         .await;
@@ -303,14 +254,12 @@ async fn a_namespace_keeps_the_way_of_owning_jobs_it_recorded() {
 /// pipeline benchmark's scale-out runs, release build, stalled for 5-10 s in
 /// about half the runs). In this debug build the old pulls passed this test
 /// too (three runs): it guards the outcome, the benchmark shows the cause.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_burst_on_idle_partitions_loses_no_delivery_to_ack_wait() {
+#[tenure::test(ttl_secs = 30, partitions = 16)]
+async fn a_burst_on_idle_partitions_loses_no_delivery_to_ack_wait(env: TestEnv) {
     init_logs();
-    let ttl = Duration::from_secs(30);
-    let (ns, cfg, client) = partitioned("part_burst", ttl, 16).await;
-    let worker = three_step_worker(&cfg, &ns, "w").await;
-    let observer = Session::establish(&cfg).await.expect("observer session");
-    until_owners(&observer, &[("w", 16)]).await;
+    let ttl = env.config().lease_ttl;
+    let (ns, cfg, client) = on_kit(&env).await;
+    let (worker, observer) = sole_owner(&cfg, &ns, "w").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let items: Vec<(String, Work)> = (0..600)
         .map(|i| (format!("burst-{i}"), Work::default()))
@@ -332,18 +281,28 @@ async fn a_burst_on_idle_partitions_loses_no_delivery_to_ack_wait() {
     worker.shutdown().await.expect("shutdown");
 }
 
+/// `cfg` asking for one lock per job (no partitions).
+fn one_lock_per_job(cfg: &Config) -> Config {
+    let mut cfg = cfg.clone();
+    cfg.partitions = None;
+    cfg
+}
+
 /// A namespace whose schema was applied by [`FenceStore::migrate`] alone
 /// (as a migration tool would): every table, and no way of owning jobs
-/// recorded yet. Its config asks for one lock per job.
-async fn unrecorded(prefix: &str) -> (String, Config) {
-    let stack = DevStack::shared().expect("dev stack");
-    let ns = DevStack::unique_namespace(prefix);
-    let cfg = config_for(stack, &ns, Duration::from_secs(10));
+/// recorded yet, on `env`'s servers. Its config asks for one lock per job;
+/// the client returned (a producer) asks for 16 partitions.
+async fn unrecorded(env: &TestEnv, prefix: &str) -> (String, Config, Client) {
+    let cfg = in_new_namespace(env.config(), prefix);
+    let ns = cfg.namespace.clone();
     let store = FenceStore::connect(&cfg).await.expect("store");
     store.migrate().await.expect("migrate");
     create_test_tables(&store).await;
     assert_eq!(store.recorded_partitions().await.expect("record"), None);
-    (ns, cfg)
+    let producer = Client::connect(&cfg.clone().with_partitions(16))
+        .await
+        .expect("producer");
+    (ns, cfg, producer)
 }
 
 fn refused_as_partitioned<T: std::fmt::Debug>(r: &Result<T, ClientError>) -> bool {
@@ -360,13 +319,10 @@ fn refused_as_partitioned<T: std::fmt::Debug>(r: &Result<T, ClientError>) -> boo
 /// records no mode, then a worker with one lock per job starts: the job must
 /// not wait forever on subjects nobody consumes. Either the enqueue is
 /// refused, or the job runs (on a worker of the mode the namespace took).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_producer_first_on_an_unrecorded_namespace_strands_no_job() {
+#[tenure::test]
+async fn a_producer_first_on_an_unrecorded_namespace_strands_no_job(env: TestEnv) {
     init_logs();
-    let (ns, cfg) = unrecorded("part_first").await;
-    let producer = Client::connect(&cfg.clone().with_partitions(16))
-        .await
-        .expect("producer");
+    let (ns, cfg, producer) = unrecorded(&env, "part_first").await;
     let job = match producer
         .enqueue::<ThreeStep>("first-0", &Work::default())
         .await
@@ -411,13 +367,10 @@ async fn a_producer_first_on_an_unrecorded_namespace_strands_no_job() {
 /// while a worker records another one: every publish path of it is then the
 /// typed error, and nothing is stored (no job waits on a subject nobody
 /// consumes).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_long_lived_client_is_refused_once_a_worker_recorded_another_mode() {
+#[tenure::test]
+async fn a_long_lived_client_is_refused_once_a_worker_recorded_another_mode(env: TestEnv) {
     init_logs();
-    let (ns, cfg) = unrecorded("part_later").await;
-    let producer = Client::connect(&cfg.clone().with_partitions(16))
-        .await
-        .expect("producer");
+    let (ns, cfg, producer) = unrecorded(&env, "part_later").await;
     let worker = three_step_worker(&cfg, &ns, "w").await;
     let w = Work::default();
     let json = serde_json::to_value(&w).expect("json");
@@ -448,10 +401,7 @@ async fn a_long_lived_client_is_refused_once_a_worker_recorded_another_mode() {
         .await
         .expect("transaction still usable");
     tx.commit().await.expect("commit");
-    let stored: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {ns}.jobs"))
-        .fetch_one(producer.store().pool())
-        .await
-        .expect("count");
+    let stored = tenure_tests::overview(&producer).await.total();
     worker.shutdown().await.expect("shutdown");
     assert_eq!(stored, 0, "rows stored by a refused client");
 }
@@ -493,6 +443,22 @@ async fn statuses(client: &Client, ids: &[JobId]) -> BTreeMap<&'static str, usiz
     out
 }
 
+/// Enqueues 40 jobs and waits up to 30 s for all of them to be done; says
+/// how long that took, their statuses and the owners then, after `what`.
+/// Whether all were done in time.
+async fn forty_done(client: &Client, observer: &Session, what: &str) -> bool {
+    let start = Instant::now();
+    let ids = enqueue(client, "job", 40, &Work::default()).await;
+    let done = all_done(client, &ids, Duration::from_secs(30)).await;
+    let took = start.elapsed();
+    eprintln!(
+        "{what}: all 40 done: {done} after {took:?}; statuses {:?}, owners {:?}",
+        statuses(client, &ids).await,
+        owners(observer).await
+    );
+    done
+}
+
 /// Which server a test cuts from one worker.
 #[derive(Debug, Clone, Copy)]
 enum Cut {
@@ -504,11 +470,11 @@ enum Cut {
 /// through a relay of its own, which is cut; 40 jobs enqueued then must all
 /// end `done` within 30 s (`a`'s partitions handed back to `b`), and `a`
 /// takes its share again once the relay is restored.
-async fn a_worker_cut_from(cut: Cut, prefix: &str) {
+async fn a_worker_cut_from(env: &TestEnv, cut: Cut) {
     init_logs();
-    let stack = DevStack::shared().expect("dev stack");
-    let ttl = Duration::from_secs(3);
-    let (ns, cfg, client) = partitioned(prefix, ttl, 4).await;
+    let stack = env.stack();
+    let ttl = env.config().lease_ttl;
+    let (ns, cfg, client) = on_kit(env).await;
     let (relay, a_cfg) = match cut {
         Cut::Postgres => {
             let relay = Relay::for_url(&stack.database_url()).await.expect("relay");
@@ -529,15 +495,8 @@ async fn a_worker_cut_from(cut: Cut, prefix: &str) {
         readiness_until(w, "ready with its share", ready_with_share).await;
     }
     relay.cut();
-    let start = Instant::now();
-    let ids = enqueue(&client, "job", 40, &Work::default()).await;
-    let done = all_done(&client, &ids, Duration::from_secs(30)).await;
-    let took = start.elapsed();
-    eprintln!(
-        "{cut:?} cut from a: all 40 done: {done} after {took:?} (TTL {ttl:?}); statuses {:?}, owners {:?}",
-        statuses(&client, &ids).await,
-        owners(&observer).await
-    );
+    let what = format!("{cut:?} cut from a (TTL {ttl:?})");
+    let done = forty_done(&client, &observer, &what).await;
     assert!(
         done,
         "jobs of a worker cut from {cut:?} did not all end done within 30 s"
@@ -556,81 +515,43 @@ async fn a_worker_cut_from(cut: Cut, prefix: &str) {
     a.shutdown().await.expect("a shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_worker_cut_from_postgres_hands_its_partitions_back() {
-    a_worker_cut_from(Cut::Postgres, "part_pgcut").await;
+#[tenure::test(ttl_secs = 3, partitions = 4)]
+async fn a_worker_cut_from_postgres_hands_its_partitions_back(env: TestEnv) {
+    a_worker_cut_from(&env, Cut::Postgres).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_worker_cut_from_nats_hands_its_partitions_back() {
-    a_worker_cut_from(Cut::Nats, "part_natscut").await;
+#[tenure::test(ttl_secs = 3, partitions = 4)]
+async fn a_worker_cut_from_nats_hands_its_partitions_back(env: TestEnv) {
+    a_worker_cut_from(&env, Cut::Nats).await;
 }
 
-/// Pauses the etcd leader of its stack at the fault's point; a task of its
-/// own continues it after the fault's duration.
-struct PauseLeader {
-    stack: Arc<DevStack>,
-    fired: Arc<AtomicBool>,
-}
-
-impl Injector for PauseLeader {
-    fn inject(&self, hit: FaultHit) -> BoxFuture<'static, ()> {
-        let (stack, fired) = (self.stack.clone(), self.fired.clone());
-        Box::pin(async move {
-            let Fault::PauseEtcdLeader(pause) = hit.rule.fault else {
-                return;
-            };
-            let leader = stack.etcd_leader().await.expect("etcd leader");
-            stack.etcd_member(leader).pause().expect("pause the leader");
-            fired.store(true, Ordering::SeqCst);
-            eprintln!("etcd leader m{leader} paused for {pause:?} at a partition's resign");
-            tokio::spawn(async move {
-                tokio::time::sleep(pause).await;
-                stack
-                    .etcd_member(leader)
-                    .resume()
-                    .expect("resume the leader");
-            });
-        })
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_hand_over_whose_resign_meets_an_etcd_election_orphans_no_partition() {
+// A stack of its own: its etcd leader is paused (the kit's fault, in
+// process). A long TTL (the default 10 s): the pause must not end a session
+// (that would free the key).
+#[tenure::test(own_stack, partitions = 4)]
+async fn a_hand_over_whose_resign_meets_an_etcd_election_orphans_no_partition(env: TestEnv) {
     init_logs();
-    // A stack of its own: its etcd leader is paused.
-    let stack = Arc::new(DevStack::start().await.expect("dev stack"));
-    // A long TTL: the pause must not end a session (that would free the key).
-    let ttl = Duration::from_secs(10);
-    let (ns, cfg, client) = partitioned_on(&stack, "part_resign", ttl, 4).await;
-    let fired = Arc::new(AtomicBool::new(false));
-    let injector = PauseLeader {
-        stack: stack.clone(),
-        fired: fired.clone(),
-    };
+    let (ns, cfg, client) = on_kit(&env).await;
     let pause = Fault::PauseEtcdLeader(Duration::from_millis(1500));
-    let plan = FaultPlan::new()
-        .at(None, StepIndex::new(0), FaultPoint::PartitionResign, pause)
-        .with_injector(Arc::new(injector));
-    let mut a_cfg = cfg.clone();
-    a_cfg.fault_plan = Some(plan);
-    let a = three_step_worker(&a_cfg, &ns, "a").await;
+    let plan = FaultPlan::new().at(None, StepIndex::new(0), FaultPoint::PartitionResign, pause);
+    let a = env
+        .worker_with_faults("a", plan, |cfg| async move {
+            let schema = cfg.schema.clone();
+            Worker::builder(cfg).register(ThreeStep {
+                worker: "a".into(),
+                schema,
+            })
+        })
+        .await
+        .expect("worker a");
     let observer = Session::establish(&cfg).await.expect("observer session");
     until_owners(&observer, &[("a", 4)]).await;
     // b joins: a hands two partitions over, the first resign meets the pause.
     let b = three_step_worker(&cfg, &ns, "b").await;
-    let start = Instant::now();
-    let ids = enqueue(&client, "job", 40, &Work::default()).await;
-    let done = all_done(&client, &ids, Duration::from_secs(30)).await;
-    let took = start.elapsed();
+    let done = forty_done(&client, &observer, "etcd leader paused at the resign").await;
     assert!(
-        fired.load(Ordering::SeqCst),
+        !env.faults_fired().is_empty(),
         "the resign's fault never fired"
-    );
-    eprintln!(
-        "etcd leader paused at the resign: all 40 done: {done} after {took:?}; statuses {:?}, owners {:?}",
-        statuses(&client, &ids).await,
-        owners(&observer).await
     );
     assert!(
         done,

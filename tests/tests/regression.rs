@@ -9,29 +9,20 @@
 
 use std::time::Duration;
 
-use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tenure::Worker;
-use tenure::blocks::fence::JobStatus;
 use tenure::blocks::lease::{Acquire, Session};
-use tenure::devstack::DevStack;
-use tenure::{Client, JobId, StepIndex};
-use tenure_tests::{ThreeStep, Work, config_for, prepare_schema, wait_until};
+use tenure::testing::TestEnv;
+use tenure::{JobId, StepIndex};
+use tenure_tests::metered::Metered;
+use tenure_tests::{ThreeStep, Work, done_within, on_kit, step_rows};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_fresh_lock_with_an_already_claimed_revision_is_never_run() {
-    let stack = DevStack::start().await.expect("a dev stack of our own");
-    let ns = DevStack::unique_namespace("regress");
-    let cfg = config_for(&stack, &ns, Duration::from_secs(4));
-    let client = Client::connect(&cfg).await.expect("client");
-    prepare_schema(&client).await;
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
+// A dev stack of its own: the test tells which revision the worker's lock gets.
+#[tenure::test(own_stack, ttl_secs = 4)]
+async fn a_fresh_lock_with_an_already_claimed_revision_is_never_run(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
+    let metered = Metered::default();
     let worker = Worker::builder(cfg.clone().with_worker_id("w"))
-        .meter(provider.meter("tenure"))
+        .meter(metered.meter())
         .register(ThreeStep {
             worker: "w".into(),
             schema: ns.clone(),
@@ -75,17 +66,9 @@ async fn a_fresh_lock_with_an_already_claimed_revision_is_never_run() {
 
     // The alarm fires, the job is handed back, and the next acquisition (a later
     // revision) takes it over: no step ever runs under the regressed token.
-    let done = wait_until(Duration::from_secs(30), || async {
-        matches!(client.job(id).await, Ok(Some(r)) if r.status == JobStatus::Done)
-    })
-    .await;
-    let tokens: Vec<i64> = sqlx::query_scalar(&format!(
-        "SELECT token FROM {ns}.step_log WHERE job_id = $1 ORDER BY step"
-    ))
-    .bind(id.as_uuid())
-    .fetch_all(client.store().pool())
-    .await
-    .unwrap();
+    let done = done_within(&client, id, Duration::from_secs(30)).await;
+    let steps = step_rows(&env, "step_log", id).await;
+    let tokens: Vec<i64> = steps.into_iter().map(|(_, token)| token).collect();
     assert!(
         tokens.iter().all(|t| *t > next),
         "a second owner with the regressed token {next} ran the job: steps logged under {tokens:?}"
@@ -97,24 +80,9 @@ async fn a_fresh_lock_with_an_already_claimed_revision_is_never_run() {
     let row = client.job(id).await.unwrap().unwrap();
     assert!(row.fence > next && row.step == StepIndex::new(3));
     assert_eq!(tokens.len(), 3);
-    provider.force_flush().unwrap();
     assert!(
-        regressions(&exporter) >= 1,
+        metered.counted("tenure.fence.token_regressions") >= 1,
         "tenure.fence.token_regressions counted the alarm"
     );
     worker.shutdown().await.unwrap();
-}
-
-/// The total of `tenure.fence.token_regressions` in the exporter's last reading.
-fn regressions(exporter: &InMemoryMetricExporter) -> u64 {
-    let exported = exporter.get_finished_metrics().unwrap();
-    let Some(rm) = exported.last() else { return 0 };
-    rm.scope_metrics()
-        .flat_map(|s| s.metrics())
-        .filter(|m| m.name() == "tenure.fence.token_regressions")
-        .map(|m| match m.data() {
-            AggregatedMetrics::U64(MetricData::Sum(s)) => s.data_points().map(|p| p.value()).sum(),
-            _ => 0,
-        })
-        .sum()
 }

@@ -8,9 +8,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tenure::blocks::fence::JobStatus;
-use tenure::testing::TestEnv;
+use tenure::testing::{FaultPlan, TestEnv};
 use tenure::{ClientError, StepCtx, StepError};
-use tenure_tests::{ThreeStep, Work, on_kit, three_step_worker};
+use tenure_tests::{ThreeStep, Work, kit_and_worker, on_kit};
 
 /// The same job type name as [`ThreeStep`], with another output type: a
 /// client that asks for a result with the wrong type.
@@ -37,8 +37,7 @@ impl Other {
 
 #[tenure::test]
 async fn wait_returns_the_typed_output_and_result_is_none_while_running(env: TestEnv) {
-    let (ns, cfg, client) = on_kit(&env).await;
-    let w = three_step_worker(&cfg, &ns, "w0").await;
+    let (client, w) = kit_and_worker(&env, "w0").await;
     let slow = Work {
         n: 42,
         ..tenure_tests::slow_on("w0", 0, 1500)
@@ -101,8 +100,7 @@ async fn wait_returns_the_typed_output_and_result_is_none_while_running(env: Tes
 
 #[tenure::test]
 async fn wait_on_a_job_that_dies_or_is_cancelled_names_the_status(env: TestEnv) {
-    let (ns, cfg, client) = on_kit(&env).await;
-    let w = three_step_worker(&cfg, &ns, "w0").await;
+    let (client, w) = kit_and_worker(&env, "w0").await;
     let doomed = Work {
         n: 1,
         fail_times: u32::MAX,
@@ -112,10 +110,7 @@ async fn wait_on_a_job_that_dies_or_is_cancelled_names_the_status(env: TestEnv) 
         .enqueue::<ThreeStep>("doomed", &doomed)
         .await
         .unwrap();
-    let err = client
-        .wait::<ThreeStep>(e.job_id, Duration::from_secs(60))
-        .await
-        .unwrap_err();
+    let err = wait_error(&client, e.job_id, Duration::from_secs(60)).await;
     match &err {
         ClientError::NoResult {
             status: JobStatus::Dead,
@@ -162,10 +157,7 @@ async fn wait_times_out_with_a_typed_error(env: TestEnv) {
         .enqueue::<ThreeStep>("nobody", &Work::default())
         .await
         .unwrap();
-    let err = client
-        .wait::<ThreeStep>(e.job_id, Duration::from_millis(300))
-        .await
-        .unwrap_err();
+    let err = wait_error(&client, e.job_id, Duration::from_millis(300)).await;
     assert!(
         matches!(err, ClientError::WaitTimedOut { job_id, .. } if job_id == e.job_id),
         "{err:?}"
@@ -290,6 +282,12 @@ impl Transfer {
     }
 }
 
+/// The error `wait` for [`ThreeStep`] job `id` ends with within `timeout`
+/// (panics if it returns an output).
+async fn wait_error(client: &tenure::Client, id: tenure::JobId, timeout: Duration) -> ClientError {
+    client.wait::<ThreeStep>(id, timeout).await.unwrap_err()
+}
+
 /// The guarded tables `accounts` (alice 100, bob 0) and `refunds` (`job_id`,
 /// `token` and the text column `note`).
 async fn bank(client: &tenure::Client, ns: &str, note: &str) {
@@ -322,6 +320,28 @@ async fn balances(client: &tenure::Client, ns: &str) -> Vec<(String, i64)> {
     .fetch_all(client.store().pool())
     .await
     .unwrap()
+}
+
+/// Asserts that job `id` wrote `runs` rows of `refunds` (one per committed
+/// run of its hook: `what`) and that the debit was refunded: alice holds 100
+/// and bob 0 again.
+async fn assert_refunded(
+    client: &tenure::Client,
+    ns: &str,
+    id: tenure::JobId,
+    runs: i64,
+    what: &str,
+) {
+    assert_eq!(
+        tenure_tests::rows_of(client, "refunds", id).await,
+        runs,
+        "{what}"
+    );
+    assert_eq!(
+        balances(client, ns).await,
+        vec![("alice".into(), 100), ("bob".into(), 0)],
+        "the debit was refunded and the balances add up"
+    );
 }
 
 async fn compensation(client: &tenure::Client, ns: &str, id: tenure::JobId) -> String {
@@ -382,16 +402,7 @@ async fn run_failed_transfer(env: &TestEnv, flaky_hook: bool) {
     assert!(dlq, "the job is dead-lettered after its compensation");
     // A while longer: nothing compensates twice.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        tenure_tests::rows_of(&client, "refunds", e.job_id).await,
-        1,
-        "the hook committed exactly once"
-    );
-    assert_eq!(
-        balances(&client, &ns).await,
-        vec![("alice".into(), 100), ("bob".into(), 0)],
-        "the debit was refunded and the balances add up"
-    );
+    assert_refunded(&client, &ns, e.job_id, 1, "the hook committed exactly once").await;
 
     // A redrive resets the compensation: the job (resuming at its credit)
     // dies again and its hook runs again, finding the debit refunded.
@@ -404,15 +415,7 @@ async fn run_failed_transfer(env: &TestEnv, flaky_hook: bool) {
     .await;
     assert!(again, "the second death is compensated");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        tenure_tests::rows_of(&client, "refunds", e.job_id).await,
-        2,
-        "one committed run per death"
-    );
-    assert_eq!(
-        balances(&client, &ns).await,
-        vec![("alice".into(), 100), ("bob".into(), 0)]
-    );
+    assert_refunded(&client, &ns, e.job_id, 2, "one committed run per death").await;
     w.shutdown().await.unwrap();
 }
 
@@ -426,19 +429,15 @@ async fn a_hook_that_fails_after_writing_rolls_back_and_compensates_once_on_retr
     run_failed_transfer(&env, true).await;
 }
 
-#[tenure::test(ttl_secs = 2)]
+#[tenure::test(ttl_secs = 2, worker = tenure_tests::test_worker)]
 async fn a_takeover_during_compensation_still_compensates_once(env: TestEnv) {
     // About lease loss: a short TTL on purpose.
     let (ns, cfg, client) = on_kit(&env).await;
     let pool = client.store().pool();
     bank(&client, &ns, "worker").await;
 
-    let stack = env.stack();
-    let program = env!("CARGO_BIN_EXE_tenure-test-worker");
-    let a = tenure_tests::ChildWorker::spawn(program, stack, &ns, "A", 2, &[]);
-    assert!(
-        tenure_tests::wait_until(Duration::from_secs(30), || async { a.has_line("READY") }).await
-    );
+    // Returns once A is ready (the kit's ready wait).
+    let a = env.worker_process("A", FaultPlan::new()).await.unwrap();
     let m = tenure_tests::Move {
         from: "alice".into(),
         to: "nobody".into(),
@@ -459,7 +458,7 @@ async fn a_takeover_during_compensation_still_compensates_once(env: TestEnv) {
     assert!(dead, "A dead-marks the job");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(compensation(&client, &ns, e.job_id).await, "pending");
-    a.signal("-STOP");
+    a.pause();
 
     let b = tenure::Worker::builder(cfg.clone().with_worker_id("B"))
         .register(tenure_tests::Compensated {
@@ -475,7 +474,7 @@ async fn a_takeover_during_compensation_still_compensates_once(env: TestEnv) {
     .await;
     assert!(done, "B takes over and compensates");
     // A wakes up, finishes its hook and tries to commit: refused.
-    a.signal("-CONT");
+    a.resume();
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let rows: Vec<(i64, String)> = sqlx::query_as(&format!(

@@ -7,17 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, GaugeDataPoint, MetricData};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tenure::blocks::fence::JobStatus;
-use tenure::devstack::DevStack;
+use tenure::testing::TestEnv;
 use tenure::{Client, JobId, JobLimits, StepCtx, StepError, Worker};
-use tenure_tests::{config_for, wait_until};
-
-fn stack() -> &'static DevStack {
-    DevStack::shared().expect("dev stack")
-}
+use tenure_tests::metered::Metered;
+use tenure_tests::{all_done, on_kit, wait_until};
 
 /// Appends `(job, job type, worker)` to `<schema>.ran` in the step's fenced
 /// transaction, after sleeping `ms` (counting how many run at once).
@@ -110,11 +104,9 @@ impl Late {
     }
 }
 
-async fn fresh(prefix: &str) -> (String, tenure::Config, Client) {
-    let ns = DevStack::unique_namespace(prefix);
-    let cfg = config_for(stack(), &ns, Duration::from_secs(4));
-    let client = Client::connect(&cfg).await.expect("client");
-    client.migrate().await.expect("migrate");
+/// The test's namespace, config and client, with the table `ran`.
+async fn fresh(env: &TestEnv) -> (String, tenure::Config, Client) {
+    let (ns, cfg, client) = on_kit(env).await;
     let sql = format!(
         "CREATE TABLE {ns}.ran (job_id uuid NOT NULL, job_type text NOT NULL, worker text NOT NULL)"
     );
@@ -148,83 +140,23 @@ async fn enqueue(client: &Client, job_type: &str, n: usize, ms: u64) -> Vec<JobI
     ids
 }
 
-async fn all_done(client: &Client, ids: &[JobId], within: Duration) -> bool {
-    wait_until(within, || async {
-        for id in ids {
-            match client.job(*id).await {
-                Ok(Some(r)) if r.status == JobStatus::Done => {}
-                _ => return false,
-            }
-        }
-        true
-    })
-    .await
-}
-
-/// The last value of gauge `name` (i64 or f64) with `job_type` = `t`.
-fn gauge_f64(
-    provider: &SdkMeterProvider,
-    exporter: &InMemoryMetricExporter,
-    name: &str,
-    t: &str,
-) -> Option<f64> {
-    exporter.reset();
-    provider.force_flush().expect("flush");
-    let exported = exporter.get_finished_metrics().expect("metrics");
-    let rm = exported.last()?;
-    for scope in rm.scope_metrics() {
-        for metric in scope.metrics().filter(|m| m.name() == name) {
-            let value = match metric.data() {
-                AggregatedMetrics::I64(MetricData::Gauge(g)) => {
-                    of_type(g.data_points(), t).map(|v| v as f64)
-                }
-                AggregatedMetrics::F64(MetricData::Gauge(g)) => of_type(g.data_points(), t),
-                _ => None,
-            };
-            if value.is_some() {
-                return value;
-            }
-        }
-    }
-    None
-}
-
-/// The value of the point with `job_type` = `t`.
-fn of_type<'a, T: Copy + 'a>(
-    mut points: impl Iterator<Item = &'a GaugeDataPoint<T>>,
-    t: &str,
-) -> Option<T> {
-    points
-        .find(|p| {
-            p.attributes()
-                .any(|kv| kv.key.as_str() == "job_type" && kv.value.as_str() == t)
-        })
-        .map(|p| p.value())
-}
-
 /// The last value of the i64 gauge `name` with `job_type` = `t`.
-fn gauge(
-    provider: &SdkMeterProvider,
-    exporter: &InMemoryMetricExporter,
-    name: &str,
-    t: &str,
-) -> Option<i64> {
-    gauge_f64(provider, exporter, name, t).map(|v| v as i64)
+fn gauge(metered: &Metered, name: &str, t: &str) -> Option<i64> {
+    metered.gauge(name, t).map(|v| v as i64)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_worker() {
-    let (ns, cfg, client) = fresh("route_pools").await;
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
+#[tenure::test(ttl_secs = 4)]
+async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_worker(
+    env: TestEnv,
+) {
+    let (ns, cfg, client) = fresh(&env).await;
+    let metered = Metered::default();
     let gpu_pool = Worker::builder(cfg.clone().with_worker_id("pool-gpu"))
         .register(Gpu {
             schema: ns.clone(),
             worker: "pool-gpu".into(),
         })
-        .meter(provider.meter("tenure"))
+        .meter(metered.meter())
         .start()
         .await
         .expect("gpu pool");
@@ -284,8 +216,8 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
     );
     assert!(!routed.contains("route.late"), "{routed:?}");
     let counted = wait_until(Duration::from_secs(10), || async {
-        gauge(&provider, &exporter, "tenure.queue.unrouted", "route.late") == Some(3)
-            && gauge(&provider, &exporter, "tenure.queue.backlog", "route.late") == Some(3)
+        gauge(&metered, "tenure.queue.unrouted", "route.late") == Some(3)
+            && gauge(&metered, "tenure.queue.backlog", "route.late") == Some(3)
     })
     .await;
     assert!(
@@ -294,14 +226,7 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
     );
     // The oldest waiting message's age grows with the wait: at least the
     // time since the enqueue at one report, at most that plus a report.
-    let oldest = || {
-        gauge_f64(
-            &provider,
-            &exporter,
-            "tenure.queue.oldest_age",
-            "route.late",
-        )
-    };
+    let oldest = || metered.gauge("tenure.queue.oldest_age", "route.late");
     let aged = wait_until(Duration::from_secs(10), || async {
         oldest().is_some_and(|age| age >= 2.0)
     })
@@ -335,8 +260,8 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
             .contains(&("route.late".into(), "pool-late".into(), 3))
     );
     let cleared = wait_until(Duration::from_secs(10), || async {
-        gauge(&provider, &exporter, "tenure.queue.unrouted", "route.late") == Some(0)
-            && gauge(&provider, &exporter, "tenure.queue.backlog", "route.late") == Some(0)
+        gauge(&metered, "tenure.queue.unrouted", "route.late") == Some(0)
+            && gauge(&metered, "tenure.queue.backlog", "route.late") == Some(0)
             && oldest() == Some(0.0)
     })
     .await;
@@ -353,9 +278,9 @@ async fn two_pools_get_only_their_types_and_an_unregistered_type_waits_for_its_w
 /// `register_with(job, JobLimits::max_in_flight(1))`: however deep its backlog,
 /// the slow type never holds more than one of the worker's slots, and the other
 /// type's jobs run beside it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_types_limit_keeps_its_backlog_from_taking_the_whole_worker() {
-    let (ns, cfg, client) = fresh("route_limit").await;
+#[tenure::test(ttl_secs = 4)]
+async fn a_types_limit_keeps_its_backlog_from_taking_the_whole_worker(env: TestEnv) {
+    let (ns, cfg, client) = fresh(&env).await;
     let mut cfg = cfg.with_worker_id("limited");
     cfg.max_in_flight = 4;
     let running = Arc::new(RunningMax::default());
@@ -405,7 +330,7 @@ async fn a_types_limit_keeps_its_backlog_from_taking_the_whole_worker() {
     );
     worker.shutdown().await.expect("shutdown");
 
-    let zero = Worker::builder(config_for(stack(), &ns, Duration::from_secs(4)))
+    let zero = Worker::builder(env.config().clone())
         .register_with(
             Gpu {
                 schema: ns.clone(),

@@ -10,40 +10,23 @@ use tenure::Worker;
 use tenure::blocks::fence::{FenceError, FenceStore, JobStatus};
 use tenure::blocks::lease::{LeaseError, Session};
 use tenure::blocks::queue::{Queue, QueueError};
-use tenure::devstack::{DevStack, DevStackOptions};
+use tenure::devstack::DevStack;
 use tenure::security::{AccessError, AccessStep, NatsAuth, Secret, Server, TlsFiles};
 use tenure::{Client, ClientError, Config, EnqueueItemError, JobId};
-use tenure_tests::{ThreeStep, Work, prepare_schema, wait_until};
+use tenure_tests::{ThreeStep, Work, prepare_schema, wait_until, work};
+use tenure_tests::{secured_config, secured_stack};
 
 /// The namespace the stack's limited etcd and NATS users may use.
 const NS: &str = "sec";
 /// A refusal must come well before any timeout.
 const FAST: Duration = Duration::from_secs(5);
 
-fn stack() -> &'static DevStack {
-    DevStack::shared_with(DevStackOptions {
-        tls: true,
-        auth: true,
-        mariadb: true,
-        namespace: NS.into(),
-        ..DevStackOptions::default()
-    })
-    .expect("secured dev stack")
-}
-
 /// A configuration for the secured stack as PostgreSQL role `role`.
 fn secured(stack: &DevStack, role: &str, password: &Secret) -> Config {
-    let (tls, auth) = (stack.tls().expect("tls"), stack.auth().expect("auth"));
-    Config::new(NS)
+    let nats = stack.auth().expect("auth").nats_auth();
+    secured_config(stack, NS, nats, role, password)
         .with_schema(NS)
         .with_lease_ttl(Duration::from_secs(3))
-        .with_etcd_endpoints(stack.etcd_endpoints())
-        .with_etcd_tls(tls.client())
-        .with_etcd_user(&auth.etcd_user, auth.etcd_password.clone())
-        .with_nats_url(stack.nats_url())
-        .with_nats_tls(tls.client())
-        .with_nats_auth(auth.nats_auth())
-        .with_database_url(stack.database_url_as(role, Some(password), "tenure"))
 }
 
 fn worker_cfg(stack: &DevStack) -> Config {
@@ -108,7 +91,7 @@ fn pg_url_with(stack: &DevStack, ssl: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_three_step_job_runs_over_tls_with_auth_as_the_worker_role() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let migrator = migrated(stack).await;
     sqlx::query(&format!(
         "GRANT SELECT, INSERT ON {NS}.step_log TO tenure_worker"
@@ -145,13 +128,7 @@ async fn a_three_step_job_runs_over_tls_with_auth_as_the_worker_role() {
         .await
         .expect("producer as tenure_worker");
     let job = client
-        .enqueue::<ThreeStep>(
-            "secured-1",
-            &Work {
-                n: 1,
-                ..Work::default()
-            },
-        )
+        .enqueue::<ThreeStep>("secured-1", &work(1))
         .await
         .expect("enqueue");
     let done = wait_until(Duration::from_secs(60), || async {
@@ -212,7 +189,7 @@ async fn a_three_step_job_runs_over_tls_with_auth_as_the_worker_role() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_ca_is_refused_by_each_server() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let tls = stack.tls().expect("tls");
     let wrong =
         TlsFiles::new(&tls.other_ca_file).with_client_cert(&tls.client_cert, &tls.client_key);
@@ -236,7 +213,7 @@ async fn a_wrong_ca_is_refused_by_each_server() {
 /// one connects. (sqlx alone accepts any certificate under `require`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn require_with_a_root_cert_verifies_the_server() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let tls = stack.tls().expect("tls");
     let ssl = |ca: &std::path::Path| {
         format!(
@@ -262,7 +239,7 @@ async fn require_with_a_root_cert_verifies_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_required_with_a_ca_verifies_the_server() {
     use tenure::MySqlFence;
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let tls = stack.tls().expect("tls");
     let cfg = worker_cfg(stack);
     let url = |query: String| format!("{}?{query}", stack.mysql_url());
@@ -295,7 +272,7 @@ async fn mariadb_required_with_a_ca_verifies_the_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_absent_or_expired_client_certificate_is_refused_by_each_server() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let tls = stack.tls().expect("tls");
     let absent = TlsFiles::new(&tls.ca_file);
     let expired = TlsFiles::new(&tls.ca_file)
@@ -317,7 +294,7 @@ async fn an_absent_or_expired_client_certificate_is_refused_by_each_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_refused_by_each_server() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let auth = stack.auth().expect("auth");
     let wrong = Secret::new("pw-wrong");
     let (r, t) =
@@ -336,7 +313,7 @@ async fn a_wrong_password_is_refused_by_each_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plaintext_is_refused_by_each_server() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let auth = stack.auth().expect("auth");
     let mut cfg = worker_cfg(stack);
     cfg.etcd_tls = None;
@@ -358,7 +335,7 @@ async fn plaintext_is_refused_by_each_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_user_cannot_write_outside_its_prefix() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     // The `tenure` user's role covers `sec/` only; namespace `other` is outside.
     let cfg = worker_cfg(stack).with_namespace("other");
     let session = Session::establish(&cfg)
@@ -376,7 +353,7 @@ async fn an_etcd_user_cannot_write_outside_its_prefix() {
 
 #[test]
 fn debug_of_a_secured_config_shows_no_secret() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let text = format!("{:?}", worker_cfg(stack));
     assert!(!text.contains("pw-"), "{text}");
     assert!(text.contains("***"), "{text}");
@@ -425,7 +402,7 @@ fn fresh_id() -> JobId {
 /// The migrated, granted schema: the migrator's, the worker's and a
 /// producer's stores.
 async fn roles() -> (FenceStore, FenceStore, FenceStore) {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let migrator = migrated(stack).await;
     let store = migrator.store().clone();
     let producer_cfg = secured(stack, "tenure_producer", &Secret::new("pw-tenure_producer"));
@@ -457,13 +434,20 @@ fn assert_forbidden(err: &FenceError, what: &str) {
     eprintln!("{what}: refused as expected: {err}");
 }
 
+/// A pending `least-privilege` job `key` with `input`, inserted as `store`'s
+/// role (it may: the producer and the worker).
+async fn pending_job(store: &FenceStore, key: &str, input: serde_json::Value) -> JobId {
+    let id = JobId::from_key("least-privilege", key);
+    store
+        .insert_job(id, "least-privilege", &input)
+        .await
+        .expect("the role inserts a pending job");
+    id
+}
+
 /// A pending job of `store`'s schema, claimed by `token` (as the worker).
 async fn claimed_job(worker: &FenceStore, key: &str, token: i64) -> JobId {
-    let id = JobId::from_key("least-privilege", key);
-    worker
-        .insert_job(id, "least-privilege", &serde_json::json!({"k": key}))
-        .await
-        .expect("insert");
+    let id = pending_job(worker, key, serde_json::json!({"k": key})).await;
     let tok = tenure::FencingToken::for_tests(token);
     let _ = worker.claim(id, tok).await;
     id
@@ -534,11 +518,7 @@ async fn no_role_can_lower_or_raise_a_fence_by_hand() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_done_job_never_reopens_and_a_dead_one_only_by_redrive() {
     let (migrator, worker, _) = roles().await;
-    let id = JobId::from_key("least-privilege", "reopen");
-    worker
-        .insert_job(id, "least-privilege", &serde_json::json!({}))
-        .await
-        .expect("insert");
+    let id = pending_job(&worker, "reopen", serde_json::json!({})).await;
     let tok = tenure::FencingToken::for_tests(7);
     let (claim, tx) = worker.claim_and_begin(id, tok).await.expect("claim");
     if claim.status != JobStatus::Done {
@@ -594,11 +574,7 @@ async fn schedules_and_fence_tables_are_written_only_through_their_functions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_inserts_only_pending_rows_and_changes_no_status() {
     let (_migrator, worker, producer) = roles().await;
-    let id = JobId::from_key("least-privilege", "producer");
-    producer
-        .insert_job(id, "least-privilege", &serde_json::json!({}))
-        .await
-        .expect("a producer enqueues");
+    let id = pending_job(&producer, "producer", serde_json::json!({})).await;
     let tok = tenure::FencingToken::for_tests(3);
     for sql in [
         format!(
@@ -681,7 +657,7 @@ fn too_large(client: &Client) -> Work {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_enqueue_path_validates_before_it_writes() {
     use tenure::Job;
-    let client = worker_client(stack()).await;
+    let client = worker_client(secured_stack(NS, true)).await;
     let big = too_large(&client);
     let r = client
         .enqueue_json("bad type", "v-1", serde_json::json!(1))
@@ -745,7 +721,7 @@ async fn every_enqueue_path_validates_before_it_writes() {
 /// row no message runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schedule_too_large_to_publish_is_refused_at_start() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let client = worker_client(stack).await;
     let big = too_large(&client);
     let started = Worker::builder(worker_cfg(stack).with_worker_id("sched-w"))
@@ -789,26 +765,29 @@ async fn refused_with<T: std::fmt::Debug>(r: Result<T, sqlx::Error>, what: &str)
 /// job, its history and its tombstone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_functions_refuse_ages_and_batches_out_of_bounds() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let client = worker_client(stack).await;
     let pool = client.store().pool();
+    let prunes = [
+        (
+            "prune jobs",
+            format!("SELECT {NS}.tenure_prune_jobs('done', $1, $2)"),
+        ),
+        (
+            "prune tombstones",
+            format!("SELECT {NS}.tenure_prune_tombstones($1, $2)"),
+        ),
+    ];
     for (age, limit) in [(-1.0, 10), (0.0, 10), (0.5, 10), (60.0, 0), (60.0, 100_000)] {
-        let jobs =
-            sqlx::query_scalar::<_, i64>(&format!("SELECT {NS}.tenure_prune_jobs('done', $1, $2)"))
+        for (what, sql) in &prunes {
+            let pruned = sqlx::query_scalar::<_, i64>(sql)
                 .bind(age)
                 .bind(limit)
                 .fetch_one(pool)
                 .await;
-        let code = refused_with(jobs, &format!("prune jobs {age} s, {limit}")).await;
-        assert_eq!(code, "TF020");
-        let keys =
-            sqlx::query_scalar::<_, i64>(&format!("SELECT {NS}.tenure_prune_tombstones($1, $2)"))
-                .bind(age)
-                .bind(limit)
-                .fetch_one(pool)
-                .await;
-        let code = refused_with(keys, &format!("prune tombstones {age} s, {limit}")).await;
-        assert_eq!(code, "TF020");
+            let code = refused_with(pruned, &format!("{what} {age} s, {limit}")).await;
+            assert_eq!(code, "TF020");
+        }
     }
     let age = Duration::from_secs(60);
     client
@@ -832,7 +811,7 @@ async fn prune_functions_refuse_ages_and_batches_out_of_bounds() {
 /// The floor the schema's owner sets binds the worker role.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owner_sets_the_prune_floor() {
-    let stack = stack();
+    let stack = secured_stack(NS, true);
     let migrator = migrated(stack).await;
     let client = worker_client(stack).await;
     let sql = format!("UPDATE {NS}.prune_floor SET job_age_secs = $1, key_age_secs = $1");
@@ -904,13 +883,13 @@ fn report(worker: &str, health: &'static str) -> tenure::blocks::fence::WorkerRe
 /// bounded (TF020).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_cannot_overwrite_another_roles_worker_report() {
-    let stack = stack();
-    let a = worker_client(stack).await;
+    let stack = secured_stack(NS, true);
+    let client = worker_client(stack).await;
+    let a = client.store();
     let b = FenceStore::connect(&second_worker_role(stack).await)
         .await
         .expect("second role");
-    a.store()
-        .report_worker(&report("owned-by-a", "healthy"))
+    a.report_worker(&report("owned-by-a", "healthy"))
         .await
         .expect("a reports itself");
     let started = Instant::now();
@@ -923,14 +902,10 @@ async fn a_role_cannot_overwrite_another_roles_worker_report() {
     b.report_worker(&report("owned-by-b", "healthy"))
         .await
         .expect("b reports itself");
-    a.store()
-        .report_worker(&report("owned-by-a", "stopped"))
+    a.report_worker(&report("owned-by-a", "stopped"))
         .await
         .expect("a reports itself again");
-    let r = a
-        .store()
-        .report_worker(&report("owned-by-a", "bogus"))
-        .await;
+    let r = a.report_worker(&report("owned-by-a", "bogus")).await;
     assert!(
         matches!(r, Err(FenceError::ArgumentRefused { .. })),
         "{r:?}"
@@ -943,7 +918,7 @@ async fn a_role_cannot_overwrite_another_roles_worker_report() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cannot_record_a_made_up_refusal() {
     use tenure::FencingToken;
-    let client = worker_client(stack()).await;
+    let client = worker_client(secured_stack(NS, true)).await;
     let store = client.store();
     let id = JobId::from_key("sec.refusal", "r-1");
     store
@@ -998,7 +973,7 @@ async fn a_worker_cannot_record_a_made_up_refusal() {
             .await
             .expect("a real refusal");
     }
-    let owner = migrated(stack()).await;
+    let owner = migrated(secured_stack(NS, true)).await;
     let events = owner.store().job_events(id).await.expect("events");
     let refusals = events.iter().filter(|e| e.kind == "stale_refused").count();
     assert_eq!(

@@ -18,12 +18,13 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use tenure::blocks::fence::JobStatus;
 use tenure::blocks::queue::{NatsRole, Queue};
-use tenure::devstack::{DevNatsUser, DevStack, DevStackOptions};
+use tenure::devstack::DevNatsUser;
 use tenure::security::Secret;
 use tenure::{Client, Config, JobId, Worker};
-use tenure_tests::metered::cancellable_worker;
+use tenure_tests::metered::{Metered, cancellable_worker};
 use tenure_tests::{
-    CancelProbe, Cancellable, Hold, ThreeStep, Work, create_test_tables, init_logs, wait_until,
+    CancelProbe, Cancellable, Hold, ThreeStep, Work, create_test_tables, init_logs, secured_config,
+    secured_stack, wait_until, work,
 };
 
 /// The namespace the tests act in.
@@ -31,23 +32,17 @@ const NS: &str = "nsa";
 /// How long a message or an answer that must not come is waited for.
 const QUIET: Duration = Duration::from_millis(1500);
 
-fn stack() -> &'static DevStack {
-    DevStack::shared_with(DevStackOptions {
-        tls: true,
-        auth: true,
-        namespace: NS.into(),
-        ..DevStackOptions::default()
-    })
-    .expect("secured dev stack")
-}
-
 fn other_ns() -> String {
-    stack().auth().expect("auth").other_namespace.clone()
+    secured_stack(NS, false)
+        .auth()
+        .expect("auth")
+        .other_namespace
+        .clone()
 }
 
 /// The user of `role` in `nsa` (`other`: in `nsa_dlq`).
 fn user(role: NatsRole, other: bool) -> DevNatsUser {
-    let auth = stack().auth().expect("auth");
+    let auth = secured_stack(NS, false).auth().expect("auth");
     let roles = if other { &auth.other_nats } else { &auth.nats };
     roles.get(role).clone()
 }
@@ -55,24 +50,16 @@ fn user(role: NatsRole, other: bool) -> DevNatsUser {
 /// A configuration of `nats`'s namespace as NATS user `nats` and
 /// PostgreSQL role `pg_role`.
 fn cfg_as(nats: &DevNatsUser, pg_role: &str, pg_password: &Secret) -> Config {
-    let stack = stack();
-    let (tls, auth) = (stack.tls().expect("tls"), stack.auth().expect("auth"));
-    Config::new(nats.namespace.clone())
+    let stack = secured_stack(NS, false);
+    secured_config(stack, &nats.namespace, nats.auth(), pg_role, pg_password)
         .with_schema(NS)
         .with_lease_ttl(Duration::from_secs(5))
-        .with_etcd_endpoints(stack.etcd_endpoints())
-        .with_etcd_tls(tls.client())
-        .with_etcd_user(&auth.etcd_user, auth.etcd_password.clone())
-        .with_nats_url(stack.nats_url())
-        .with_nats_tls(tls.client())
-        .with_nats_auth(nats.auth())
-        .with_database_url(stack.database_url_as(pg_role, Some(pg_password), "tenure"))
 }
 
 /// The operator's deployment step: the migrator's PostgreSQL role, the
 /// namespace's NATS operator.
 fn operator_cfg() -> Config {
-    let auth = stack().auth().expect("auth");
+    let auth = secured_stack(NS, false).auth().expect("auth");
     cfg_as(
         &user(NatsRole::Operator, false),
         "tenure_migrator",
@@ -81,7 +68,7 @@ fn operator_cfg() -> Config {
 }
 
 fn worker_cfg(id: &str) -> Config {
-    let auth = stack().auth().expect("auth");
+    let auth = secured_stack(NS, false).auth().expect("auth");
     cfg_as(
         &user(NatsRole::Worker, false),
         "tenure_worker",
@@ -123,7 +110,7 @@ async fn deployed() -> Client {
             .await
             .expect("grant step_log");
             Queue::provision(&operator_cfg()).await.expect("provision");
-            let auth = stack().auth().expect("auth");
+            let auth = secured_stack(NS, false).auth().expect("auth");
             let other = cfg_as(
                 &user(NatsRole::Operator, true),
                 "tenure_migrator",
@@ -139,7 +126,7 @@ async fn deployed() -> Client {
 
 /// PostgreSQL role `tenure_producer`, made by the superuser.
 async fn producer_role() {
-    let stack = stack();
+    let stack = secured_stack(NS, false);
     let auth = stack.auth().expect("auth");
     let su = stack.database_url_as("postgres", Some(&auth.postgres_password), "tenure");
     let pool = sqlx::PgPool::connect(&su).await.expect("superuser");
@@ -160,7 +147,7 @@ struct Raw {
 }
 
 async fn raw(nats: &DevNatsUser, inbox: &str) -> Raw {
-    let stack = stack();
+    let stack = secured_stack(NS, false);
     let tls = stack.tls().expect("tls");
     let errors = Arc::new(Mutex::new(Vec::new()));
     let seen = errors.clone();
@@ -260,7 +247,7 @@ async fn a_worker_cannot_read_another_namespaces_inbox() {
     let mut prefixed = spy.client.subscribe(theirs.clone()).await.unwrap();
     spy.client.flush().await.unwrap();
 
-    let auth = stack().auth().expect("auth");
+    let auth = secured_stack(NS, false).auth().expect("auth");
     let victim = cfg_as(
         &user(NatsRole::Worker, true),
         "tenure_worker",
@@ -401,7 +388,7 @@ async fn stream_config(stream: &str) -> jetstream::stream::Config {
 }
 
 async fn admin() -> Raw {
-    let auth = stack().auth().expect("auth");
+    let auth = secured_stack(NS, false).auth().expect("auth");
     let admin = DevNatsUser {
         namespace: NS.into(),
         role: NatsRole::Operator,
@@ -564,11 +551,20 @@ async fn only_the_operator_and_producer_publish_cancel_notices() {
 /// job type's consumer).
 static CANCELLABLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A [`Cancellable`] job enqueued by the producer, once its step 0 wrote
-/// (in its open transaction) and waits for a cancellation.
-async fn holding_job(producer: &Client, probe: &CancelProbe, key: &str, hold_ms: u64) -> JobId {
+/// A running [`Cancellable`] job, after its worker, the worker's metrics,
+/// the producer that enqueued it, and what its steps saw.
+type Holding = (Worker, Metered, Client, Arc<CancelProbe>, JobId);
+
+/// Worker `id` of [`Cancellable`] and a job (key `prefix-<random>`) that
+/// the producer enqueued whose step 0 holds `hold_ms`, once its step 0
+/// wrote (in its open transaction) and waits for a cancellation.
+async fn holding_job(id: &str, prefix: &str, hold_ms: u64) -> Holding {
+    let probe = Arc::new(CancelProbe::default());
+    let (worker, metered) = cancellable_worker(worker_cfg(id), NS, &probe).await;
+    let producer = Client::connect(&producer_cfg()).await.expect("producer");
+    let key = format!("{prefix}-{}", rand::random::<u32>());
     let job = producer
-        .enqueue::<Cancellable>(key, &Hold { hold_ms })
+        .enqueue::<Cancellable>(&key, &Hold { hold_ms })
         .await
         .expect("enqueue as the producer")
         .job_id;
@@ -576,7 +572,7 @@ async fn holding_job(producer: &Client, probe: &CancelProbe, key: &str, hold_ms:
         wait_until(Duration::from_secs(30), || async { probe.wrote(job, 0) }).await,
         "step 0 never started"
     );
-    job
+    (worker, metered, producer, probe, job)
 }
 
 /// A cancel notice that a user allowed to send one (the producer) forges for
@@ -588,11 +584,7 @@ async fn a_forged_cancel_notice_does_not_stop_a_running_job() {
     init_logs();
     deployed().await;
     let _one = CANCELLABLE.lock().await;
-    let probe = Arc::new(CancelProbe::default());
-    let (worker, metered) = cancellable_worker(worker_cfg("forged-w"), NS, &probe).await;
-    let producer = Client::connect(&producer_cfg()).await.expect("producer");
-    let key = format!("forged-{}", rand::random::<u32>());
-    let job = holding_job(&producer, &probe, &key, 2500).await;
+    let (worker, metered, producer, probe, job) = holding_job("forged-w", "forged", 2500).await;
 
     let forger = raw_as(&user(NatsRole::Producer, false)).await;
     for _ in 0..3 {
@@ -638,11 +630,8 @@ async fn an_operators_cancel_still_aborts_a_running_step() {
     init_logs();
     let operator = deployed().await;
     let _one = CANCELLABLE.lock().await;
-    let probe = Arc::new(CancelProbe::default());
-    let (worker, metered) = cancellable_worker(worker_cfg("cancel-w"), NS, &probe).await;
-    let producer = Client::connect(&producer_cfg()).await.expect("producer");
-    let key = format!("cancelled-{}", rand::random::<u32>());
-    let job = holding_job(&producer, &probe, &key, 20_000).await;
+    let (worker, metered, _producer, probe, job) =
+        holding_job("cancel-w", "cancelled", 20_000).await;
 
     let asked = std::time::Instant::now();
     let outcome = operator
@@ -691,24 +680,11 @@ async fn the_pipeline_runs_as_the_per_role_users() {
     let producer = Client::connect(&producer_cfg()).await.expect("producer");
     let run = format!("{}", rand::random::<u32>());
     let now = producer
-        .enqueue::<ThreeStep>(
-            &format!("now-{run}"),
-            &Work {
-                n: 7,
-                ..Work::default()
-            },
-        )
+        .enqueue::<ThreeStep>(&format!("now-{run}"), &work(7))
         .await
         .expect("enqueue");
     let later = producer
-        .enqueue_after::<ThreeStep>(
-            &format!("later-{run}"),
-            &Work {
-                n: 8,
-                ..Work::default()
-            },
-            Duration::from_secs(1),
-        )
+        .enqueue_after::<ThreeStep>(&format!("later-{run}"), &work(8), Duration::from_secs(1))
         .await
         .expect("enqueue_after");
     let fails = Work {
@@ -760,14 +736,10 @@ async fn the_pipeline_runs_as_the_per_role_users() {
 }
 
 /// How many times `job` died (its `dead` events).
-async fn dead_events(client: &Client, job: JobId) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {NS}.job_events WHERE job_id = $1 AND kind = 'dead'"
-    ))
-    .bind(job.as_uuid())
-    .fetch_one(client.store().pool())
-    .await
-    .unwrap()
+async fn dead_events(client: &Client, job: JobId) -> usize {
+    tenure_tests::events_of_kind(client, job, "dead")
+        .await
+        .len()
 }
 
 /// The dev stack writes private keys and every file carrying a password
@@ -775,7 +747,7 @@ async fn dead_events(client: &Client, job: JobId) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dev_stack_keeps_its_secrets_private() {
     use std::os::unix::fs::PermissionsExt;
-    let stack = stack();
+    let stack = secured_stack(NS, false);
     let (tls, auth) = (stack.tls().expect("tls"), stack.auth().expect("auth"));
     let conf = stack.dir().join("nats.conf");
     for file in [

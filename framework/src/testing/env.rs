@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use super::history::{History, Report};
 use super::process::{self, WorkerProcess};
 use super::proxy::EtcdProxy;
-use super::spec::{TestError, TestSpec, tune};
+use super::spec::{TestError, TestSpec, short_backoffs};
 use crate::devstack::{DevStack, DevStackOptions};
 use crate::faults::{Fault, FaultHit, FaultPlan, Injector};
 use crate::{Client, Config, Job, JobId, JobRow, Worker, WorkerBuilder};
@@ -109,7 +109,7 @@ fn config_for(stack: &DevStack, ns: &str, ttl: Duration) -> Config {
         .with_nats_url(stack.nats_url())
         .with_database_url(stack.database_url())
         .with_lease_ttl(ttl);
-    tune(&mut cfg);
+    short_backoffs(&mut cfg);
     cfg
 }
 
@@ -126,7 +126,10 @@ impl TestEnv {
         let name = spec.test_name().rsplit("::").next().unwrap_or("t");
         let prefix: String = name.chars().take(20).collect();
         let ns = DevStack::unique_namespace(&format!("t_{prefix}"));
-        let cfg = config_for(stack.get(), &ns, Duration::from_secs(spec.ttl_secs));
+        let mut cfg = config_for(stack.get(), &ns, Duration::from_secs(spec.ttl_secs));
+        if let Some(partitions) = spec.partitions {
+            cfg = cfg.with_partitions(partitions);
+        }
         let client = Client::connect(&cfg).await?;
         client.migrate().await?;
         Ok(TestEnv {
@@ -144,7 +147,8 @@ impl TestEnv {
         &self.client
     }
 
-    /// The config every worker of this test starts from.
+    /// The config every worker of this test starts from (with the test's
+    /// `partitions = N`, if any: the way of owning jobs its namespace recorded).
     pub fn config(&self) -> &Config {
         &self.cfg
     }

@@ -40,7 +40,7 @@ pub use process::WorkerProcess;
 #[cfg(feature = "devstack")]
 pub use proxy::Relay;
 #[cfg(feature = "devstack")]
-pub use spec::TestError;
+pub use spec::{TestError, short_backoffs};
 
 /// Used by the code `#[tenure::test]` generates. Not a public API.
 #[cfg(feature = "devstack")]

@@ -20,7 +20,7 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use super::history::History;
-use super::spec::{TestError, TestSpec, tune};
+use super::spec::{TestError, TestSpec, short_backoffs};
 use crate::faults::{Fault, FaultHit, FaultPlan, FaultRule, Injector};
 use crate::{FencingToken, JobId, StepIndex, WorkerObserver};
 
@@ -38,6 +38,7 @@ pub(super) struct ChildSpec {
     nats: String,
     database: String,
     ttl_ms: u64,
+    partitions: Option<u32>,
     worker: String,
     rules: Vec<FaultRule>,
 }
@@ -56,6 +57,7 @@ impl ChildSpec {
             nats: cfg.nats_url.clone(),
             database: cfg.database_url.clone(),
             ttl_ms: u64::try_from(cfg.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+            partitions: cfg.partitions,
             worker: id.to_string(),
             rules,
         }
@@ -80,7 +82,10 @@ pub(super) async fn serve(spec: TestSpec, child: ChildSpec) -> Result<(), TestEr
         .with_nats_url(child.nats.clone())
         .with_database_url(child.database.clone())
         .with_lease_ttl(Duration::from_millis(child.ttl_ms));
-    tune(&mut cfg);
+    short_backoffs(&mut cfg);
+    if let Some(partitions) = child.partitions {
+        cfg = cfg.with_partitions(partitions);
+    }
     let mut cfg = cfg.with_worker_id(&child.worker);
     let mut plan = FaultPlan::new();
     for r in &child.rules {

@@ -1,6 +1,6 @@
 //! What a `#[tenure::test]` asked for ([`TestSpec`]), what the kit may fail
 //! with ([`TestError`]) and the short backoffs of a test's workers
-//! ([`tune`]): shared by `env.rs` (in-process workers) and `process.rs`
+//! ([`short_backoffs`]): shared by `env.rs` (in-process workers) and `process.rs`
 //! (worker processes), below both.
 
 use std::time::Duration;
@@ -24,6 +24,9 @@ pub struct TestSpec {
     /// What a worker process of this test runs (`worker = path` argument: an
     /// `async fn(Config) -> WorkerBuilder`).
     pub worker: Option<WorkerFn>,
+    /// The partition count its namespace is migrated with (`partitions = N`
+    /// argument); `None`: one lock per job.
+    pub partitions: Option<u32>,
 }
 
 /// A test's worker function, boxed: `worker = path` of `#[tenure::test]`.
@@ -85,8 +88,12 @@ pub enum TestError {
     Process(String),
 }
 
-/// Short backoffs: tests wait for retries and takeovers.
-pub(super) fn tune(cfg: &mut Config) {
+/// Sets `cfg`'s contention and retry backoffs to 50 ms rising to 500 ms and
+/// its session backoff to 100 ms rising to 1 s: tests wait for retries and
+/// takeovers. The kit's workers (in process and worker processes) run with
+/// these; a harness that builds its own `Config` (e.g. a torture binary's
+/// worker) calls it to match them.
+pub fn short_backoffs(cfg: &mut Config) {
     cfg.contention_backoff.base = Duration::from_millis(50);
     cfg.contention_backoff.cap = Duration::from_millis(500);
     cfg.retry_backoff.base = Duration::from_millis(50);

@@ -574,7 +574,7 @@ async fn tenure_worker(
         .with_database_url(flag_value(args, "--db")?)
         .with_lease_ttl(ttl)
         .with_worker_id(id.clone());
-    tenure_tests::short_backoffs(&mut cfg);
+    tenure::testing::short_backoffs(&mut cfg);
     cfg.max_in_flight = 16;
     cfg.unsafe_no_fencing = args.iter().any(|a| a == "--unsafe-no-fencing");
     if let Ok(p) = flag_value(args, "--partitions") {

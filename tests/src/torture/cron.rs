@@ -42,13 +42,7 @@ impl Tick {
             "INSERT INTO {}.ticks (job_id, token, worker) VALUES ($1, $2, $3)",
             self.schema
         );
-        sqlx::query(&sql)
-            .bind(ctx.job_id().as_uuid())
-            .bind(ctx.token().get())
-            .bind(&self.worker)
-            .execute(ctx.db().await?)
-            .await?;
-        Ok(())
+        tenure_tests::insert_in_step(ctx, &sql, None, Some(&self.worker)).await
     }
 }
 

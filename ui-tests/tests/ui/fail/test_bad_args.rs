@@ -18,4 +18,9 @@ async fn ttl_without_value(env: TestEnv) {
     let _ = env;
 }
 
+#[tenure::test(partitions = 0)]
+async fn zero_partitions(env: TestEnv) {
+    let _ = env;
+}
+
 fn main() {}
