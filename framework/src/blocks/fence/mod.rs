@@ -120,7 +120,7 @@ pub use leader::LeaderRow;
 pub use outbox::{BatchInserted, NewJob, OutboxListener};
 pub use pauses::PausedType;
 pub use row::{Cancelled, Claim, Inserted, JobRow};
-pub use schedules::{ScheduleRow, TickBatch, tick_key};
+pub use schedules::{ScheduleRow, TickBatch, tick_key, trigger_key};
 pub use status::{JobStatus, UnknownStatus};
 pub use store::FenceStore;
 pub use tx::FencedTx;
