@@ -146,7 +146,13 @@ impl Schedule {
     }
 
     pub(crate) fn parsed(&self) -> Result<Parsed, ScheduleError> {
-        if !valid_name(&self.name) {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !name_ok {
             return Err(ScheduleError::Name(self.name.clone()));
         }
         if self.missed == (MissedTicks::CatchUp { max: 0 }) {
@@ -183,16 +189,6 @@ impl Schedule {
     pub(crate) fn policy(&self) -> MissedTicks {
         self.missed
     }
-}
-
-/// Whether `name` can name a schedule: 1 to 64 ASCII letters, digits, `_`,
-/// `.` and `-` (so it fits a key and migration 0020's check).
-pub(crate) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// A checked schedule: its parsed expression and zone.

@@ -4,7 +4,7 @@
 //! ordinary enqueue of the schedule's job type and input under a key of its
 //! own ([`trigger_key`]), so it is deduplicated and fenced like any job.
 
-use crate::fence::trigger_key;
+use crate::fence::{schedule_name_ok, trigger_key};
 use crate::{Client, ClientError, Enqueued};
 
 /// The longest trigger id, in bytes.
@@ -72,7 +72,7 @@ impl Client {
 
 /// A name no schedule can have is unknown, before any server is asked.
 fn known(name: &str) -> Result<(), ClientError> {
-    match crate::schedule::valid_name(name) {
+    match schedule_name_ok(name) {
         true => Ok(()),
         false => Err(ClientError::UnknownSchedule(name.to_string())),
     }

@@ -120,6 +120,7 @@ pub use leader::LeaderRow;
 pub use outbox::{BatchInserted, NewJob, OutboxListener};
 pub use pauses::PausedType;
 pub use row::{Cancelled, Claim, Inserted, JobRow};
+pub(crate) use schedules::schedule_name_ok;
 pub use schedules::{ScheduleRow, TickBatch, tick_key, trigger_key};
 pub use status::{JobStatus, UnknownStatus};
 pub use store::FenceStore;

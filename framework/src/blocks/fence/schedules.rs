@@ -73,6 +73,17 @@ pub fn tick_key(name: &str, tick: DateTime<Utc>) -> String {
     )
 }
 
+/// Whether `name` can name a schedule: 1 to 64 ASCII letters, digits, `_`,
+/// `.` and `-`. The rule of `Schedule::new` (`schedule.rs`, which uses no
+/// other module) and of migration 0020's `tenure_check_schedule_name`.
+pub(crate) fn schedule_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
 /// The idempotency key of a trigger ("run now") of schedule `name` with the
 /// caller's `trigger_id`: `trigger:<name>:<id>`. It never equals a tick's
 /// [`tick_key`] (another prefix), and the same id is the same job.
