@@ -909,6 +909,14 @@ async fn migrate_twice_then_with_grants_and_an_unknown_role() {
         .await
     );
     assert!(!has(&pool, "has_function_privilege", &worker, &cancel, "EXECUTE").await);
+    for f in ["tenure_pause_schedule", "tenure_resume_schedule"] {
+        let f = format!("\"{}\".{f}(text)", cfg.schema);
+        let (o, w) = (&operator, &worker);
+        assert!(has(&pool, "has_function_privilege", o, &f, "EXECUTE").await);
+        assert!(!has(&pool, "has_function_privilege", w, &f, "EXECUTE").await);
+        let public = has(&pool, "has_function_privilege", &producer, &f, "EXECUTE");
+        assert!(!public.await, "{f}: not PUBLIC");
+    }
     assert!(has(&pool, "has_table_privilege", &operator, &jobs, "SELECT").await);
     assert!(!has(&pool, "has_table_privilege", &operator, &jobs, "INSERT").await);
     for role in [&worker, &producer] {
