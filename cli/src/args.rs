@@ -304,10 +304,43 @@ pub enum Command {
     /// Workers seen in the last hour's job history or connected to PostgreSQL now.
     Workers,
     /// Cron schedules (expression, time zone, missed-ticks policy, last and
-    /// next tick, ticks enqueued and skipped) and the scheduler leader.
+    /// next tick, ticks enqueued and skipped, paused since) and the
+    /// scheduler leader.
     Schedules,
+    /// Pause, resume or trigger one cron schedule.
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
     /// Serve the operator's web view (read-only without --operator-token-file or TENURE_OPERATOR_TOKEN).
     Serve(web::ServeArgs),
+}
+
+/// `tenure schedule ...`: an operator's controls of one cron schedule.
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Pause a schedule: from the moment this returns the scheduler leader
+    /// enqueues none of its ticks (they are counted as skipped). Durable
+    /// until `tenure schedule resume`; pausing twice changes nothing.
+    Pause {
+        /// The schedule's name (as `tenure schedules` lists it).
+        name: String,
+    },
+    /// Resume a paused schedule: its next tick runs as usual; the ticks that
+    /// came while it was paused are skipped, whatever its missed-ticks policy.
+    Resume {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Run a schedule's job now (its type and input), as an enqueue under
+    /// the key `trigger:<name>:<id>`: the same `--id` again is the same job.
+    /// A paused schedule is triggered too.
+    Trigger {
+        /// The schedule's name.
+        name: String,
+        /// The trigger's id (default: a fresh UUID, so each run is a new
+        /// job); give one to make a retried command one job.
+        #[arg(long)]
+        id: Option<String>,
+    },
 }
 
 /// `tenure migrate` options.

@@ -525,6 +525,10 @@ pub struct ScheduleView {
     pub next_tick: Option<DateTime<Utc>>,
     pub enqueued: i64,
     pub skipped: i64,
+    /// Since when it is paused (`None`: it runs).
+    pub paused_at: Option<DateTime<Utc>>,
+    /// Who paused it (the pausing tool's `application_name`).
+    pub paused_by: Option<String>,
 }
 
 impl From<&ScheduleRow> for ScheduleView {
@@ -539,6 +543,8 @@ impl From<&ScheduleRow> for ScheduleView {
             next_tick: r.next_tick,
             enqueued: r.enqueued,
             skipped: r.skipped,
+            paused_at: r.paused_at,
+            paused_by: r.paused_by.clone(),
         }
     }
 }
@@ -567,6 +573,91 @@ pub async fn schedules(ctx: &Ctx, store: &FenceStore) -> anyhow::Result<Schedule
     Ok(SchedulesView {
         leader: leader.map(Into::into),
         schedules: rows.iter().map(ScheduleView::from).collect(),
+    })
+}
+
+/// What a schedule's pause, resume or trigger did (`tenure schedule ...`,
+/// the web view's buttons).
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleControlView {
+    pub schedule: String,
+    /// `paused`, `already paused`, `resumed`, `not paused`, `triggered` or
+    /// `already triggered`.
+    pub outcome: &'static str,
+    /// The triggered job.
+    pub job_id: Option<JobId>,
+}
+
+impl ScheduleControlView {
+    /// One line: `paused nightly`, `triggered nightly: job <id>`.
+    pub fn line(&self) -> String {
+        match self.job_id {
+            Some(id) => format!("{} {}: job {id}", self.outcome, self.schedule),
+            None => format!("{} {}", self.outcome, self.schedule),
+        }
+    }
+}
+
+/// Within the context's timeout, or the error says what was being done.
+async fn bounded<T>(
+    ctx: &Ctx,
+    doing: String,
+    call: impl std::future::Future<Output = Result<T, tenure::ClientError>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(ctx.timeout, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(anyhow!("{doing}: {}", describe(&e))),
+        Err(_) => Err(anyhow!("{doing}: no answer within {:?}", ctx.timeout)),
+    }
+}
+
+/// Pauses (`pause`) or resumes schedule `name` through
+/// [`Client::pause_schedule`] or [`Client::resume_schedule`]; an unknown
+/// schedule is the client's typed error, said as it is.
+pub async fn control_schedule(
+    ctx: &Ctx,
+    client: &Client,
+    name: &str,
+    pause: bool,
+) -> anyhow::Result<ScheduleControlView> {
+    let changed = if pause {
+        let doing = format!("pausing schedule {name}");
+        bounded(ctx, doing, client.pause_schedule(name)).await?
+    } else {
+        let doing = format!("resuming schedule {name}");
+        bounded(ctx, doing, client.resume_schedule(name)).await?
+    };
+    let outcome = match (pause, changed) {
+        (true, true) => "paused",
+        (true, false) => "already paused",
+        (false, true) => "resumed",
+        (false, false) => "not paused",
+    };
+    Ok(ScheduleControlView {
+        schedule: name.to_string(),
+        outcome,
+        job_id: None,
+    })
+}
+
+/// Runs schedule `name`'s job now under trigger id `id`
+/// ([`Client::trigger_schedule`]); the same id again is the same job.
+pub async fn trigger_schedule(
+    ctx: &Ctx,
+    client: &Client,
+    name: &str,
+    id: &str,
+) -> anyhow::Result<ScheduleControlView> {
+    let doing = format!("triggering schedule {name}");
+    let e = bounded(ctx, doing, client.trigger_schedule(name, id)).await?;
+    Ok(ScheduleControlView {
+        schedule: name.to_string(),
+        outcome: if e.duplicate {
+            "already triggered"
+        } else {
+            "triggered"
+        },
+        job_id: Some(e.job_id),
     })
 }
 

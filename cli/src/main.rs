@@ -13,6 +13,8 @@
 //! tenure overview                                                 counts per status and type, last hour's rates
 //! tenure workers                                                  workers seen in the job history
 //! tenure schedules                                                cron schedules and the scheduler leader
+//! tenure schedule pause|resume NAME                               stop or restart a schedule's ticks
+//! tenure schedule trigger NAME [--id ID]                          run a schedule's job now (same id: same job)
 //! tenure serve [--bind 127.0.0.1:8023] [--operator-token-file F]  the web view (see `web`)
 //! ```
 //!
@@ -67,7 +69,7 @@ use chrono::Utc;
 use clap::Parser;
 use tenure::blocks::fence::{JobFilter, JobStatus};
 
-use args::{Cli, Command, EnqueueArgs, JobArgs, JobsArgs, MigrateArgs, PruneArgs};
+use args::{Cli, Command, EnqueueArgs, JobArgs, JobsArgs, MigrateArgs, PruneArgs, ScheduleCommand};
 use ctx::Ctx;
 use data::Privileges;
 
@@ -153,6 +155,7 @@ async fn run_command(ctx: &Ctx, command: Command) -> anyhow::Result<()> {
             let view = data::schedules(ctx, &store).await?;
             ctx.print(&view, || render::schedules_table(&view))
         }
+        Command::Schedule(c) => schedule(ctx, c).await,
         Command::Redrive { id, reason } => redrive(ctx, id, reason).await,
         Command::Cancel { id, reason } => {
             let client = ctx.client().await?;
@@ -175,6 +178,23 @@ async fn pause(ctx: &Ctx, job_type: &str, pause: bool) -> anyhow::Result<()> {
     let client = ctx.client().await?;
     let view = data::pause(ctx, &client, job_type, pause).await?;
     ctx.print(&view, || format!("{} {}\n", view.outcome, view.job_type))
+}
+
+async fn schedule(ctx: &Ctx, command: ScheduleCommand) -> anyhow::Result<()> {
+    let client = ctx.client().await?;
+    let view = match command {
+        ScheduleCommand::Pause { name } => {
+            data::control_schedule(ctx, &client, &name, true).await?
+        }
+        ScheduleCommand::Resume { name } => {
+            data::control_schedule(ctx, &client, &name, false).await?
+        }
+        ScheduleCommand::Trigger { name, id } => {
+            let id = id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            data::trigger_schedule(ctx, &client, &name, &id).await?
+        }
+    };
+    ctx.print(&view, || render::schedule_control_line(&view))
 }
 
 async fn migrate(ctx: &Ctx, a: MigrateArgs) -> anyhow::Result<()> {

@@ -7,7 +7,7 @@ use tenure::blocks::fence::{JobEvent, PartitionOwner};
 
 use crate::data::{
     DeadLetterView, EnqueueView, JobDetail, JobView, MigrateView, OverviewView, PausedView,
-    PruneView, RedriveView, SchedulesView, WorkerView,
+    PruneView, RedriveView, ScheduleControlView, SchedulesView, WorkerView,
 };
 
 /// `tenure job`: the row's fields, then its history as a table.
@@ -204,6 +204,9 @@ pub fn schedules_table(v: &SchedulesView) -> String {
                 opt(&r.next_tick),
                 r.enqueued.to_string(),
                 r.skipped.to_string(),
+                r.paused_at
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |t| format!("since {}", time(t))),
             ]
         })
         .collect();
@@ -218,10 +221,16 @@ pub fn schedules_table(v: &SchedulesView) -> String {
             "NEXT TICK",
             "ENQUEUED",
             "SKIPPED",
+            "PAUSED",
         ],
         &rows,
     ));
     s
+}
+
+/// `tenure schedule ...`: what was done, on one line.
+pub fn schedule_control_line(v: &ScheduleControlView) -> String {
+    format!("{}\n", v.line())
 }
 
 pub fn workers_table(views: &[WorkerView]) -> String {

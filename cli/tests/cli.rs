@@ -531,6 +531,73 @@ async fn schedules_lists_the_schedules_and_the_leader() {
     worker.shutdown().await.unwrap();
 }
 
+/// `tenure schedule pause|resume|trigger NAME`: each says what it did, twice
+/// changes nothing (a trigger with the same `--id` is the same job),
+/// `tenure schedules` shows the paused state, and an unknown schedule is an
+/// error that writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_pause_resume_and_trigger_from_the_cli() {
+    let ns = DevStack::unique_namespace("cli_schedctl");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let worker = Worker::builder(cfg.clone().with_worker_id("sched-w"))
+        .register(Flaky)
+        .schedule::<Flaky>("nightly", "0 0 3 * * *", &5)
+        .start()
+        .await
+        .unwrap();
+    worker.shutdown().await.unwrap();
+
+    let run = |args: &[&str]| ok(&tenure(&cfg, args)).trim().to_string();
+    assert_eq!(run(&["schedule", "pause", "nightly"]), "paused nightly");
+    assert_eq!(
+        run(&["schedule", "pause", "nightly"]),
+        "already paused nightly"
+    );
+    let v = json(&tenure(&cfg, &["--json", "schedules"]));
+    assert!(v["schedules"][0]["paused_at"].is_string(), "{v}");
+    assert_eq!(v["schedules"][0]["paused_by"], "tenure-cli", "{v}");
+    let table = ok(&tenure(&cfg, &["schedules"]));
+    assert!(
+        table.contains("PAUSED") && table.contains("since "),
+        "{table}"
+    );
+
+    let first = json(&tenure(
+        &cfg,
+        &["--json", "schedule", "trigger", "nightly", "--id", "t-1"],
+    ));
+    assert_eq!(first["outcome"], "triggered", "{first}");
+    let id: JobId = first["job_id"].as_str().unwrap().parse().unwrap();
+    let again = run(&["schedule", "trigger", "nightly", "--id", "t-1"]);
+    assert_eq!(again, format!("already triggered nightly: job {id}"));
+    let row = client.job(id).await.unwrap().expect("the triggered job");
+    assert_eq!(row.job_type, "cli.flaky");
+    assert_eq!(row.input, serde_json::json!(5));
+    let fresh = run(&["schedule", "trigger", "nightly"]);
+    assert!(fresh.starts_with("triggered nightly: job "), "{fresh}");
+    assert!(
+        !fresh.contains(&id.to_string()),
+        "a new id each time: {fresh}"
+    );
+
+    assert_eq!(run(&["schedule", "resume", "nightly"]), "resumed nightly");
+    assert_eq!(
+        run(&["schedule", "resume", "nightly"]),
+        "not paused nightly"
+    );
+    let v = json(&tenure(&cfg, &["--json", "schedules"]));
+    assert!(v["schedules"][0]["paused_at"].is_null(), "{v}");
+
+    for action in ["pause", "resume", "trigger"] {
+        let err = failed(&tenure(&cfg, &["schedule", action, "nope"]));
+        assert!(err.contains("no schedule \"nope\""), "{action}: {err}");
+    }
+    let v = json(&tenure(&cfg, &["--json", "schedules"]));
+    assert_eq!(v["schedules"].as_array().unwrap().len(), 1, "{v}");
+}
+
 /// `tenure cancel`: a queued job becomes `cancelled` (shown by `jobs
 /// --status cancelled` and `job`), twice is a no-op, an unknown id is an error
 /// that changes nothing, and a malformed one is a usage error (exit 2).
@@ -842,6 +909,14 @@ async fn migrate_twice_then_with_grants_and_an_unknown_role() {
         .await
     );
     assert!(!has(&pool, "has_function_privilege", &worker, &cancel, "EXECUTE").await);
+    for f in ["tenure_pause_schedule", "tenure_resume_schedule"] {
+        let f = format!("\"{}\".{f}(text)", cfg.schema);
+        let (o, w) = (&operator, &worker);
+        assert!(has(&pool, "has_function_privilege", o, &f, "EXECUTE").await);
+        assert!(!has(&pool, "has_function_privilege", w, &f, "EXECUTE").await);
+        let public = has(&pool, "has_function_privilege", &producer, &f, "EXECUTE");
+        assert!(!public.await, "{f}: not PUBLIC");
+    }
     assert!(has(&pool, "has_table_privilege", &operator, &jobs, "SELECT").await);
     assert!(!has(&pool, "has_table_privilege", &operator, &jobs, "INSERT").await);
     for role in [&worker, &producer] {

@@ -211,6 +211,7 @@ async fn web_view_in_a_real_browser() {
             schema: ns.clone(),
         })
         .register(Flaky)
+        .schedule::<ThreeStep>("web-nightly", "0 0 3 * * *", &nightly_work())
         .start()
         .await
         .unwrap();
@@ -269,6 +270,7 @@ async fn web_view_in_a_real_browser() {
     cancel_from_the_dlq_and_job_pages(&browser, &base, &client, given_up).await;
     pause_and_resume_from_the_overview(&browser, &base, &client).await;
     api_returns_what_the_cli_prints(&browser, &base, &cfg, frozen).await;
+    pause_resume_and_trigger_from_the_schedules_page(&browser, &base, &cfg, &client).await;
 
     browser.close().await.unwrap();
     drop(driver); // chromedriver, by its pid
@@ -685,6 +687,98 @@ async fn api_returns_what_the_cli_prints(b: &Browser, base: &str, cfg: &Config, 
     );
 }
 
+/// The input of the `web-nightly` schedule's jobs.
+fn nightly_work() -> Work {
+    Work {
+        n: 4242,
+        ..Work::default()
+    }
+}
+
+/// The schedules page lists `web-nightly` and the leader; Pause and Resume
+/// change the row (and what the client reads); Trigger runs one job now, and
+/// the trigger id its form carries makes a repeated submission that job
+/// again; `/api/schedules` is what `tenure schedules --json` prints.
+async fn pause_resume_and_trigger_from_the_schedules_page(
+    b: &Browser,
+    base: &str,
+    cfg: &Config,
+    client: &Client,
+) {
+    b.goto(&format!("{base}/")).await.unwrap();
+    click(b, "header a[href='/schedules']").await;
+    let listed = text(b, "#schedules").await;
+    for needle in [
+        "web-nightly",
+        "0 0 3 * * *",
+        "UTC",
+        "skip",
+        "test.three_step",
+    ] {
+        assert!(listed.contains(needle), "{needle:?} missing: {listed}");
+    }
+    assert!(text(b, "#leader").await.contains('B'), "B leads");
+    let paused_cell = "tr[data-schedule='web-nightly'] td.paused";
+    assert_eq!(text(b, paused_cell).await, "no");
+
+    click(b, "button.pause[data-schedule='web-nightly']").await;
+    assert_eq!(flash(b).await, "paused web-nightly");
+    assert!(text(b, paused_cell).await.starts_with("since "));
+    let row = |rows: Vec<tenure::blocks::fence::ScheduleRow>| {
+        rows.into_iter().find(|r| r.name == "web-nightly").unwrap()
+    };
+    assert!(
+        row(client.store().schedules().await.unwrap())
+            .paused_at
+            .is_some()
+    );
+    shot(b, "schedules").await;
+    click(b, "button.resume[data-schedule='web-nightly']").await;
+    assert_eq!(flash(b).await, "resumed web-nightly");
+    assert_eq!(text(b, paused_cell).await, "no");
+    assert!(
+        row(client.store().schedules().await.unwrap())
+            .paused_at
+            .is_none()
+    );
+
+    let form = "form.trigger:has(button[data-schedule='web-nightly'])";
+    let trigger_id = b
+        .find(Locator::Css(&format!("{form} input[name=trigger_id]")))
+        .await
+        .unwrap()
+        .attr("value")
+        .await
+        .unwrap()
+        .expect("a trigger id in the form");
+    click(b, &format!("{form} button")).await;
+    let note = flash(b).await;
+    let job = note
+        .strip_prefix("triggered web-nightly: job ")
+        .unwrap_or_else(|| panic!("{note}"));
+    let job: JobId = job.parse().unwrap();
+    let again = client
+        .trigger_schedule("web-nightly", &trigger_id)
+        .await
+        .unwrap();
+    assert!(
+        again.duplicate && again.job_id == job,
+        "the form's id again is that job"
+    );
+    let ran = wait_until(Duration::from_secs(20), || async {
+        status(client, job).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(ran, "the triggered job ran");
+    let row = client.job(job).await.unwrap().unwrap();
+    assert_eq!(row.input["n"], 4242);
+
+    assert_eq!(
+        api_json(b, &format!("{base}/api/schedules")).await,
+        cli_json(cfg, &["schedules"])
+    );
+}
+
 /// A POST over a raw connection: the status line and the body.
 fn post(base: &str, path: &str, headers: &str, body: &str) -> (String, String) {
     use std::io::Read;
@@ -714,6 +808,18 @@ fn actions_without_a_session_are_refused(base: &str, dead: JobId) {
         status.contains(" 403 "),
         "cancel without a session: {status}"
     );
+    for action in [
+        "/schedules/pause",
+        "/schedules/resume",
+        "/schedules/trigger",
+    ] {
+        let form = "schedule=web-nightly&trigger_id=t&csrf=guess";
+        let (status, _) = post(base, action, "", form);
+        assert!(
+            status.contains(" 403 "),
+            "{action} without a session: {status}"
+        );
+    }
     for action in ["/types/pause", "/types/resume"] {
         let (status, _) = post(base, action, "", "job_type=web.billing&csrf=guess");
         assert!(

@@ -5,8 +5,10 @@
 mod batch;
 mod mode;
 mod outbox;
+mod schedules;
 
 pub use batch::{BatchError, EnqueueItemError, ItemResult};
+pub use schedules::MAX_TRIGGER_ID;
 
 use crate::fence::{Cancelled, FenceError, FenceStore, Inserted, JobRow, JobStatus};
 use crate::job::Job;
@@ -126,6 +128,16 @@ pub enum ClientError {
     /// most, no NUL character); nothing changed.
     #[error("invalid cancel reason: {0}")]
     InvalidReason(&'static str),
+    /// No cron schedule has this name ([`Client::pause_schedule`],
+    /// [`Client::resume_schedule`], [`Client::trigger_schedule`]); nothing
+    /// changed. Schedules exist once a worker that declares them started.
+    #[error("no schedule {0:?}")]
+    UnknownSchedule(String),
+    /// A trigger id that cannot make a key (empty, longer than
+    /// [`MAX_TRIGGER_ID`] bytes, or with a control character); nothing
+    /// enqueued.
+    #[error("invalid trigger id: {0}")]
+    InvalidTriggerId(&'static str),
 }
 
 /// The longest cancel reason, in bytes.
@@ -714,7 +726,7 @@ impl Client {
     }
 
     /// Pauses job type `job_type` for every worker of the namespace, within
-    /// about [`Tuning::pause_poll`](crate::Tuning::pause_poll): its messages
+    /// about [`Tuning::pause_poll`](crate::config::Tuning::pause_poll): its messages
     /// stay in the stream (none is fetched, redelivered or dead-lettered
     /// because of the pause), no held delivery of it is claimed, and a job of
     /// it that is running finishes its current step, then waits, holding its

@@ -266,6 +266,7 @@ pub mod guide {
 
 pub use client::{
     BatchError, Client, ClientError, EnqueueItemError, Enqueued, ItemResult, MAX_CANCEL_REASON,
+    MAX_TRIGGER_ID,
 };
 pub use config::Config;
 #[cfg(feature = "mysql")]

@@ -212,6 +212,20 @@ pub(crate) struct Plan {
     pub(crate) next: Option<DateTime<Utc>>,
 }
 
+impl Plan {
+    /// The plan of a schedule that is paused (`paused`) or was resumed at
+    /// `resumed_at`: a paused schedule enqueues no tick, and a resumed one
+    /// no tick due at or before its resume (those came while it was
+    /// paused); each tick held back is counted as skipped.
+    pub(crate) fn held(mut self, paused: bool, resumed_at: Option<DateTime<Utc>>) -> Plan {
+        let held = |t: &DateTime<Utc>| paused || resumed_at.is_some_and(|r| *t <= r);
+        let before = self.enqueue.len();
+        self.enqueue.retain(|t| !held(t));
+        self.skipped += (before - self.enqueue.len()) as u64;
+        self
+    }
+}
+
 /// How many past ticks one look examines at most; older ones are skipped
 /// uncounted (an every-second schedule a day behind is 86 400 ticks).
 const SCAN_LIMIT: usize = 10_000;
@@ -287,6 +301,30 @@ mod tests {
         assert_eq!(plan.last, Some(at("2026-01-01T00:00:01Z")));
         assert_eq!(plan.next, Some(at("2026-01-01T00:00:02Z")));
         assert_eq!(plan.skipped, 0);
+    }
+
+    #[test]
+    fn a_paused_plan_enqueues_nothing_and_a_resumed_one_nothing_before_its_resume() {
+        let p = every_second(MissedTicks::CatchUp { max: 100 });
+        let plan = || {
+            p.plan(
+                at("2026-01-01T00:00:00Z"),
+                at("2026-01-01T00:00:04.500Z"),
+                Duration::from_secs(10),
+            )
+        };
+        assert_eq!(plan().enqueue.len(), 4);
+        let paused = plan().held(true, None);
+        assert!(paused.enqueue.is_empty());
+        assert_eq!(paused.skipped, 4);
+        assert_eq!(paused.last, Some(at("2026-01-01T00:00:04Z")), "decided");
+        let resumed = plan().held(false, Some(at("2026-01-01T00:00:02.200Z")));
+        assert_eq!(
+            resumed.enqueue,
+            vec![at("2026-01-01T00:00:03Z"), at("2026-01-01T00:00:04Z")]
+        );
+        assert_eq!(resumed.skipped, 2);
+        assert_eq!(plan().held(false, None), plan());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! Server-rendered HTML (`maud`, escaped by default) with one small script for
 //! live counts (server-sent events); no build step. Pages: `/` (overview),
 //! `/jobs` (filtered, keyset-paged list), `/jobs/{id}` (timeline, checkpoint,
-//! DLQ entries), `/dlq` (grouped by reason, redrive), `/workers`. Each page's
+//! DLQ entries), `/dlq` (grouped by reason, redrive), `/workers`,
+//! `/schedules` (pause, resume, trigger). Each page's
 //! data is also JSON under `/api/...`, the same structures `tenure ... --json`
 //! prints (`crate::data`). Everything is read through `tenure::blocks::fence` and
 //! `tenure::blocks::queue`; actions go through `tenure::Client`.
@@ -24,6 +25,7 @@ mod auth;
 mod guard;
 mod overview;
 mod pages;
+mod schedules;
 mod server;
 mod timeline;
 
@@ -407,6 +409,11 @@ fn router(app: Shared) -> Router {
         .route("/jobs/cancel", post(cancel_job))
         .route("/types/pause", post(pause_type))
         .route("/types/resume", post(resume_type))
+        .route("/schedules", get(schedules::schedules_page))
+        .route("/api/schedules", get(schedules::schedules_api))
+        .route("/schedules/pause", post(schedules::pause_schedule))
+        .route("/schedules/resume", post(schedules::resume_schedule))
+        .route("/schedules/trigger", post(schedules::trigger_schedule))
         .route("/workers", get(workers_page))
         .route("/api/workers", get(workers_api))
         .route("/login", get(login_page).post(login))

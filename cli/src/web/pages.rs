@@ -8,7 +8,8 @@ use maud::{DOCTYPE, Markup, html};
 use tenure::blocks::fence::{JobEvent, PartitionOwner};
 
 use crate::data::{
-    DeadLetterView, JobDetail, JobView, JobsPage, OverviewView, PausedView, WorkerView,
+    DeadLetterView, JobDetail, JobView, JobsPage, OverviewView, PausedView, ScheduleView,
+    SchedulesView, WorkerView,
 };
 
 /// The page's view of the session: whether actions are offered, and their token.
@@ -91,6 +92,7 @@ fn layout(title: &str, viewer: &Viewer, body: Markup) -> Markup {
                     a href="/jobs" { "Jobs" }
                     a href="/dlq" { "DLQ" }
                     a href="/workers" { "Workers" }
+                    a href="/schedules" { "Schedules" }
                     span.who {
                         @if viewer.logged_in {
                             @if viewer.csrf.is_some() { "operator · " } @else { "reader · " }
@@ -474,6 +476,75 @@ fn partition_owners(ws: &[WorkerView]) -> Markup {
                     }
                 }
             }
+        }
+    }
+}
+
+/// What the schedules page shows.
+pub struct Schedules<'a> {
+    pub view: &'a SchedulesView,
+    /// What the last action did.
+    pub flash: Option<&'a str>,
+    /// The id every Trigger form of this rendering carries: the same form
+    /// submitted twice is one job.
+    pub trigger_id: &'a str,
+}
+
+pub fn schedules(s: &Schedules<'_>, viewer: &Viewer) -> Markup {
+    let body = html! {
+        @if let Some(f) = s.flash { p.flash #flash { (f) } }
+        p #leader {
+            @match &s.view.leader {
+                Some(l) => { "Scheduler leader: " b { (l.worker) } " (token " (l.token) ", since " (time(&l.since)) ")" }
+                None => { "Scheduler leader: none yet" }
+            }
+        }
+        table #schedules {
+            tr { th { "name" } th { "type" } th { "cron" } th { "zone" } th { "missed" } th { "last tick" } th { "next tick" } th { "enqueued" } th { "skipped" } th { "paused" } th {} }
+            @for r in &s.view.schedules { (schedule_row(r, s.trigger_id, viewer)) }
+        }
+        p.note { "A paused schedule enqueues no tick from the moment the pause is committed (the scheduler leader's tick write is refused with it) and counts its ticks as skipped; on resume, the ticks that came while it was paused are skipped, whatever its missed-ticks policy. Trigger enqueues one job now with the schedule's type and input; the same form sent twice is one job. A paused schedule can be triggered." }
+    };
+    layout("Schedules", viewer, body)
+}
+
+fn schedule_row(r: &ScheduleView, trigger_id: &str, viewer: &Viewer) -> Markup {
+    let paused = r
+        .paused_at
+        .as_ref()
+        .map_or_else(|| "no".to_string(), |t| format!("since {}", time(t)));
+    html! {
+        tr data-schedule=(r.name) {
+            td { (r.name) } td { (r.job_type) } td { code { (r.expr) } } td { (r.time_zone) } td { (r.missed) }
+            td { (opt(r.last_tick.as_ref().map(time))) } td { (opt(r.next_tick.as_ref().map(time))) }
+            td { (r.enqueued) } td { (r.skipped) }
+            td.paused { (paused) @if let Some(by) = &r.paused_by { " by " (by) } }
+            td {
+                @if let Some(csrf) = &viewer.csrf {
+                    @if r.paused_at.is_some() {
+                        (schedule_button(csrf, "resume", &r.name, "Resume"))
+                    } @else {
+                        (schedule_button(csrf, "pause", &r.name, "Pause"))
+                    }
+                    " "
+                    form.inline.trigger method="post" action="/schedules/trigger" {
+                        input type="hidden" name="csrf" value=(csrf);
+                        input type="hidden" name="schedule" value=(r.name);
+                        input type="hidden" name="trigger_id" value=(trigger_id);
+                        button.trigger data-schedule=(r.name) { "Trigger" }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn schedule_button(csrf: &str, action: &str, name: &str, label: &str) -> Markup {
+    html! {
+        form.inline method="post" action={ "/schedules/" (action) } {
+            input type="hidden" name="csrf" value=(csrf);
+            input type="hidden" name="schedule" value=(name);
+            button class=(action) data-schedule=(name) { (label) }
         }
     }
 }

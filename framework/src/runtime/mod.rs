@@ -435,6 +435,9 @@ async fn register_schedules(
             enqueued: 0,
             skipped: 0,
             created_at: chrono::Utc::now(),
+            paused_at: None,
+            paused_by: None,
+            resumed_at: None,
         };
         store.upsert_schedule(&row).await?;
         parsed.push(p);

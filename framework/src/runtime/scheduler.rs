@@ -385,7 +385,9 @@ impl Scheduler {
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Ticked, RoundError> {
         let after = row.last_tick.unwrap_or(row.created_at);
-        let plan = p.plan(after, now, self.shared.cfg.missed_tick_after());
+        let plan = p
+            .plan(after, now, self.shared.cfg.missed_tick_after())
+            .held(row.paused_at.is_some(), row.resumed_at);
         if plan.last.is_none() && row.next_tick.is_some() {
             return Ok(Ticked {
                 inserted: 0,
@@ -403,13 +405,25 @@ impl Scheduler {
         };
         // A cron job's trace begins here: the rows keep this span's context.
         let span = tracing::info_span!("tenure.schedule_tick", schedule = %row.name);
-        let inserted = self
+        let written = self
             .shared
             .store
             .enqueue_ticks(ROLE, lead.token(), &batch)
             .instrument(span)
-            .await?;
-        if plan.skipped > 0 {
+            .await;
+        let inserted = match written {
+            Ok(n) => n,
+            // Paused since this look: nothing was written; the next look
+            // (within `Tuning::due_poll`) reads the pause and skips.
+            Err(e @ FenceError::SchedulePaused { .. }) => {
+                tracing::info!(schedule = %row.name, error = %e, "schedule paused; its ticks refused");
+                0
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if row.paused_at.is_some() {
+            tracing::debug!(schedule = %row.name, skipped = plan.skipped, "paused schedule's ticks skipped");
+        } else if plan.skipped > 0 {
             tracing::warn!(schedule = %row.name, skipped = plan.skipped, "missed cron ticks skipped");
         }
         tracing::debug!(schedule = %row.name, inserted, "cron ticks enqueued");

@@ -45,6 +45,11 @@ pub(super) fn is_tombstoned(err: &sqlx::Error) -> bool {
 /// a worker report's or a refusal record's values that cannot be true.
 pub const ARGUMENT_REFUSED_SQLSTATE: &str = "TF020";
 
+/// The SQLSTATE of a leader's ticks refused because their schedule is paused
+/// (`tenure_advance_schedule`, migration 0020): the transaction that inserted
+/// them rolls back.
+pub(super) const SCHEDULE_PAUSED_SQLSTATE: &str = "TF021";
+
 /// What a database error means to the fence, as far as it acts on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum PgFailure {
@@ -57,6 +62,8 @@ pub(super) enum PgFailure {
     WallRefused,
     /// A Tenure function refused its arguments ([`ARGUMENT_REFUSED_SQLSTATE`]).
     ArgumentRefused,
+    /// A paused schedule's ticks refused ([`SCHEDULE_PAUSED_SQLSTATE`]).
+    SchedulePaused,
     /// PostgreSQL refused us: TLS, the password or `pg_hba.conf`, a privilege.
     Refused {
         /// Where it was refused.
@@ -81,6 +88,7 @@ pub(super) fn classify(err: &sqlx::Error) -> PgFailure {
         Some(CAS_REFUSED_SQLSTATE) => return PgFailure::CasRefused,
         Some(WALL_SQLSTATE) => return PgFailure::WallRefused,
         Some(ARGUMENT_REFUSED_SQLSTATE) => return PgFailure::ArgumentRefused,
+        Some(SCHEDULE_PAUSED_SQLSTATE) => return PgFailure::SchedulePaused,
         _ => {}
     }
     let refused = match err {
@@ -269,6 +277,17 @@ pub enum FenceError {
         /// The role's fence now (`None`: never claimed).
         current: Option<ObservedFence>,
     },
+    /// A scheduler leader's ticks refused because their schedule is paused
+    /// (SQLSTATE `TF021`, migration 0020): the pause committed after the
+    /// leader looked at the schedule. Nothing of the transaction was written.
+    #[error("schedule paused: {message}")]
+    SchedulePaused {
+        /// The database's message (names the schedule).
+        message: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// The namespace records another way of owning jobs than the
     /// configuration asks for ([`Config::partitions`](crate::Config::partitions)):
     /// set the recorded one (or use a new namespace).
@@ -412,6 +431,10 @@ impl FenceError {
                 source: err,
             },
             PgFailure::WallRefused => FenceError::ProtocolRefused {
+                message,
+                source: err,
+            },
+            PgFailure::SchedulePaused => FenceError::SchedulePaused {
                 message,
                 source: err,
             },

@@ -48,12 +48,14 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "tenure_prune_tombstones(double precision, integer)",
 ];
 
-/// An operator's own calls: cancel, pause and resume, redrive, retention, the
-/// guard's escape hatch.
+/// An operator's own calls: cancel, pause and resume (job types and
+/// schedules), redrive, retention, the guard's escape hatch.
 const OPERATOR_FUNCTIONS: &[&str] = &[
     "tenure_cancel(uuid, text)",
     "tenure_pause(text)",
     "tenure_resume(text)",
+    "tenure_pause_schedule(text)",
+    "tenure_resume_schedule(text)",
     "tenure_redrive(uuid, bigint)",
     "tenure_prune_jobs(text, double precision, integer)",
     "tenure_prune_tombstones(double precision, integer)",
@@ -113,8 +115,10 @@ impl FenceStore {
 
     /// Grants `role` an operator's reads and calls: `USAGE` on the schema,
     /// `SELECT` on every Tenure table (jobs, history, reports, schedules,
-    /// fences), and `EXECUTE` on `tenure_cancel`, `tenure_redrive`, retention
-    /// and `tenure_bypass_guard` (the guard's escape hatch). No direct write to
+    /// fences), and `EXECUTE` on `tenure_cancel`, `tenure_pause` and
+    /// `tenure_resume`, `tenure_pause_schedule` and `tenure_resume_schedule`,
+    /// `tenure_redrive`, retention and `tenure_bypass_guard` (the guard's
+    /// escape hatch). No direct write to
     /// any Tenure table. Idempotent; run it as the migrator.
     ///
     /// # Errors

@@ -1,6 +1,7 @@
 //! Cron schedules' rows (`schedules`, migration 0008): the definitions each
-//! worker registers, and the leader's fenced write that enqueues a schedule's
-//! ticks and advances its last tick in one transaction.
+//! worker registers, the leader's fenced write that enqueues a schedule's
+//! ticks and advances its last tick in one transaction, and the operator's
+//! pause and resume (migration 0020).
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::Row;
@@ -34,6 +35,13 @@ pub struct ScheduleRow {
     pub skipped: i64,
     /// When the schedule was first registered.
     pub created_at: DateTime<Utc>,
+    /// Since when it is paused (`None`: it runs). A paused schedule enqueues
+    /// no tick; its due ticks are counted as skipped.
+    pub paused_at: Option<DateTime<Utc>>,
+    /// Who paused it: the pausing connection's `application_name`, if any.
+    pub paused_by: Option<String>,
+    /// When it was last resumed: no tick due at or before it is enqueued.
+    pub resumed_at: Option<DateTime<Utc>>,
 }
 
 /// What the leader decided for one schedule, written by
@@ -63,6 +71,24 @@ pub fn tick_key(name: &str, tick: DateTime<Utc>) -> String {
         "cron:{name}:{}",
         tick.to_rfc3339_opts(SecondsFormat::Secs, true)
     )
+}
+
+/// Whether `name` can name a schedule: 1 to 64 ASCII letters, digits, `_`,
+/// `.` and `-`. The rule of `Schedule::new` (`schedule.rs`, which uses no
+/// other module) and of migration 0020's `tenure_check_schedule_name`.
+pub(crate) fn schedule_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+/// The idempotency key of a trigger ("run now") of schedule `name` with the
+/// caller's `trigger_id`: `trigger:<name>:<id>`. It never equals a tick's
+/// [`tick_key`] (another prefix), and the same id is the same job.
+pub fn trigger_key(name: &str, trigger_id: &str) -> String {
+    format!("trigger:{name}:{trigger_id}")
 }
 
 impl FenceStore {
@@ -95,7 +121,8 @@ impl FenceStore {
     pub async fn schedules(&self) -> Result<Vec<ScheduleRow>, FenceError> {
         let sql = format!(
             "SELECT name, job_type, expr, time_zone, missed, input, last_tick, next_tick, \
-                    enqueued, skipped, created_at FROM {} ORDER BY name",
+                    enqueued, skipped, created_at, paused_at, paused_by, resumed_at \
+               FROM {} ORDER BY name",
             self.table("schedules")
         );
         let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
@@ -113,18 +140,58 @@ impl FenceStore {
                     enqueued: r.try_get("enqueued")?,
                     skipped: r.try_get("skipped")?,
                     created_at: r.try_get("created_at")?,
+                    paused_at: r.try_get("paused_at")?,
+                    paused_by: r.try_get("paused_by")?,
+                    resumed_at: r.try_get("resumed_at")?,
                 })
             })
             .collect()
+    }
+
+    /// Pauses schedule `name` (`tenure_pause_schedule`, the operator's
+    /// grant): `Some(true)` when it was not paused, `Some(false)` when it
+    /// was, `None` when no schedule has that name (nothing written).
+    ///
+    /// # Errors
+    /// [`FenceError::ArgumentRefused`] for a name no schedule can have;
+    /// [`FenceError::Db`]: e.g. a role without the operator's grant.
+    pub async fn pause_schedule(&self, name: &str) -> Result<Option<bool>, FenceError> {
+        self.schedule_control("tenure_pause_schedule", name).await
+    }
+
+    /// Resumes schedule `name` (`tenure_resume_schedule`): `Some(true)` when
+    /// it was paused, `Some(false)` when it was not, `None` when no schedule
+    /// has that name. No tick due before the resume is enqueued.
+    ///
+    /// # Errors
+    /// As [`pause_schedule`](Self::pause_schedule).
+    pub async fn resume_schedule(&self, name: &str) -> Result<Option<bool>, FenceError> {
+        self.schedule_control("tenure_resume_schedule", name).await
+    }
+
+    async fn schedule_control(
+        &self,
+        function: &str,
+        name: &str,
+    ) -> Result<Option<bool>, FenceError> {
+        let sql = format!("SELECT {}($1)", self.table(function));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     /// In one transaction fenced by `role`'s `token`: inserts a job row per
     /// tick of `batch` (key [`tick_key`], `run_at` = the tick, awaiting
     /// publication; an existing row is left alone), and advances the
     /// schedule's `last_tick` (never backwards). Returns the rows inserted.
+    /// A batch with no tick (a paused schedule's ticks, counted as skipped)
+    /// is accepted while the schedule is paused.
     ///
     /// # Errors
-    /// [`FenceError::LeaderFencedOut`] (nothing written); [`FenceError::Db`].
+    /// [`FenceError::LeaderFencedOut`] (nothing written);
+    /// [`FenceError::SchedulePaused`] when the schedule is paused and the
+    /// batch inserted a tick (nothing written); [`FenceError::Db`].
     pub async fn enqueue_ticks(
         &self,
         role: &str,
@@ -166,7 +233,8 @@ impl FenceStore {
         batch: &TickBatch<'_>,
         inserted: u64,
     ) -> Result<(), FenceError> {
-        // Checks the leader's fence again (SECURITY DEFINER, migration 0015).
+        // Checks the leader's fence again (SECURITY DEFINER, migration 0015)
+        // and refuses the ticks of a paused schedule (0020).
         let sql = format!(
             "SELECT {}($1, $2, $3, $4, $5, $6, $7)",
             self.table("tenure_advance_schedule")
