@@ -66,14 +66,21 @@ async fn worker(env: &TestEnv) -> tenure::Worker {
 }
 
 /// Polls `job`'s row until `pred` holds.
-async fn until_row(env: &TestEnv, job: JobId, pred: impl Fn(&tenure::JobRow) -> bool) -> tenure::JobRow {
+async fn until_row(
+    env: &TestEnv,
+    job: JobId,
+    pred: impl Fn(&tenure::JobRow) -> bool,
+) -> tenure::JobRow {
     let until = tokio::time::Instant::now() + WAIT;
     loop {
         let row = env.client().store().job(job).await.unwrap().unwrap();
         if pred(&row) {
             return row;
         }
-        assert!(tokio::time::Instant::now() < until, "row never matched: {row:?}");
+        assert!(
+            tokio::time::Instant::now() < until,
+            "row never matched: {row:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -117,7 +124,10 @@ async fn retry_now_starts_a_job_waiting_in_retry_backoff_at_once(env: TestEnv) {
         .await
         .unwrap()
         .job_id;
-    let waiting = until_row(&env, job, |r| r.attempts == 1 && r.status == JobStatus::Pending).await;
+    let waiting = until_row(&env, job, |r| {
+        r.attempts == 1 && r.status == JobStatus::Pending
+    })
+    .await;
     assert!(waiting.released && !waiting.awaiting_publish, "{waiting:?}");
     // Still waiting a moment later: the backoff is minutes.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -130,7 +140,11 @@ async fn retry_now_starts_a_job_waiting_in_retry_backoff_at_once(env: TestEnv) {
     assert_eq!(row.takeovers, 0, "{row:?}");
     assert_eq!(FLAKY_STARTS.load(Ordering::SeqCst), 2, "two attempts");
     let (stored, delivered) = messages(&env, "test.retry_flaky").await;
-    assert_eq!((stored, delivered), (2, 2), "the original and the retry-now message, each delivered once");
+    assert_eq!(
+        (stored, delivered),
+        (2, 2),
+        "the original and the retry-now message, each delivered once"
+    );
 
     let k = kinds(&env, job).await;
     assert_eq!(count(&k, "claimed"), 2, "one claim per attempt: {k:?}");
@@ -142,12 +156,21 @@ async fn retry_now_starts_a_job_waiting_in_retry_backoff_at_once(env: TestEnv) {
     // A finished job is refused, and an unknown one.
     let again = env.client().retry_now(job).await.unwrap_err();
     assert!(
-        matches!(again, ClientError::CannotRetryNow { state: WrongState::Done, .. }),
+        matches!(
+            again,
+            ClientError::CannotRetryNow {
+                state: WrongState::Done,
+                ..
+            }
+        ),
         "{again:?}"
     );
     let nobody = JobId::from_key("test.retry_flaky", "never enqueued");
     let unknown = env.client().retry_now(nobody).await.unwrap_err();
-    assert!(matches!(unknown, ClientError::UnknownJob(id) if id == nobody), "{unknown:?}");
+    assert!(
+        matches!(unknown, ClientError::UnknownJob(id) if id == nobody),
+        "{unknown:?}"
+    );
     env.check().await.unwrap().assert_clean();
 }
 
@@ -164,16 +187,25 @@ async fn retry_now_refuses_a_running_job_and_changes_nothing(env: TestEnv) {
         .unwrap()
         .job_id;
     let running = until_row(&env, job, |r| r.status == JobStatus::Running).await;
-    let before = (kinds(&env, job).await, messages(&env, "test.retry_slow").await);
+    let before = (
+        kinds(&env, job).await,
+        messages(&env, "test.retry_slow").await,
+    );
     let refused = env.client().retry_now(job).await.unwrap_err();
     assert!(
         matches!(refused, ClientError::CannotRetryNow { job_id, state: WrongState::Running } if job_id == job),
         "{refused:?}"
     );
-    let after = (kinds(&env, job).await, messages(&env, "test.retry_slow").await);
+    let after = (
+        kinds(&env, job).await,
+        messages(&env, "test.retry_slow").await,
+    );
     assert_eq!(before, after, "nothing written, nothing published");
     let now = env.client().store().job(job).await.unwrap().unwrap();
-    assert_eq!((now.fence, now.step, now.attempts), (running.fence, running.step, running.attempts));
+    assert_eq!(
+        (now.fence, now.step, now.attempts),
+        (running.fence, running.step, running.attempts)
+    );
 
     let row = env.run_until_done(job, WAIT).await.unwrap();
     assert_eq!(row.status, JobStatus::Done, "{row:?}");
@@ -190,7 +222,13 @@ async fn retry_now_refuses_a_running_job_and_changes_nothing(env: TestEnv) {
         .job_id;
     let refused = env.client().retry_now(delayed).await.unwrap_err();
     assert!(
-        matches!(refused, ClientError::CannotRetryNow { state: WrongState::Delayed, .. }),
+        matches!(
+            refused,
+            ClientError::CannotRetryNow {
+                state: WrongState::Delayed,
+                ..
+            }
+        ),
         "{refused:?}"
     );
     // The history checker wants every job finished.
@@ -216,8 +254,14 @@ async fn a_delayed_job_rescheduled_to_now_runs(env: TestEnv) {
     };
     let soon = enqueue("soon").await;
     let later = enqueue("later").await;
-    env.client().reschedule(soon, chrono::Utc::now()).await.unwrap();
-    let row = env.run_until_done(soon, Duration::from_secs(20)).await.unwrap();
+    env.client()
+        .reschedule(soon, chrono::Utc::now())
+        .await
+        .unwrap();
+    let row = env
+        .run_until_done(soon, Duration::from_secs(20))
+        .await
+        .unwrap();
     assert_eq!(row.status, JobStatus::Done, "{row:?}");
     let k = kinds(&env, soon).await;
     assert_eq!(count(&k, "rescheduled"), 1, "{k:?}");
@@ -226,14 +270,20 @@ async fn a_delayed_job_rescheduled_to_now_runs(env: TestEnv) {
     let at = chrono::Utc::now() + chrono::Duration::hours(2);
     env.client().reschedule(later, at).await.unwrap();
     let row = env.client().store().job(later).await.unwrap().unwrap();
-    assert!(row.awaiting_publish && row.status == JobStatus::Pending, "{row:?}");
+    assert!(
+        row.awaiting_publish && row.status == JobStatus::Pending,
+        "{row:?}"
+    );
     let moved = row.run_at.unwrap();
     assert!((moved - at).num_milliseconds().abs() < 5, "{moved} vs {at}");
 
     // Further ahead than `Config::max_delay`: refused, nothing changed.
     let far = chrono::Utc::now() + chrono::Duration::days(3650);
     let refused = env.client().reschedule(later, far).await.unwrap_err();
-    assert!(matches!(refused, ClientError::DelayTooLong { .. }), "{refused:?}");
+    assert!(
+        matches!(refused, ClientError::DelayTooLong { .. }),
+        "{refused:?}"
+    );
     let same = env.client().store().job(later).await.unwrap().unwrap();
     assert_eq!(same.run_at, row.run_at);
     env.client().cancel(later, "test over").await.unwrap();
@@ -252,7 +302,11 @@ async fn reschedule_refuses_a_running_or_published_job(env: TestEnv) {
         .await
         .unwrap()
         .job_id;
-    let refused = env.client().reschedule(queued, in_an_hour).await.unwrap_err();
+    let refused = env
+        .client()
+        .reschedule(queued, in_an_hour)
+        .await
+        .unwrap_err();
     assert!(
         matches!(refused, ClientError::CannotReschedule { job_id, state: WrongState::Published } if job_id == queued),
         "{refused:?}"
@@ -260,18 +314,38 @@ async fn reschedule_refuses_a_running_or_published_job(env: TestEnv) {
     let _w = worker(&env).await;
     until_row(&env, queued, |r| r.status == JobStatus::Running).await;
     let before = kinds(&env, queued).await;
-    let refused = env.client().reschedule(queued, in_an_hour).await.unwrap_err();
+    let refused = env
+        .client()
+        .reschedule(queued, in_an_hour)
+        .await
+        .unwrap_err();
     assert!(
-        matches!(refused, ClientError::CannotReschedule { state: WrongState::Running, .. }),
+        matches!(
+            refused,
+            ClientError::CannotReschedule {
+                state: WrongState::Running,
+                ..
+            }
+        ),
         "{refused:?}"
     );
     assert_eq!(kinds(&env, queued).await, before);
     let row = env.run_until_done(queued, WAIT).await.unwrap();
     assert_eq!(row.status, JobStatus::Done);
     assert_eq!(row.run_at, None, "{row:?}");
-    let refused = env.client().reschedule(queued, in_an_hour).await.unwrap_err();
+    let refused = env
+        .client()
+        .reschedule(queued, in_an_hour)
+        .await
+        .unwrap_err();
     assert!(
-        matches!(refused, ClientError::CannotReschedule { state: WrongState::Done, .. }),
+        matches!(
+            refused,
+            ClientError::CannotReschedule {
+                state: WrongState::Done,
+                ..
+            }
+        ),
         "{refused:?}"
     );
     env.check().await.unwrap().assert_clean();

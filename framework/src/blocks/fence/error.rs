@@ -5,7 +5,7 @@ use crate::security::{AccessError, AccessStep, Server, error_chain, tls_failure}
 use crate::types::{JobId, ObservedFence, StepIndex};
 
 use super::sql::CAS_REFUSED_SQLSTATE;
-use super::status::JobStatus;
+use super::status::{JobStatus, WrongState};
 
 /// The SQLSTATE the guard trigger raises when it refuses a write
 /// (see [`FenceStore::install_guard`](super::FenceStore::install_guard)).
@@ -200,7 +200,7 @@ pub enum FenceError {
         /// The job.
         job_id: JobId,
         /// What it is instead.
-        state: super::WrongState,
+        state: WrongState,
     },
     /// The job is `done`, `dead` or `cancelled`: there is nothing left to claim or write.
     #[error("job {job_id} is {status}")]
