@@ -67,9 +67,7 @@ use chrono::Utc;
 use clap::Parser;
 use tenure::blocks::fence::{JobFilter, JobStatus};
 
-use args::{
-    Cli, Command, EnqueueArgs, JobArgs, JobsArgs, MigrateArgs, PruneArgs, RescheduleArgs,
-};
+use args::{Cli, Command, EnqueueArgs, JobArgs, JobsArgs, MigrateArgs, PruneArgs, RescheduleArgs};
 use ctx::Ctx;
 use data::Privileges;
 
@@ -163,7 +161,9 @@ async fn run_command(ctx: &Ctx, command: Command) -> anyhow::Result<()> {
         }
         Command::RetryNow { id } => {
             let client = ctx.client().await?;
-            let view = data::retry_now(ctx, &client, id).await?.map_err(|e| anyhow!(e))?;
+            let view = data::retry_now(ctx, &client, id)
+                .await?
+                .map_err(|e| anyhow!(e))?;
             ctx.print(&view, || format!("{} {}\n", view.outcome, view.job_id))
         }
         Command::Reschedule(a) => reschedule(ctx, a).await,

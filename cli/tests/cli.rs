@@ -613,7 +613,10 @@ async fn tenure_retry_now_and_reschedule_move_waiting_jobs_and_refuse_others() {
         .job_id;
     let d = delayed.to_string();
     let out = ok(&tenure(&cfg, &["reschedule", &d, "--after", "2h"]));
-    assert!(out.starts_with("rescheduled to ") && out.trim().ends_with(&d), "{out}");
+    assert!(
+        out.starts_with("rescheduled to ") && out.trim().ends_with(&d),
+        "{out}"
+    );
     let row = client.job(delayed).await.unwrap().unwrap();
     let ahead = row.run_at.unwrap() - chrono::Utc::now();
     assert!(ahead > chrono::Duration::minutes(119), "{row:?}");
@@ -622,7 +625,10 @@ async fn tenure_retry_now_and_reschedule_move_waiting_jobs_and_refuse_others() {
     let out = ok(&tenure(&cfg, &["reschedule", &d, "--at", &at]));
     assert!(out.contains(&at), "{out}");
     let row = client.job(delayed).await.unwrap().unwrap();
-    let shown = row.run_at.unwrap().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let shown = row
+        .run_at
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     assert_eq!(shown, at);
     let err = failed(&tenure(&cfg, &["reschedule", &d, "--after", "400d"]));
     assert!(err.contains("exceeds the configured maximum"), "{err}");
@@ -658,7 +664,11 @@ async fn tenure_retry_now_and_reschedule_move_waiting_jobs_and_refuse_others() {
         .start()
         .await
         .unwrap();
-    let id = client.enqueue::<FailsOnce>("once", &5).await.unwrap().job_id;
+    let id = client
+        .enqueue::<FailsOnce>("once", &5)
+        .await
+        .unwrap()
+        .job_id;
     let waits = wait_until(Duration::from_secs(30), || async {
         let row = client.job(id).await.unwrap().unwrap();
         row.attempts == 1 && row.status == JobStatus::Pending

@@ -536,7 +536,11 @@ async fn reschedule_and_retry_now_from_the_job_page(
     let mut slow = cfg.clone().with_worker_id("C");
     slow.retry_backoff.base = Duration::from_secs(600);
     slow.retry_backoff.cap = Duration::from_secs(1200);
-    let c = Worker::builder(slow).register(FailsOnce).start().await.unwrap();
+    let c = Worker::builder(slow)
+        .register(FailsOnce)
+        .start()
+        .await
+        .unwrap();
     let waiting = client
         .enqueue::<FailsOnce>("waits", &4)
         .await
