@@ -278,6 +278,21 @@ pub enum Command {
         #[arg(long, default_value = "cancelled by an operator")]
         reason: String,
     },
+    /// Start now a job waiting in retry backoff (an attempt failed, the next
+    /// is minutes away): one more message is published for it, which a
+    /// worker locks and claims as any other, so a job that runs meanwhile
+    /// keeps its one owner. A running, finished, delayed or never-failed job
+    /// is an error, and nothing changes.
+    RetryNow {
+        /// The job to start now.
+        #[arg(value_parser = parse_job_id)]
+        id: JobId,
+    },
+    /// Move a delayed job's run time, while it still waits to be published
+    /// (`--at` or `--after`; a time now or past starts it at once). A job
+    /// already published, running or finished is an error, and nothing
+    /// changes.
+    Reschedule(RescheduleArgs),
     /// Pause a job type for every worker of the namespace, within about half a
     /// second: its messages stay in the stream (nothing is redelivered,
     /// counted or dead-lettered because of it), no job of it starts, and a
@@ -371,6 +386,20 @@ pub struct EnqueueArgs {
     pub input: serde_json::Value,
     /// Due at this time (RFC 3339, e.g. `2026-12-24T18:00:00Z`).
     #[arg(long, value_parser = parse_time, conflicts_with = "after")]
+    pub at: Option<DateTime<Utc>>,
+    /// Due this long from now (`90s`, `30m`, `12h`, `7d`).
+    #[arg(long, value_parser = parse_age)]
+    pub after: Option<Duration>,
+}
+
+/// `tenure reschedule` options.
+#[derive(Debug, clap::Args)]
+pub struct RescheduleArgs {
+    /// The delayed job.
+    #[arg(value_parser = parse_job_id)]
+    pub id: JobId,
+    /// Due at this time (RFC 3339, e.g. `2026-12-24T18:00:00Z`).
+    #[arg(long, value_parser = parse_time, conflicts_with = "after", required_unless_present = "after")]
     pub at: Option<DateTime<Utc>>,
     /// Due this long from now (`90s`, `30m`, `12h`, `7d`).
     #[arg(long, value_parser = parse_age)]

@@ -47,6 +47,10 @@ pub struct JobView {
     /// Why a pending job is not running: `no worker registered` when no live
     /// worker registers its type (it waits in the stream until one does).
     pub waiting: Option<String>,
+    /// When a delayed job is due.
+    pub run_at: Option<DateTime<Utc>>,
+    /// Whether it still waits to be published (delayed: no message yet).
+    pub awaiting_publish: bool,
 }
 
 /// What a pending job of a type no live worker registers shows.
@@ -88,6 +92,8 @@ impl From<&JobRow> for JobView {
             created_at: r.created_at,
             updated_at: r.updated_at,
             waiting: None,
+            run_at: r.run_at,
+            awaiting_publish: r.awaiting_publish,
         }
     }
 }
@@ -172,6 +178,15 @@ pub struct WorkerView {
     pub seen: WorkerSeen,
     /// By type and partition; empty with one lock per job.
     pub partitions: Vec<PartitionOwner>,
+}
+
+/// What a retry-now or a reschedule did (`tenure retry-now`, `tenure
+/// reschedule`).
+#[derive(Debug, Clone, Serialize)]
+pub struct MoveView {
+    pub job_id: String,
+    /// `started` (retry-now) or `rescheduled to <time>`.
+    pub outcome: String,
 }
 
 /// What a pause or resume did (`tenure pause`, `tenure resume`).
@@ -735,6 +750,56 @@ pub async fn cancel(
         job_id: id.to_string(),
         outcome,
     })
+}
+
+/// Runs an operator's retry-now or reschedule: `Ok(Err(why))` when the
+/// client refused it (an unknown job, a job in another state, a time too far
+/// ahead: said as it is, nothing changed), `Err` when the servers failed.
+async fn operator_move(
+    ctx: &Ctx,
+    what: &str,
+    moved: impl std::future::Future<Output = Result<(), ClientError>>,
+) -> anyhow::Result<Result<(), String>> {
+    match tokio::time::timeout(ctx.timeout, moved).await {
+        Ok(Ok(())) => Ok(Ok(())),
+        Ok(Err(
+            e @ (ClientError::UnknownJob(_)
+            | ClientError::CannotRetryNow { .. }
+            | ClientError::CannotReschedule { .. }
+            | ClientError::DelayTooLong { .. }),
+        )) => Ok(Err(format!("{what}: {e}"))),
+        Ok(Err(e)) => Err(anyhow!("{what}: {}", describe(&e))),
+        Err(_) => Err(anyhow!("{what}: no answer within {:?}", ctx.timeout)),
+    }
+}
+
+/// Starts `id` now through [`Client::retry_now`] (see `operator_move`).
+pub async fn retry_now(
+    ctx: &Ctx,
+    client: &Client,
+    id: JobId,
+) -> anyhow::Result<Result<MoveView, String>> {
+    let done = operator_move(ctx, &format!("retrying {id} now"), client.retry_now(id)).await?;
+    Ok(done.map(|()| MoveView {
+        job_id: id.to_string(),
+        outcome: "started".into(),
+    }))
+}
+
+/// Moves `id`'s `run_at` through [`Client::reschedule`] (see `operator_move`).
+pub async fn reschedule(
+    ctx: &Ctx,
+    client: &Client,
+    id: JobId,
+    run_at: DateTime<Utc>,
+) -> anyhow::Result<Result<MoveView, String>> {
+    let what = format!("rescheduling {id}");
+    let done = operator_move(ctx, &what, client.reschedule(id, run_at)).await?;
+    let at = run_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    Ok(done.map(|()| MoveView {
+        job_id: id.to_string(),
+        outcome: format!("rescheduled to {at}"),
+    }))
 }
 
 /// Pauses (`pause`) or resumes `job_type` through [`Client::pause`] or

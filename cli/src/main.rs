@@ -69,7 +69,10 @@ use chrono::Utc;
 use clap::Parser;
 use tenure::blocks::fence::{JobFilter, JobStatus};
 
-use args::{Cli, Command, EnqueueArgs, JobArgs, JobsArgs, MigrateArgs, PruneArgs, ScheduleCommand};
+use args::{
+    Cli, Command, EnqueueArgs, JobArgs, JobsArgs, MigrateArgs, PruneArgs, RescheduleArgs,
+    ScheduleCommand,
+};
 use ctx::Ctx;
 use data::Privileges;
 
@@ -162,6 +165,14 @@ async fn run_command(ctx: &Ctx, command: Command) -> anyhow::Result<()> {
             let view = data::cancel(ctx, &client, id, &reason).await?;
             ctx.print(&view, || format!("{} {}\n", view.outcome, view.job_id))
         }
+        Command::RetryNow { id } => {
+            let client = ctx.client().await?;
+            let view = data::retry_now(ctx, &client, id)
+                .await?
+                .map_err(|e| anyhow!(e))?;
+            ctx.print(&view, || format!("{} {}\n", view.outcome, view.job_id))
+        }
+        Command::Reschedule(a) => reschedule(ctx, a).await,
         Command::Pause { job_type } => pause(ctx, &job_type, true).await,
         Command::Resume { job_type } => pause(ctx, &job_type, false).await,
         Command::Paused => {
@@ -172,6 +183,22 @@ async fn run_command(ctx: &Ctx, command: Command) -> anyhow::Result<()> {
         Command::Prune(a) => prune(ctx, a).await,
         Command::Serve(_) => Err(anyhow!("serve is not a one-shot command")),
     }
+}
+
+async fn reschedule(ctx: &Ctx, a: RescheduleArgs) -> anyhow::Result<()> {
+    let run_at = match (a.at, a.after) {
+        (Some(at), _) => at,
+        (None, Some(after)) => chrono::Duration::from_std(after)
+            .ok()
+            .and_then(|d| Utc::now().checked_add_signed(d))
+            .ok_or_else(|| anyhow!("--after {after:?} is too long: nothing changed"))?,
+        (None, None) => return Err(anyhow!("give --at or --after: nothing changed")),
+    };
+    let client = ctx.client().await?;
+    let view = data::reschedule(ctx, &client, a.id, run_at)
+        .await?
+        .map_err(|e| anyhow!(e))?;
+    ctx.print(&view, || format!("{} {}\n", view.outcome, view.job_id))
 }
 
 async fn pause(ctx: &Ctx, job_type: &str, pause: bool) -> anyhow::Result<()> {

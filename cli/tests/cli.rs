@@ -38,6 +38,23 @@ impl Flaky {
     }
 }
 
+/// Whether a `cli.fails_once` job has failed yet (its first attempt fails).
+static FAILED_ONCE: AtomicBool = AtomicBool::new(false);
+
+#[derive(Debug, Clone)]
+struct FailsOnce;
+
+#[tenure::job(name = "cli.fails_once", retries = 3)]
+impl FailsOnce {
+    #[step]
+    async fn once(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        if !FAILED_ONCE.swap(true, Ordering::SeqCst) {
+            return Err(StepError::retryable("the first attempt fails"));
+        }
+        Ok(n)
+    }
+}
+
 /// A `tenure` command without any of this process's `TENURE_*` variables.
 fn bare_tenure() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenure"));
@@ -642,6 +659,99 @@ async fn tenure_cancel_cancels_a_queued_job_and_refuses_bad_input() {
     assert!(client.job(unknown).await.unwrap().is_none());
     let out = tenure(&cfg, &["cancel", "not-a-uuid"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+/// `tenure reschedule` moves a delayed job's run time (`--after`, `--at`);
+/// `tenure retry-now` starts a job waiting out a ten-minute retry backoff
+/// (it ends done). Each refuses a job in another state (published, delayed,
+/// never failed, done, unknown) and changes nothing; missing or malformed
+/// arguments are usage errors (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenure_retry_now_and_reschedule_move_waiting_jobs_and_refuse_others() {
+    let ns = DevStack::unique_namespace("cli_retry_now");
+    let cfg = config_for(stack(), &ns, Duration::from_secs(3));
+    let client = Client::connect(&cfg).await.expect("client");
+    client.migrate().await.expect("migrate");
+    let hour = Duration::from_secs(3600);
+    let delayed = client
+        .enqueue_after::<Flaky>("later", &1, hour)
+        .await
+        .unwrap()
+        .job_id;
+    let d = delayed.to_string();
+    let out = ok(&tenure(&cfg, &["reschedule", &d, "--after", "2h"]));
+    assert!(
+        out.starts_with("rescheduled to ") && out.trim().ends_with(&d),
+        "{out}"
+    );
+    let row = client.job(delayed).await.unwrap().unwrap();
+    let ahead = row.run_at.unwrap() - chrono::Utc::now();
+    assert!(ahead > chrono::Duration::minutes(119), "{row:?}");
+    let at = chrono::Utc::now() + chrono::Duration::hours(3);
+    let at = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let out = ok(&tenure(&cfg, &["reschedule", &d, "--at", &at]));
+    assert!(out.contains(&at), "{out}");
+    let row = client.job(delayed).await.unwrap().unwrap();
+    let shown = row
+        .run_at
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    assert_eq!(shown, at);
+    let err = failed(&tenure(&cfg, &["reschedule", &d, "--after", "400d"]));
+    assert!(err.contains("exceeds the configured maximum"), "{err}");
+    let err = failed(&tenure(&cfg, &["retry-now", &d]));
+    assert!(err.contains("delayed"), "{err}");
+
+    // Published (no worker runs it): nothing to reschedule, never failed.
+    let queued = client.enqueue::<Flaky>("queued", &2).await.unwrap().job_id;
+    let q = queued.to_string();
+    let err = failed(&tenure(&cfg, &["reschedule", &q, "--after", "1h"]));
+    assert!(err.contains("published"), "{err}");
+    let err = failed(&tenure(&cfg, &["retry-now", &q]));
+    assert!(err.contains("never failed"), "{err}");
+    let row = client.job(queued).await.unwrap().unwrap();
+    assert_eq!((row.run_at, row.awaiting_publish), (None, false));
+    let unknown = JobId::from_key("cli.flaky", "never");
+    let err = failed(&tenure(&cfg, &["retry-now", &unknown.to_string()]));
+    assert!(err.contains(&format!("no job {unknown}")), "{err}");
+    for args in [
+        &["reschedule", d.as_str()][..],
+        &["reschedule", &d, "--at", "tomorrow"],
+        &["retry-now", "not-a-uuid"],
+    ] {
+        let out = tenure(&cfg, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+
+    let mut slow = cfg.clone().with_worker_id("slow-retries");
+    slow.retry_backoff.base = Duration::from_secs(600);
+    slow.retry_backoff.cap = Duration::from_secs(1200);
+    let worker = Worker::builder(slow)
+        .register(FailsOnce)
+        .start()
+        .await
+        .unwrap();
+    let id = client
+        .enqueue::<FailsOnce>("once", &5)
+        .await
+        .unwrap()
+        .job_id;
+    let waits = wait_until(Duration::from_secs(30), || async {
+        let row = client.job(id).await.unwrap().unwrap();
+        row.attempts == 1 && row.status == JobStatus::Pending
+    })
+    .await;
+    assert!(waits, "the first attempt fails and waits out its backoff");
+    let out = ok(&tenure(&cfg, &["retry-now", &id.to_string()]));
+    assert_eq!(out.trim(), format!("started {id}"));
+    let done = wait_until(Duration::from_secs(30), || async {
+        status(&client, id).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(done, "started now, it ends done");
+    let err = failed(&tenure(&cfg, &["retry-now", &id.to_string()]));
+    assert!(err.contains("done"), "{err}");
+    worker.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,6 +42,23 @@ impl Flaky {
 }
 
 /// The worker that freezes: this test binary again, running only `child_worker`.
+/// Whether a `web.fails_once` job has failed yet (its first attempt fails).
+static FAILED_ONCE: AtomicBool = AtomicBool::new(false);
+
+#[derive(Debug, Clone)]
+struct FailsOnce;
+
+#[tenure::job(name = "web.fails_once", retries = 3)]
+impl FailsOnce {
+    #[step]
+    async fn once(&self, _ctx: &mut StepCtx, n: u64) -> Result<u64, StepError> {
+        if !FAILED_ONCE.swap(true, Ordering::SeqCst) {
+            return Err(StepError::retryable("the first attempt fails"));
+        }
+        Ok(n)
+    }
+}
+
 fn spawn_frozen_worker(cfg: &Config) -> (Proc, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_worker", "--nocapture", "--test-threads=1"])
@@ -269,6 +286,7 @@ async fn web_view_in_a_real_browser() {
     redrive_from_the_dlq_page(&browser, &base, &client, dead, token).await;
     cancel_from_the_dlq_and_job_pages(&browser, &base, &client, given_up).await;
     pause_and_resume_from_the_overview(&browser, &base, &client).await;
+    reschedule_and_retry_now_from_the_job_page(&browser, &base, &cfg, &client).await;
     api_returns_what_the_cli_prints(&browser, &base, &cfg, frozen).await;
     pause_resume_and_trigger_from_the_schedules_page(&browser, &base, &cfg, &client).await;
 
@@ -589,6 +607,79 @@ async fn workers_page_shows_the_partition_owners() {
     b.close().await.unwrap();
     drop(driver);
     worker.shutdown().await.unwrap();
+}
+
+/// A delayed job rescheduled from its page (later, then now: it runs); a job
+/// waiting out a ten-minute retry backoff started from its page's Retry now
+/// button (it ends done); retry now of the finished job is refused, said as
+/// it is.
+async fn reschedule_and_retry_now_from_the_job_page(
+    b: &Browser,
+    base: &str,
+    cfg: &Config,
+    client: &Client,
+) {
+    BROKEN.store(false, Ordering::SeqCst);
+    let hour = Duration::from_secs(3600);
+    let delayed = client
+        .enqueue_after::<Flaky>("delayed", &3, hour)
+        .await
+        .unwrap()
+        .job_id;
+    b.goto(&format!("{base}/jobs/{delayed}")).await.unwrap();
+    assert!(text(b, "#run-at").await.contains("delayed"));
+    b.find(Locator::Css("form.reschedule input[name=after]"))
+        .await
+        .unwrap()
+        .send_keys("2h")
+        .await
+        .unwrap();
+    click(b, &format!("button.reschedule[data-job='{delayed}']")).await;
+    assert!(flash(b).await.starts_with("rescheduled to "));
+    let row = client.job(delayed).await.unwrap().unwrap();
+    let ahead = row.run_at.unwrap() - chrono::Utc::now();
+    assert!(ahead > chrono::Duration::minutes(110), "{row:?}");
+    assert!(row.awaiting_publish);
+    // Both fields empty: now.
+    click(b, &format!("button.reschedule[data-job='{delayed}']")).await;
+    assert!(flash(b).await.starts_with("rescheduled to "));
+    let ran = wait_until(Duration::from_secs(20), || async {
+        status(client, delayed).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(ran, "the job rescheduled to now runs");
+
+    let mut slow = cfg.clone().with_worker_id("C");
+    slow.retry_backoff.base = Duration::from_secs(600);
+    slow.retry_backoff.cap = Duration::from_secs(1200);
+    let c = Worker::builder(slow)
+        .register(FailsOnce)
+        .start()
+        .await
+        .unwrap();
+    let waiting = client
+        .enqueue::<FailsOnce>("waits", &4)
+        .await
+        .unwrap()
+        .job_id;
+    let failed = wait_until(Duration::from_secs(20), || async {
+        let row = client.job(waiting).await.unwrap().unwrap();
+        row.attempts == 1 && row.status == JobStatus::Pending
+    })
+    .await;
+    assert!(failed, "the first attempt fails");
+    b.goto(&format!("{base}/jobs/{waiting}")).await.unwrap();
+    click(b, &format!("button.retry-now[data-job='{waiting}']")).await;
+    assert_eq!(flash(b).await, "started");
+    let done = wait_until(Duration::from_secs(20), || async {
+        status(client, waiting).await == Some(JobStatus::Done)
+    })
+    .await;
+    assert!(done, "retried now, it ends done long before its backoff");
+    b.goto(&format!("{base}/jobs/{waiting}")).await.unwrap();
+    assert!(text(b, "#timeline").await.contains("retried_now"));
+    shot(b, "job-retried-now").await;
+    c.shutdown().await.unwrap();
 }
 
 /// Pause a type from the overview's form, see it listed (and in the

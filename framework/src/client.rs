@@ -10,7 +10,7 @@ mod schedules;
 pub use batch::{BatchError, EnqueueItemError, ItemResult};
 pub use schedules::MAX_TRIGGER_ID;
 
-use crate::fence::{Cancelled, FenceError, FenceStore, Inserted, JobRow, JobStatus};
+use crate::fence::{Cancelled, FenceError, FenceStore, Inserted, JobRow, JobStatus, WrongState};
 use crate::job::Job;
 use crate::queue::{Queue, QueueError};
 use crate::{Config, JobId};
@@ -138,6 +138,24 @@ pub enum ClientError {
     /// enqueued.
     #[error("invalid trigger id: {0}")]
     InvalidTriggerId(&'static str),
+    /// [`Client::retry_now`] of a job that is not waiting in retry backoff
+    /// (running, finished, delayed, never failed); nothing changed.
+    #[error("job {job_id} is {state}: not waiting to retry, nothing to start now")]
+    CannotRetryNow {
+        /// The job.
+        job_id: JobId,
+        /// What it is instead.
+        state: WrongState,
+    },
+    /// [`Client::reschedule`] of a job that is not delayed any more (its
+    /// message is out, it runs, it finished); nothing changed.
+    #[error("job {job_id} is {state}: no run_at to move")]
+    CannotReschedule {
+        /// The job.
+        job_id: JobId,
+        /// What it is instead.
+        state: WrongState,
+    },
 }
 
 /// The longest cancel reason, in bytes.
@@ -637,6 +655,71 @@ impl Client {
         cancelled
     }
 
+    /// Starts now a job that waits in retry backoff (an attempt failed and
+    /// its message was handed back for later): under the job's row lock it
+    /// checks that the job is pending, failed and published, and records the
+    /// history event `retried_now`; then it publishes one more message for
+    /// the job. That message makes nobody the owner: a worker admits it,
+    /// takes the job's lock and claims the fence as for any delivery, so if a
+    /// worker took the job meanwhile (its backoff ended), the new message
+    /// waits behind that owner's lock, and is acked once the job is done.
+    /// The original message comes back when its backoff ends and is absorbed
+    /// the same way (the row is done: acked; the job runs: it waits behind the
+    /// lock without counting toward `MaxDeliver`). If the started attempt
+    /// fails again, the job has two messages until it ends, so its next
+    /// attempt may come before its backoff (each attempt counts as usual).
+    ///
+    /// # Errors
+    /// [`ClientError::UnknownJob`], [`ClientError::CannotRetryNow`] (nothing
+    /// changed), [`FenceError::PartitionsChanged`] (as for
+    /// [`Client::enqueue`]), server errors (a failed publish after the check
+    /// leaves the job waiting as it was; retry-now again).
+    pub async fn retry_now(&self, job_id: JobId) -> Result<(), ClientError> {
+        self.check_mode().await?;
+        let row = self.row(job_id).await?;
+        let attempts = self
+            .store
+            .retry_now(job_id)
+            .await
+            .map_err(|e| refused(e, |state| ClientError::CannotRetryNow { job_id, state }))?;
+        let payload = serde_json::to_vec(&row.input).map_err(|source| ClientError::Input {
+            job_type: "json",
+            source,
+        })?;
+        self.queue
+            .publish_retry_now(job_id, &row.job_type, payload.into(), attempts)
+            .await?;
+        Ok(())
+    }
+
+    /// Moves a delayed job's `run_at` (a `run_at` now or past starts it at
+    /// once: the scheduler leader's publisher is woken). Only while the job
+    /// still awaits publication: the row update takes the job's row lock,
+    /// and the publisher holds the rows it publishes locked until it marked
+    /// them published, so a reschedule either comes first (the job is
+    /// published at its new time) or finds the job published and changes
+    /// nothing. Records the history event `rescheduled`.
+    ///
+    /// # Errors
+    /// [`ClientError::DelayTooLong`] (further ahead than
+    /// [`Config::max_delay`]), [`ClientError::UnknownJob`],
+    /// [`ClientError::CannotReschedule`] (published, running, finished: nothing
+    /// changed), server errors.
+    pub async fn reschedule(
+        &self,
+        job_id: JobId,
+        run_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), ClientError> {
+        let ahead = (run_at - chrono::Utc::now()).to_std().unwrap_or_default();
+        if ahead > self.max_delay {
+            return Err(self.too_long(ahead));
+        }
+        self.store
+            .reschedule(job_id, run_at)
+            .await
+            .map_err(|e| refused(e, |state| ClientError::CannotReschedule { job_id, state }))
+    }
+
     /// The fenced part of [`Client::cancel`]: the row update.
     async fn cancel_row(&self, job_id: JobId, reason: &str) -> Result<Cancelled, ClientError> {
         match self.store.cancel_job(job_id, reason).await {
@@ -767,6 +850,16 @@ impl Client {
     /// The queue (NATS): a building block, for tools.
     pub fn queue(&self) -> &Queue {
         &self.queue
+    }
+}
+
+/// A retry-now's or reschedule's refusal as the client's error: an unknown
+/// job, or the state `wrong` makes an error of.
+fn refused(e: FenceError, wrong: impl FnOnce(WrongState) -> ClientError) -> ClientError {
+    match e {
+        FenceError::NotFound(id) => ClientError::UnknownJob(id),
+        FenceError::WrongState { state, .. } => wrong(state),
+        e => e.into(),
     }
 }
 

@@ -271,7 +271,9 @@ pub use client::{
 pub use config::Config;
 #[cfg(feature = "mysql")]
 pub use fence::mysql::{MySqlFence, MySqlFenceError, MySqlFencedTx};
-pub use fence::{Cancelled, GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate};
+pub use fence::{
+    Cancelled, GateError, JobRow, JobStatus, PgFenceMarks, StaleToken, TokenGate, WrongState,
+};
 pub use job::{DeadJob, Job, StepCtx, StepError};
 pub use lease::Health;
 pub use runtime::{

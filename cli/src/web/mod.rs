@@ -407,6 +407,8 @@ fn router(app: Shared) -> Router {
         .route("/dlq/redrive", post(redrive_one))
         .route("/dlq/redrive-reason", post(redrive_reason))
         .route("/jobs/cancel", post(cancel_job))
+        .route("/jobs/retry-now", post(retry_now_job))
+        .route("/jobs/reschedule", post(reschedule_job))
         .route("/types/pause", post(pause_type))
         .route("/types/resume", post(resume_type))
         .route("/schedules", get(schedules::schedules_page))
@@ -692,13 +694,17 @@ async fn workers_api(State(app): State<Shared>) -> Result<Json<Vec<data::WorkerV
 }
 
 /// The fields of an action's form (redrive one, redrive by reason, cancel,
-/// pause and resume a type).
+/// retry now, reschedule, pause and resume a type).
 #[derive(Debug, Deserialize)]
 struct ActionForm {
     csrf: Option<String>,
     job_id: Option<String>,
     reason: Option<String>,
     job_type: Option<String>,
+    /// Reschedule: a time (RFC 3339).
+    at: Option<String>,
+    /// Reschedule: a delay from now (`90s`).
+    after: Option<String>,
 }
 
 /// The client of an allowed action: operator mode, a session, its CSRF token.
@@ -788,6 +794,64 @@ async fn cancel_job(
     };
     app.auth.set_flash(&headers, note);
     Ok(Redirect::to(&format!("/jobs/{id}")).into_response())
+}
+
+/// Starts one job waiting in retry backoff now (`Client::retry_now`), then
+/// shows its page with what happened.
+async fn retry_now_job(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Form(f): Form<ActionForm>,
+) -> Result<Response, WebError> {
+    let client = allowed(&app, &headers, f.csrf.as_deref())?;
+    let id = form_job_id(f.job_id)?;
+    let done = data::retry_now(&app.ctx, client, id).await;
+    let note = moved_note(id, "not started", done);
+    app.auth.set_flash(&headers, note);
+    Ok(Redirect::to(&format!("/jobs/{id}")).into_response())
+}
+
+/// Moves one delayed job's `run_at` (`Client::reschedule`): `at` (RFC 3339)
+/// or `after` (`90s`), neither: now. Then shows its page with what happened.
+async fn reschedule_job(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Form(f): Form<ActionForm>,
+) -> Result<Response, WebError> {
+    let client = allowed(&app, &headers, f.csrf.as_deref())?;
+    let id = form_job_id(f.job_id)?;
+    let given = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+    let run_at = match (given(f.at), given(f.after)) {
+        (Some(at), _) => crate::args::parse_time(at.trim()).map_err(WebError::BadRequest)?,
+        (None, Some(after)) => crate::args::parse_age(after.trim())
+            .ok()
+            .and_then(|d| chrono::Duration::from_std(d).ok())
+            .and_then(|d| chrono::Utc::now().checked_add_signed(d))
+            .ok_or_else(|| WebError::BadRequest(format!("not a delay such as 90s: {after:?}")))?,
+        (None, None) => chrono::Utc::now(),
+    };
+    let done = data::reschedule(&app.ctx, client, id, run_at).await;
+    let note = moved_note(id, "not rescheduled", done);
+    app.auth.set_flash(&headers, note);
+    Ok(Redirect::to(&format!("/jobs/{id}")).into_response())
+}
+
+/// The flash after a retry-now or reschedule: its outcome, the refusal as
+/// the client said it, or a reference to a server failure (whose text only
+/// the log shows).
+fn moved_note(
+    id: JobId,
+    not: &str,
+    done: anyhow::Result<Result<data::MoveView, String>>,
+) -> String {
+    match done {
+        Ok(Ok(v)) => v.outcome,
+        Ok(Err(why)) => format!("{not}: {why}"),
+        Err(e) => {
+            let reference = logged(&format!("{not} {id}: {e:#}"));
+            format!("{not}: the servers failed (reference {reference})")
+        }
+    }
 }
 
 async fn pause_type(

@@ -333,9 +333,14 @@ pub fn job(d: &JobDetail, flash: Option<&str>, viewer: &Viewer) -> Markup {
             @if j.status == "cancelled" {
                 tr { th { "cancelled" } td #cancel-reason colspan="3" { (opt(j.cancel_reason.as_deref())) } }
             }
+            @if let Some(at) = &j.run_at {
+                tr { th { "run at" } td #run-at colspan="3" { (time(at)) @if j.awaiting_publish { " (delayed: not published yet)" } } }
+            }
         }
         @if j.status == "dead" { (redrive_button(viewer, &j.id)) }
         @if matches!(j.status.as_str(), "pending" | "running" | "dead") { (cancel_form(viewer, &j.id)) }
+        @if j.status == "pending" && j.awaiting_publish { (reschedule_form(viewer, &j.id)) }
+        @if j.status == "pending" && !j.awaiting_publish && j.attempts > 0 { (retry_now_button(viewer, &j.id)) }
         h2 { "Owners over time" }
         p.note { "Each bar: one owner, from its claim to its release, the job's end or the next owner's claim. Marks: a green dot, a step committed; an orange dot, an attempt failed; a red cross, a write under that token refused by the fence." }
         (super::timeline::ownership(&d.events))
@@ -360,6 +365,36 @@ fn redrive_button(viewer: &Viewer, job_id: &str) -> Markup {
                 input type="hidden" name="csrf" value=(csrf);
                 input type="hidden" name="job_id" value=(job_id);
                 button.redrive data-job=(job_id) { "Redrive" }
+            }
+        }
+    }
+}
+
+/// Retry now: a job waiting in retry backoff starts at once (one more
+/// message, locked and claimed as any other).
+fn retry_now_button(viewer: &Viewer, job_id: &str) -> Markup {
+    html! {
+        @if let Some(csrf) = &viewer.csrf {
+            form.inline.retry-now method="post" action="/jobs/retry-now" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="job_id" value=(job_id);
+                button.retry-now data-job=(job_id) { "Retry now" }
+            }
+        }
+    }
+}
+
+/// Reschedule a delayed job: a time (RFC 3339) or a delay from now (`90s`);
+/// both empty: now.
+fn reschedule_form(viewer: &Viewer, job_id: &str) -> Markup {
+    html! {
+        @if let Some(csrf) = &viewer.csrf {
+            form.inline.reschedule method="post" action="/jobs/reschedule" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="job_id" value=(job_id);
+                input type="text" name="at" placeholder="at: 2026-12-24T18:00:00Z" maxlength="64";
+                input type="text" name="after" placeholder="or after: 90s, 30m" maxlength="16";
+                button.reschedule data-job=(job_id) { "Reschedule" }
             }
         }
     }
@@ -592,6 +627,8 @@ mod tests {
             created_at: Utc::now(),
             updated_at: Utc::now(),
             waiting: None,
+            run_at: None,
+            awaiting_publish: false,
         };
         let page = JobsPage {
             jobs: vec![view],

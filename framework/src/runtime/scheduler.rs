@@ -436,28 +436,29 @@ impl Scheduler {
     /// Publishes up to `batch` due jobs and marks the published ones (fenced).
     /// Unpublished ones stay awaiting: a later round retries them.
     async fn publish_due(&self, lead: &Leadership, batch: usize) -> Result<Batch, RoundError> {
-        let due = self.shared.store.due_jobs(batch).await?;
-        if due.is_empty() {
+        // Locked until marked: a reschedule waits for the mark, then finds
+        // the job published (migration 0019).
+        let locked = self.shared.store.lock_due(batch).await?;
+        let due = locked.jobs.len();
+        if due == 0 {
             return Ok(Batch::default());
         }
-        let mut published = Vec::with_capacity(due.len());
-        for chunk in due.chunks(PUBLISH_CONCURRENCY) {
+        let mut published = Vec::with_capacity(due);
+        for chunk in locked.jobs.chunks(PUBLISH_CONCURRENCY) {
             let sent = futures::future::join_all(chunk.iter().map(|job| self.publish(job))).await;
             published.extend(sent.into_iter().flatten());
         }
-        let marked = self
-            .shared
-            .store
+        let marked = locked
             .mark_published(ROLE, lead.token(), &published)
             .await?;
         tracing::debug!(
-            due = due.len(),
+            due,
             published = published.len(),
             marked,
             "due jobs published"
         );
         Ok(Batch {
-            due: due.len(),
+            due,
             published: published.len(),
         })
     }

@@ -5,7 +5,7 @@ use crate::security::{AccessError, AccessStep, Server, error_chain, tls_failure}
 use crate::types::{JobId, ObservedFence, StepIndex};
 
 use super::sql::CAS_REFUSED_SQLSTATE;
-use super::status::JobStatus;
+use super::status::{JobStatus, WrongState};
 
 /// The SQLSTATE the guard trigger raises when it refuses a write
 /// (see [`FenceStore::install_guard`](super::FenceStore::install_guard)).
@@ -199,6 +199,17 @@ pub enum FenceError {
     /// The job row does not exist.
     #[error("job {0} not found")]
     NotFound(JobId),
+    /// An operator's retry-now or reschedule found the job in a state it
+    /// does not apply to ([`FenceStore::retry_now`](super::FenceStore::retry_now),
+    /// [`FenceStore::reschedule`](super::FenceStore::reschedule)); nothing
+    /// changed.
+    #[error("job {job_id} is {state}")]
+    WrongState {
+        /// The job.
+        job_id: JobId,
+        /// What it is instead.
+        state: WrongState,
+    },
     /// The job is `done`, `dead` or `cancelled`: there is nothing left to claim or write.
     #[error("job {job_id} is {status}")]
     Terminal {

@@ -39,6 +39,7 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "tenure_claim_leader(text, bigint, text)",
     "tenure_admit_leader(text, bigint)",
     "tenure_mark_published(text, bigint, uuid[])",
+    "tenure_lock_due(integer)",
     "tenure_define_schedule(text, text, text, text, text, jsonb)",
     "tenure_advance_schedule(text, bigint, text, timestamptz, timestamptz, bigint, bigint)",
     "tenure_claim_partition(text, integer, bigint, text)",
@@ -49,9 +50,12 @@ const WORKER_FUNCTIONS: &[&str] = &[
 ];
 
 /// An operator's own calls: cancel, pause and resume (job types and
-/// schedules), redrive, retention, the guard's escape hatch.
+/// schedules), redrive, retry-now and reschedule, retention, the guard's
+/// escape hatch.
 const OPERATOR_FUNCTIONS: &[&str] = &[
     "tenure_cancel(uuid, text)",
+    "tenure_retry_now(uuid)",
+    "tenure_reschedule(uuid, timestamptz)",
     "tenure_pause(text)",
     "tenure_resume(text)",
     "tenure_pause_schedule(text)",

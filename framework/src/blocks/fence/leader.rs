@@ -31,6 +31,73 @@ pub(crate) struct DueJob {
     pub(crate) trace_context: Option<serde_json::Value>,
 }
 
+/// The most due jobs one [`FenceStore::lock_due`] locks (`tenure_lock_due`'s
+/// bound).
+const MAX_DUE_BATCH: usize = 10_000;
+
+/// Due jobs locked for the leader's publisher (`FenceStore::lock_due`), until
+/// [`mark_published`](Self::mark_published) commits (or the batch is
+/// dropped, which rolls back: they stay awaiting).
+pub(crate) struct DueBatch {
+    store: FenceStore,
+    tx: Transaction<'static, Postgres>,
+    /// The locked jobs, earliest first.
+    pub(crate) jobs: Vec<DueJob>,
+}
+
+impl DueBatch {
+    /// Marks `ids` (of this batch) published, fenced by `role`'s `token`
+    /// (`tenure_mark_published` checks the leader fence itself), and commits,
+    /// releasing the batch's rows. Returns how many were still awaiting.
+    ///
+    /// # Errors
+    /// [`FenceError::LeaderFencedOut`] (nothing marked); [`FenceError::Db`].
+    pub(crate) async fn mark_published(
+        mut self,
+        role: &str,
+        token: FencingToken,
+        ids: &[JobId],
+    ) -> Result<u64, FenceError> {
+        let admit = format!(
+            "SELECT * FROM {}($1, $2)",
+            self.store.table("tenure_admit_leader")
+        );
+        let admitted = sqlx::query(&admit)
+            .bind(role)
+            .bind(token.get())
+            .fetch_optional(&mut *self.tx)
+            .await?;
+        if admitted.is_none() {
+            drop(self.tx);
+            return Err(self.store.leader_refusal(role, token).await);
+        }
+        let uuids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
+        let sql = format!(
+            "SELECT {}($1, $2, $3)",
+            self.store.table("tenure_mark_published")
+        );
+        let done: i64 = sqlx::query_scalar(&sql)
+            .bind(role)
+            .bind(token.get())
+            .bind(uuids)
+            .fetch_one(&mut *self.tx)
+            .await?;
+        self.tx.commit().await?;
+        Ok(u64::try_from(done).unwrap_or(0))
+    }
+}
+
+/// A due job from a row of `due_jobs` or `tenure_lock_due`.
+fn due_job(r: &sqlx::postgres::PgRow) -> Result<DueJob, sqlx::Error> {
+    Ok(DueJob {
+        id: JobId::from_uuid(r.try_get("id")?),
+        job_type: r.try_get("job_type")?,
+        input: r.try_get("input")?,
+        run_at: r.try_get("run_at")?,
+        trace_context: r.try_get("trace_context")?,
+    })
+}
+
 /// The holder of an elected role, as PostgreSQL last accepted it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaderRow {
@@ -141,37 +208,34 @@ impl FenceStore {
         .transpose()
     }
 
-    /// Up to `limit` jobs awaiting publication whose `run_at` has come (by
-    /// PostgreSQL's clock), earliest first. Reads the front of the partial
-    /// index `jobs_due_idx`: the cost does not grow with the jobs still waiting.
-    /// The bound is `now()`, not `clock_timestamp()`: a volatile bound is only a
-    /// filter, and with fewer than `limit` due the scan walks every waiting row
-    /// (measured: 1 000 000 waiting, none due, 0.08 ms with `now()`).
+    /// Locks up to `limit` due jobs (awaiting publication, `run_at` come by
+    /// PostgreSQL's clock), earliest first, in a transaction held until
+    /// [`DueBatch::mark_published`]: while the leader publishes them, a
+    /// reschedule or a cancel of one waits, then finds it published. Rows
+    /// another transaction holds are skipped this round (`tenure_lock_due`,
+    /// migration 0019). It reads the front of the partial index
+    /// `jobs_due_idx`, bounded by `now()`, not `clock_timestamp()` (a volatile
+    /// bound is only a filter: with fewer than `limit` due the scan would walk
+    /// every waiting row).
     ///
     /// # Errors
     /// [`FenceError::Db`].
-    pub(crate) async fn due_jobs(&self, limit: usize) -> Result<Vec<DueJob>, FenceError> {
+    pub(crate) async fn lock_due(&self, limit: usize) -> Result<DueBatch, FenceError> {
         let sql = format!(
-            "SELECT id, job_type, input, run_at, trace_context FROM {} \
-             WHERE awaiting_publish AND run_at <= now() \
-             ORDER BY run_at, id LIMIT $1",
-            self.table("jobs")
+            "SELECT id, job_type, input, run_at, trace_context FROM {}($1)",
+            self.table("tenure_lock_due")
         );
+        let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(&sql)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
+            .bind(i32::try_from(limit.min(MAX_DUE_BATCH)).unwrap_or(1))
+            .fetch_all(&mut *tx)
             .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DueJob {
-                    id: JobId::from_uuid(r.try_get("id")?),
-                    job_type: r.try_get("job_type")?,
-                    input: r.try_get("input")?,
-                    run_at: r.try_get("run_at")?,
-                    trace_context: r.try_get("trace_context")?,
-                })
-            })
-            .collect()
+        let jobs = rows.iter().map(due_job).collect::<Result<_, _>>()?;
+        Ok(DueBatch {
+            store: self.clone(),
+            tx,
+            jobs,
+        })
     }
 
     /// How long until the earliest job awaiting publication is due (zero if

@@ -34,7 +34,7 @@ impl FenceStore {
     /// Inserts a delayed job row: due at `run_at`. A `run_at` in the future
     /// (by PostgreSQL's clock) leaves the row `awaiting_publish`: no message is
     /// sent for it until the scheduler leader publishes it once due
-    /// (the runtime's `FenceStore::due_jobs`, [`FenceStore::mark_published`]);
+    /// (the runtime's `FenceStore::lock_due`, then its batch's mark);
     /// a `run_at` now or past makes an ordinary row, to be published by the
     /// caller.
     /// Idempotent as [`FenceStore::insert_job`]: an existing row (same type and

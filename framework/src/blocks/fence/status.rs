@@ -76,3 +76,69 @@ impl FromStr for JobStatus {
         }
     }
 }
+
+/// Why a retry-now or a reschedule does not apply to a job: what it is
+/// instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WrongState {
+    /// An owner runs it (or ran it and went silent: its next owner takes it
+    /// over after its lease).
+    Running,
+    /// Finished.
+    Done,
+    /// Dead (in the DLQ): redrive it instead.
+    Dead,
+    /// Cancelled by an operator.
+    Cancelled,
+    /// Delayed, awaiting publication by the scheduler (retry-now refuses it:
+    /// reschedule it instead).
+    Delayed,
+    /// Pending and never failed: queued, not waiting out a retry backoff
+    /// (retry-now refuses it).
+    NotFailed,
+    /// Its message is out (reschedule refuses it: only a delayed job not yet
+    /// published has a `run_at` to move).
+    Published,
+}
+
+impl WrongState {
+    /// The state's name as the row function reports it (and the CLI prints it).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WrongState::Running => "running",
+            WrongState::Done => "done",
+            WrongState::Dead => "dead",
+            WrongState::Cancelled => "cancelled",
+            WrongState::Delayed => "delayed",
+            WrongState::NotFailed => "not_failed",
+            WrongState::Published => "published",
+        }
+    }
+
+    /// The state a row function named, `None` for `ok` and `unknown`.
+    pub(super) fn from_outcome(outcome: &str) -> Option<Self> {
+        [
+            WrongState::Running,
+            WrongState::Done,
+            WrongState::Dead,
+            WrongState::Cancelled,
+            WrongState::Delayed,
+            WrongState::NotFailed,
+            WrongState::Published,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == outcome)
+    }
+}
+
+impl fmt::Display for WrongState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WrongState::NotFailed => "pending and never failed (not waiting to retry)",
+            WrongState::Published => "published (not delayed)",
+            WrongState::Delayed => "delayed (awaiting publication)",
+            s => s.as_str(),
+        })
+    }
+}

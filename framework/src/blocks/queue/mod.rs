@@ -309,6 +309,26 @@ impl Queue {
             .await
     }
 
+    /// Publishes one more message of job `job_id` for an operator's
+    /// retry-now of the job's `attempts`-th wait: the message id is
+    /// `<job_id>/retry-now/<attempts>`, so a repeated retry-now of the same
+    /// wait stores one message (inside the duplicate window). A worker admits,
+    /// locks and claims it as any other message of the job.
+    ///
+    /// # Errors
+    /// As [`Queue::publish_job`].
+    pub async fn publish_retry_now(
+        &self,
+        job_id: JobId,
+        job_type: &str,
+        payload: bytes::Bytes,
+        attempts: u32,
+    ) -> Result<Published, QueueError> {
+        let msg_id = format!("{job_id}/retry-now/{attempts}");
+        self.publish_with_msg_id(job_id, job_type, payload, msg_id)
+            .await
+    }
+
     async fn publish_with_msg_id(
         &self,
         job_id: JobId,
