@@ -76,6 +76,11 @@ async fn fifty_jobs_survive_the_stream_leader_node_killed_and_restarted() {
     .expect("dev stack with a NATS cluster");
     assert_eq!(stack.nats_nodes().len(), 3);
     assert_eq!(stack.nats_url().split(',').count(), 3);
+    let meta = wait_until(Duration::from_secs(10), || async {
+        stack.nats_meta_leader().await.is_some()
+    })
+    .await;
+    assert!(meta, "no node names a JetStream meta leader");
     let ns = DevStack::unique_namespace("natsha");
     let cfg = config_for(&stack, &ns, Duration::from_secs(5)).with_stream_replicas(3);
     let client = Client::connect(&cfg).await.expect("client on the cluster");

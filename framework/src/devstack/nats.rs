@@ -48,13 +48,36 @@ impl DevStack {
         &self.nats
     }
 
+    /// The node (index for [`DevStack::nats_node`]) that is the JetStream
+    /// meta leader of a cluster, from the nodes' monitoring (`/jsz`); `None`
+    /// for a single server or when no node names one.
+    pub async fn nats_meta_leader(&self) -> Option<usize> {
+        for port in &self.nats_http_ports {
+            let Ok(Ok(jsz)) =
+                tokio::time::timeout(Duration::from_secs(2), http_get_json(*port, "/jsz")).await
+            else {
+                continue;
+            };
+            let leader = jsz["meta_cluster"]["leader"].as_str().unwrap_or_default();
+            let found = self
+                .nats_ports
+                .iter()
+                .position(|p| leader == format!("tenure-dev-{p}"));
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
     /// Starts one server (`nodes` 0 or 1) or a cluster of `nodes`.
     pub(super) fn start_nats(&mut self, nodes: usize) -> Result<(), DevStackError> {
         if nodes <= 1 {
             return self.start_nats_on(free_ports(1)?[0]);
         }
-        let ports = free_ports(2 * nodes)?;
-        let (client, cluster) = ports.split_at(nodes);
+        let ports = free_ports(3 * nodes)?;
+        let (client, rest) = ports.split_at(nodes);
+        let (cluster, http) = rest.split_at(nodes);
         for i in 0..nodes {
             let routes: Vec<String> = (0..nodes)
                 .filter(|j| *j != i)
@@ -68,7 +91,15 @@ impl DevStack {
                 "tenure-dev".into(),
                 "--routes".into(),
                 routes.join(","),
+                // Clients use the URLs they were given, never the nodes'
+                // own (a torture worker's go through its fault proxy).
+                "--no_advertise=true".into(),
+                // Monitoring, on 127.0.0.1 like the client port (`-a`):
+                // `/jsz` names the meta leader.
+                "-m".into(),
+                http[i].to_string(),
             ]);
+            self.nats_http_ports.push(http[i]);
             self.spawn_nats(spec, client[i])?;
         }
         Ok(())
@@ -172,4 +203,23 @@ impl DevStack {
         }
         options
     }
+}
+
+/// `GET path` on a loopback HTTP port, its body as JSON.
+async fn http_get_json(port: u16, path: &str) -> Result<serde_json::Value, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    conn.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer)
+        .await
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&answer);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).map_err(|e| e.to_string())
 }
