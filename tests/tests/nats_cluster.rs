@@ -11,7 +11,7 @@ use tenure::Client;
 use tenure::blocks::fence::JobStatus;
 use tenure::devstack::{DevStack, DevStackOptions};
 use tenure_tests::{
-    ThreeStep, config_for, count_status, double_commits, prepare_schema, slow_on,
+    ThreeStep, config_for, count_status, done_within, double_commits, prepare_schema, slow_on,
     three_step_worker, wait_until, work,
 };
 
@@ -92,8 +92,10 @@ async fn fifty_jobs_survive_the_stream_leader_node_killed_and_restarted() {
         three_step_worker(&cfg, &ns, "w1").await,
         three_step_worker(&cfg, &ns, "w2").await,
     ];
-    const N: u64 = 50;
-    for n in 0..N {
+    // One job on the idle cluster, every node up: the baseline.
+    let before = one_job_latency(&client, "before").await;
+    const N: u64 = 52; // the probe before, 50, the probe during the outage
+    for n in 0..50 {
         // Every fifth job's second step is slow on w1: jobs are still running
         // when the node dies.
         let input = if n % 5 == 0 {
@@ -111,7 +113,10 @@ async fn fifty_jobs_survive_the_stream_leader_node_killed_and_restarted() {
         .nats_node(victim)
         .kill()
         .expect("kill the leader node");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A job enqueued while the leader is dead: its publish waits for the
+    // stream's new leader (and then behind the 50 in the queue).
+    let during = one_job_latency(&client, "during").await;
+    tokio::time::sleep(Duration::from_millis(1500).saturating_sub(killed.elapsed())).await;
     stack.nats_node(victim).restart().expect("restart it");
     stack
         .wait_ready(Duration::from_secs(30))
@@ -123,7 +128,9 @@ async fn fifty_jobs_survive_the_stream_leader_node_killed_and_restarted() {
     .await;
     let done = count_status(&client, JobStatus::Done).await;
     eprintln!(
-        "node {victim} (the stream leader) killed; {done}/{N} done {:?} after the kill",
+        "node {victim} (the stream leader) killed; {done}/{N} done {:?} after the kill; \
+         a probe job's (enqueue, failed tries, done) latency: {before:?} idle before, {during:?} \
+         enqueued with the leader dead",
         killed.elapsed()
     );
     assert!(all_done, "{done} of {N} jobs done");
@@ -135,4 +142,35 @@ async fn fifty_jobs_survive_the_stream_leader_node_killed_and_restarted() {
     for w in workers {
         w.shutdown().await.expect("shutdown");
     }
+}
+
+/// How long one [`ThreeStep`] job's enqueue takes (its publish acknowledged
+/// by the stream's leader; retried with the same key, as a caller must,
+/// while it fails), how many tries failed, and how long until it is done.
+async fn one_job_latency(client: &Client, name: &str) -> (Duration, u32, Duration) {
+    let started = Instant::now();
+    let mut failed = 0;
+    let id = loop {
+        match client
+            .enqueue::<ThreeStep>(&format!("probe-{name}"), &work(0))
+            .await
+        {
+            Ok(e) => break e.job_id,
+            Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                eprintln!(
+                    "probe {name}: enqueue failed after {:?}: {e}",
+                    started.elapsed()
+                );
+                failed += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("probe {name}: enqueue failed for 30 s: {e}"),
+        }
+    };
+    let enqueued = started.elapsed();
+    assert!(
+        done_within(client, id, Duration::from_secs(60)).await,
+        "probe job {name} not done"
+    );
+    (enqueued, failed, started.elapsed())
 }

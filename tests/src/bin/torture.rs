@@ -1439,20 +1439,24 @@ impl Run {
     async fn nats_node_kill(&mut self, meta_leader: bool, rng: &mut StdRng) -> anyhow::Result<()> {
         let n = self.stack.nats_nodes().len();
         let drawn = rng.random_range(0..n);
+        let leader = self.stack.nats_meta_leader().await;
         let node = if meta_leader {
-            self.stack.nats_meta_leader().await.unwrap_or(drawn)
+            leader.unwrap_or(drawn)
         } else {
             drawn
         };
         self.stack.nats_node(node).kill()?;
-        tokio::time::sleep(ms(
-            rng,
-            Duration::from_millis(500),
-            Duration::from_millis(2500),
-        ))
-        .await;
+        let down = ms(rng, Duration::from_millis(500), Duration::from_millis(2500));
+        tokio::time::sleep(down).await;
         self.stack.nats_node(node).restart()?;
-        self.ready().await
+        let restarted = Instant::now();
+        self.ready().await?;
+        eprintln!(
+            "torture: nats node {node} killed (meta leader: node {leader:?}), down {down:?}, \
+             every node answering {:?} after its restart",
+            restarted.elapsed()
+        );
+        Ok(())
     }
 
     /// `worker_join`: the spare worker joins (leaving first if it runs).
