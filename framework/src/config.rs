@@ -90,7 +90,9 @@ pub struct Config {
     pub schema: String,
     /// etcd client endpoints.
     pub etcd_endpoints: Vec<String>,
-    /// NATS URL.
+    /// NATS URL; for a cluster, several comma-separated
+    /// (`nats://a:4222,nats://b:4222,nats://c:4222`): the client connects to
+    /// one and fails over to the others.
     pub nats_url: String,
     /// PostgreSQL URL. Its TLS settings have libpq's meaning (rustls, no
     /// OpenSSL): `sslmode` (`disable`, `allow`, `prefer` (the default),

@@ -199,6 +199,31 @@ fn partition_mode_unfenced_run_is_caught() {
     every_kind_injected(&all);
 }
 
+/// On a three-node NATS JetStream cluster, streams at R3 (`--nats-cluster 3`,
+/// issue 36): one fault of each of the eighteen kinds (the sixteen, with
+/// `nats_restart` and `nats_pause` acting on every node, plus
+/// `nats_node_kill` and `nats_meta_leader_kill`), 120 jobs (seed 11: 69 s).
+#[test]
+fn nats_cluster_fenced_run_has_no_violation() {
+    let (ok, s, all) = run(&[
+        "--jobs",
+        "120",
+        "--faults",
+        "18",
+        "--seed",
+        "11",
+        "--nats-cluster",
+        "3",
+    ]);
+    assert!(ok, "the fenced run on a NATS cluster failed\n{all}");
+    assert!(all.contains(" nats_nodes=3"), "{all}");
+    no_violation(&s, &all, 120, 18);
+    assert!(
+        all.contains("nats_node_kill=1") && all.contains("nats_meta_leader_kill=1"),
+        "{all}"
+    );
+}
+
 /// MariaDB as the fenced resource, with the five-step transfer (`--steps 5`,
 /// the long run's shape): the transfers' accounts and history in
 /// MariaDB (`StepCtx::mysql`), the job rows in PostgreSQL, the same faults

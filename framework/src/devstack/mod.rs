@@ -74,6 +74,12 @@ pub struct DevStackOptions {
     pub etcd_members: usize,
     /// Start NATS with JetStream.
     pub nats: bool,
+    /// With `nats`: how many `nats-server` nodes. 0 or 1 is one server; 3 (or
+    /// more) is a JetStream cluster on loopback (routes between every node,
+    /// `server_name` and store directory of each its own), for streams at R3
+    /// (`Config::stream_replicas`). [`DevStack::nats_url`] then names every
+    /// node, comma-separated; [`DevStack::nats_node`] reaches each for faults.
+    pub nats_cluster: usize,
     /// Start PostgreSQL.
     pub postgres: bool,
     /// PostgreSQL `fsync` (off by default: the dev stack only survives process
@@ -114,6 +120,7 @@ impl Default for DevStackOptions {
             etcd: true,
             etcd_members: 3,
             nats: true,
+            nats_cluster: 0,
             postgres: true,
             postgres_fsync: false,
             ready_timeout: Duration::from_secs(30),
@@ -134,8 +141,9 @@ pub struct DevStack {
     etcd: Vec<ServerProcess>,
     etcd_client_ports: Vec<u16>,
     etcd_peer_ports: Vec<u16>,
-    nats: Option<ServerProcess>,
-    nats_port: u16,
+    nats: Vec<ServerProcess>,
+    nats_ports: Vec<u16>,
+    nats_http_ports: Vec<u16>,
     postgres: Option<ServerProcess>,
     postgres_port: u16,
     redis: Option<redis::RedisServer>,
@@ -190,7 +198,7 @@ impl DevStack {
             stack.start_etcd(opts.etcd_members)?;
         }
         if opts.nats {
-            stack.start_nats()?;
+            stack.start_nats(opts.nats_cluster)?;
         }
         if opts.redis {
             stack.start_redis()?;
@@ -230,8 +238,9 @@ impl DevStack {
             etcd: Vec::new(),
             etcd_client_ports: Vec::new(),
             etcd_peer_ports: Vec::new(),
-            nats: None,
-            nats_port: 0,
+            nats: Vec::new(),
+            nats_ports: Vec::new(),
+            nats_http_ports: Vec::new(),
             postgres: None,
             postgres_port: 0,
             redis: None,
@@ -318,7 +327,7 @@ impl DevStack {
         if !self.etcd.is_empty() {
             self.wait_etcd(timeout, false).await?;
         }
-        if self.nats.is_some() {
+        if !self.nats.is_empty() {
             self.wait_nats(timeout, false).await?;
         }
         if self.postgres.is_some() {
@@ -352,7 +361,7 @@ impl DevStack {
     pub fn processes(&self) -> impl Iterator<Item = &ServerProcess> {
         self.etcd
             .iter()
-            .chain(self.nats.as_ref())
+            .chain(&self.nats)
             .chain(self.postgres.as_ref())
             .chain(self.redis.as_ref().map(|r| &r.process))
             .chain(self.mariadb.as_ref().map(|m| &m.process))

@@ -305,6 +305,10 @@ struct Args {
     cancel: f64,
     /// Partition mode with this many partitions (`--partitions P`).
     partitions: Option<u32>,
+    /// NATS as a JetStream cluster of this many nodes, streams at R3
+    /// (`--nats-cluster 3`; 0 is one server), with the faults
+    /// `nats_node_kill` and `nats_meta_leader_kill`.
+    nats_cluster: usize,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Args> {
@@ -322,6 +326,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         only: None,
         cancel: 0.0,
         partitions: None,
+        nats_cluster: 0,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -344,6 +349,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--only" => a.only = Some(val()?),
             "--cancel" => a.cancel = val()?.parse()?,
             "--partitions" => a.partitions = Some(val()?.parse()?),
+            "--nats-cluster" => a.nats_cluster = val()?.parse()?,
             "--steps" => set_steps(val()?.parse()?)?,
             other => bail!("unknown argument {other:?}"),
         }
@@ -355,6 +361,9 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         bail!("--workers must be at least 2 (a takeover needs a second worker)");
     }
     a.unsafe_no_fencing = a.mode == RunMode::Unfenced;
+    if a.nats_cluster == 2 {
+        bail!("--nats-cluster must be 0 or 1 (one server) or 3 or more (a quorum survives a node)");
+    }
     if a.partitions.is_some() && a.mode == RunMode::RedisLock {
         bail!("--partitions runs Tenure; --mode redis-lock does not");
     }
@@ -574,6 +583,9 @@ async fn tenure_worker(
         .with_database_url(flag_value(args, "--db")?)
         .with_lease_ttl(ttl)
         .with_worker_id(id.clone());
+    if let Ok(r) = flag_value(args, "--replicas") {
+        cfg = cfg.with_stream_replicas(r.parse()?);
+    }
     tenure::testing::short_backoffs(&mut cfg);
     cfg.max_in_flight = 16;
     cfg.unsafe_no_fencing = args.iter().any(|a| a == "--unsafe-no-fencing");
@@ -706,6 +718,22 @@ impl Proxy {
     }
 }
 
+/// One proxy for every NATS node of `urls` (`nats://127.0.0.1:PORT`) and
+/// the comma-separated URL that goes through it: a cut cuts them all.
+async fn relay_nats(urls: &[String]) -> anyhow::Result<(Proxy, String)> {
+    let targets: Vec<String> = urls
+        .iter()
+        .map(|u| u.replacen("nats://", "http://", 1))
+        .collect();
+    let proxy = Proxy::start(&targets).await?;
+    let via: Vec<String> = proxy
+        .addrs
+        .iter()
+        .map(|a| a.replacen("http://", "nats://", 1))
+        .collect();
+    Ok((proxy, via.join(",")))
+}
+
 async fn accept_loop(listener: TcpListener, target: String, rx: watch::Receiver<Mode>) {
     // Owns its connections: they end when this task is aborted.
     let mut conns = JoinSet::new();
@@ -799,6 +827,8 @@ enum Fault {
     WorkerJoin,
     WorkerLeaveGraceful,
     EtcdPauseDuringHandover,
+    NatsNodeKill,
+    NatsMetaLeaderKill,
 }
 
 impl Fault {
@@ -809,11 +839,24 @@ impl Fault {
         Fault::EtcdPauseDuringHandover,
     ];
 
-    /// The kinds a run injects: the sixteen, and in partition mode the
-    /// three that move partitions.
-    fn kinds(partitions: bool) -> Vec<Fault> {
+    /// A NATS cluster's two more kinds (`--nats-cluster`).
+    const NATS_NODES: [Fault; 2] = [Fault::NatsNodeKill, Fault::NatsMetaLeaderKill];
+
+    /// The kinds a run injects: the sixteen, in partition mode the three
+    /// that move partitions, on a NATS cluster the two that kill a node.
+    fn kinds(partitions: bool, nats_cluster: bool) -> Vec<Fault> {
         let moves = if partitions { &Fault::MOVES[..] } else { &[] };
-        Fault::ALL.iter().chain(moves).copied().collect()
+        let nodes = if nats_cluster {
+            &Fault::NATS_NODES[..]
+        } else {
+            &[]
+        };
+        Fault::ALL
+            .iter()
+            .chain(moves)
+            .chain(nodes)
+            .copied()
+            .collect()
     }
 
     const ALL: [Fault; 16] = [
@@ -868,6 +911,8 @@ impl Fault {
             Fault::EtcdPauseDuringHandover => "etcd_pause_during_handover",
             Fault::WorkerJoin => "worker_join",
             Fault::WorkerLeaveGraceful => "worker_leave_graceful",
+            Fault::NatsNodeKill => "nats_node_kill",
+            Fault::NatsMetaLeaderKill => "nats_meta_leader_kill",
         }
     }
 }
@@ -968,7 +1013,9 @@ impl Run {
             .arg("--mode")
             .arg(self.args.mode.name())
             .arg("--steps")
-            .arg(steps().to_string());
+            .arg(steps().to_string())
+            .arg("--replicas")
+            .arg(stream_replicas(&self.args).to_string());
         if self.args.unsafe_no_fencing {
             cmd.arg("--unsafe-no-fencing");
         }
@@ -1223,8 +1270,15 @@ impl Run {
             }
             Fault::EtcdQuorumLoss => self.etcd_quorum_loss(rng).await?,
             Fault::NatsRestart => {
-                self.stack.nats().restart()?;
+                // Every node of a cluster: NATS as a whole goes down.
+                for node in self.stack.nats_nodes() {
+                    node.restart()?;
+                }
                 self.ready().await?;
+            }
+            Fault::NatsNodeKill | Fault::NatsMetaLeaderKill => {
+                self.nats_node_kill(f == Fault::NatsMetaLeaderKill, rng)
+                    .await?;
             }
             Fault::PgRestart => self.postgres_restart().await?,
             // The worker still reaches NATS and PostgreSQL directly.
@@ -1366,12 +1420,43 @@ impl Run {
         self.rejoin_after_a_while(w, rng).await
     }
 
-    /// `nats_pause`: publishes, fetches and acks stall; leases go on.
+    /// `nats_pause`: publishes, fetches and acks stall; leases go on. On a
+    /// cluster every node is paused.
     async fn nats_pause(&mut self, rng: &mut StdRng) -> anyhow::Result<()> {
-        self.stack.nats().pause()?;
+        for node in self.stack.nats_nodes() {
+            node.pause()?;
+        }
         tokio::time::sleep(ms(rng, Duration::from_millis(500), self.args.ttl * 2)).await;
-        self.stack.nats().resume()?;
+        for node in self.stack.nats_nodes() {
+            node.resume()?;
+        }
         self.ready().await
+    }
+
+    /// `nats_node_kill` (a node drawn by `rng`) or `nats_meta_leader_kill`
+    /// (the JetStream meta leader, from `/jsz`): the node is down for 0.5 to
+    /// 2.5 s, then restarted on its ports and store.
+    async fn nats_node_kill(&mut self, meta_leader: bool, rng: &mut StdRng) -> anyhow::Result<()> {
+        let n = self.stack.nats_nodes().len();
+        let drawn = rng.random_range(0..n);
+        let leader = self.stack.nats_meta_leader().await;
+        let node = if meta_leader {
+            leader.unwrap_or(drawn)
+        } else {
+            drawn
+        };
+        self.stack.nats_node(node).kill()?;
+        let down = ms(rng, Duration::from_millis(500), Duration::from_millis(2500));
+        tokio::time::sleep(down).await;
+        self.stack.nats_node(node).restart()?;
+        let restarted = Instant::now();
+        self.ready().await?;
+        eprintln!(
+            "torture: nats node {node} killed (meta leader: node {leader:?}), down {down:?}, \
+             every node answering {:?} after its restart",
+            restarted.elapsed()
+        );
+        Ok(())
     }
 
     /// `worker_join`: the spare worker joins (leaving first if it runs).
@@ -1555,7 +1640,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     // The load and the schedule, both from the seed.
     let jobs = transfers(&args);
     let mut rng = StdRng::seed_from_u64(args.seed);
-    let kinds = Fault::kinds(args.partitions.is_some());
+    let kinds = Fault::kinds(args.partitions.is_some(), args.nats_cluster > 1);
     let schedule = fault_schedule(&args, &kinds, &mut rng)?;
     let load = run
         .load_under_faults(&jobs, &schedule, &mut rng, started)
@@ -1575,7 +1660,9 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         nats_state::dump(&client, &run.stack.nats_url(), *id).await;
     }
     if !verdict.lost_ids.is_empty() {
-        nats_state::server_log(run.stack.nats().log_path());
+        for node in run.stack.nats_nodes() {
+            nats_state::server_log(node.log_path());
+        }
     }
     for i in 0..run.slots.len() {
         run.kill_worker(i);
@@ -1609,6 +1696,7 @@ impl Run {
         let stack = DevStack::start_with(tenure::devstack::DevStackOptions {
             redis: args.mode == RunMode::RedisLock,
             mariadb: args.target == Target::Mariadb,
+            nats_cluster: args.nats_cluster,
             ..Default::default()
         })
         .await
@@ -1676,7 +1764,13 @@ fn parent_config(args: &Args, stack: &DevStack, ns: &str) -> Config {
         .with_lease_ttl(args.ttl);
     cfg.max_in_flight = 16;
     cfg.partitions = args.partitions;
+    cfg.stream_replicas = stream_replicas(args);
     cfg
+}
+
+/// R3 on a NATS cluster, R1 on one server.
+fn stream_replicas(args: &Args) -> usize {
+    if args.nats_cluster > 1 { 3 } else { 1 }
 }
 
 /// `--target mariadb`: the database of namespace `ns` and its tables; its URL
@@ -1724,7 +1818,7 @@ async fn worker_slots(args: &Args, stack: &DevStack) -> anyhow::Result<Vec<Slot>
     let spares = usize::from(args.partitions.is_some());
     for index in 0..args.workers + spares {
         let (pg_proxy, pg_url) = Proxy::relay_url(&stack.database_url()).await?;
-        let (nats_proxy, nats_url) = Proxy::relay_url(&stack.nats_url()).await?;
+        let (nats_proxy, nats_url) = relay_nats(&stack.nats_urls()).await?;
         slots.push(Slot {
             index,
             active: false,
@@ -1967,11 +2061,12 @@ impl Outcome {
         );
         println!("{}", self.cron.line());
         println!(
-            "torture: mode={} target={} partitions={} steps={}",
+            "torture: mode={} target={} partitions={} steps={} nats_nodes={}",
             args.mode.name(),
             args.target.name(),
             args.partitions.unwrap_or(0),
-            steps()
+            steps(),
+            args.nats_cluster.max(1)
         );
         println!(
             "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \

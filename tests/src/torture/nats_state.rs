@@ -14,7 +14,8 @@ const SCAN_LIMIT: u64 = 20_000;
 
 /// Prints the stream, the consumers and the stored messages naming `id`.
 pub async fn dump(client: &Client, nats_url: &str, id: JobId) {
-    let nats = match async_nats::connect(nats_url).await {
+    let servers: Vec<&str> = nats_url.split(',').collect();
+    let nats = match async_nats::connect(servers).await {
         Ok(n) => n,
         Err(e) => return eprintln!("torture: lost {id}: nats unreachable: {e}"),
     };

@@ -161,7 +161,7 @@ async fn connect_nats(
         });
     let client = super::access::secure(cfg, options)
         .await?
-        .connect(cfg.nats_url.as_str())
+        .connect(server_urls(&cfg.nats_url))
         .await
         .map_err(|source| match super::access::refusal(cfg, &source) {
             Some(refusal) => QueueError::Access(refusal),
@@ -172,6 +172,16 @@ async fn connect_nats(
         })?;
     state_tx.send_replace(client.connection_state() == async_nats::connection::State::Connected);
     Ok((client, state_rx))
+}
+
+/// The servers of a NATS URL: one, or several comma-separated (the nodes of
+/// a cluster; the client connects to one and fails over to the others).
+fn server_urls(nats_url: &str) -> Vec<&str> {
+    nats_url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
 }
 
 /// The work, DLQ and advisory streams as `cfg` wants them.
