@@ -711,13 +711,28 @@ async fn pause_and_resume_from_the_overview(b: &Browser, base: &str, client: &Cl
     assert!(text(b, "#paused-none").await.starts_with("None"));
 }
 
+/// Clicks what navigates (a link, a form's button) and waits for the next
+/// page: chromedriver may return from the click while the old page (with the
+/// previous action's flash) is still shown.
 async fn click(b: &Browser, css: &str) {
+    b.execute("window.tenureOldPage = true;", vec![])
+        .await
+        .unwrap();
     b.find(Locator::Css(css))
         .await
         .unwrap()
         .click()
         .await
         .unwrap();
+    let next_page = wait_until(Duration::from_secs(10), || async {
+        let probe = "return !window.tenureOldPage && document.readyState === 'complete';";
+        matches!(
+            b.execute(probe, vec![]).await,
+            Ok(serde_json::Value::Bool(true))
+        )
+    })
+    .await;
+    assert!(next_page, "{css} led to a page");
 }
 
 /// The flash message of the page an action redirected to.

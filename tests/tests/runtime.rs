@@ -507,9 +507,11 @@ async fn graceful_shutdown_releases_jobs_without_counting_takeovers(env: TestEnv
     // job stood at step 1 instead of 2.
     let (ns, cfg, client) = on_kit(&env).await;
     let first = three_step_worker(&cfg, &ns, "first").await;
-    // Slow step 1 on `first`: it is mid-job when shutdown begins.
+    // Slow step 1 on `first`: it is mid-job when shutdown begins. Three seconds, not half of
+    // one: CI failed here once, most likely a poll that saw step 1 begin only after it ended
+    // (the job then ran on to done before the shutdown); the grace (10 s) still covers it.
     let job_id = client
-        .enqueue::<ThreeStep>("shutdown-mid-job", &slow_on("first", 1, 500))
+        .enqueue::<ThreeStep>("shutdown-mid-job", &slow_on("first", 1, 3000))
         .await
         .unwrap()
         .job_id;
