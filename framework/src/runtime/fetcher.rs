@@ -11,6 +11,7 @@ use std::sync::Arc;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use super::Shared;
+use super::fleet::Taken;
 use super::job_actor::{JobActor, JobArgs};
 use super::owning::Source;
 use super::routes::TypeRoutes;
@@ -83,11 +84,19 @@ impl Actor for Fetcher {
         // A paused type's messages stay in the stream (`pauses`).
         let mut types = st.args.routes.round();
         types.retain(|&(_, name, _)| !sh.pauses.is_paused(name));
+        // So do those of a type whose fleet-wide slots are all held (`fleet`).
+        let taken = if sh.fleet.is_empty() {
+            Taken::default()
+        } else {
+            sh.fleet
+                .take(sh.healthy_session(), &mut types, holds.len())
+                .await
+        };
         let round = sh.owning.sources(types);
         if round.is_empty() {
             // Nothing to fetch from: every type at its limit, or (partition
             // mode) no partition led yet or any more.
-            drop(holds);
+            drop((holds, taken));
             tokio::select! {
                 () = sh.draining.cancelled() => return Ok(()),
                 () = sh.owning.wait_for_sources(&st.args.routes, sh.cfg.tuning.fetch_wait) => {}
@@ -95,8 +104,10 @@ impl Actor for Fetcher {
         } else {
             tokio::select! {
                 () = sh.draining.cancelled() => return Ok(()),
-                busy = st.round(round, holds) => st.busy = busy,
+                busy = st.round(round, holds, &taken) => st.busy = busy,
             }
+            // Slots the round did not use go back now, not after the pause.
+            drop(taken);
             if !st.busy {
                 tokio::select! {
                     () = sh.draining.cancelled() => return Ok(()),
@@ -121,7 +132,7 @@ impl FetcherState {
     /// ending at its type's first message or after `Tuning::fetch_wait_several`,
     /// and each fetch's deliveries started as it ends. The waiting is the
     /// worker's: no pull request waits at the server (`queue/pull.rs`).
-    async fn round(&self, round: Vec<Source>, mut holds: Vec<HoldSlot>) -> bool {
+    async fn round(&self, round: Vec<Source>, mut holds: Vec<HoldSlot>, fleet: &Taken) -> bool {
         let t = &self.args.shared.cfg.tuning;
         if round.len() > 1 && self.busy {
             let mut got = false;
@@ -130,7 +141,9 @@ impl FetcherState {
                     break;
                 }
                 let max = source.room.min(holds.len());
-                got |= self.pull(source, max, t.fetch_wait_now, &mut holds).await;
+                got |= self
+                    .pull(source, max, t.fetch_wait_now, &mut holds, fleet)
+                    .await;
             }
             if got || holds.is_empty() {
                 return got;
@@ -146,7 +159,7 @@ impl FetcherState {
             if !share.is_empty() {
                 pulls.push(async move {
                     let max = share.len();
-                    self.pull(source, max, wait, &mut share).await
+                    self.pull(source, max, wait, &mut share, fleet).await
                 });
             }
         }
@@ -165,13 +178,14 @@ impl FetcherState {
         max: usize,
         wait: std::time::Duration,
         holds: &mut Vec<HoldSlot>,
+        fleet: &Taken,
     ) -> bool {
         let sh = &self.args.shared;
         let fetched = sh.owning.fetch(&sh.queue, source, max, wait).await;
         match fetched {
             Ok(deliveries) => {
                 let got = !deliveries.is_empty();
-                self.start(source.index, deliveries, holds).await;
+                self.start(source.index, deliveries, holds, fleet).await;
                 got
             }
             Err(e) => {
@@ -185,8 +199,15 @@ impl FetcherState {
         }
     }
 
-    /// Spawns a job actor per delivery, each with one of `holds`.
-    async fn start(&self, index: usize, deliveries: Vec<Delivery>, holds: &mut Vec<HoldSlot>) {
+    /// Spawns a job actor per delivery, each with one of `holds` (and, for a
+    /// type limited fleet-wide, one of the round's `fleet` slots).
+    async fn start(
+        &self,
+        index: usize,
+        deliveries: Vec<Delivery>,
+        holds: &mut Vec<HoldSlot>,
+        fleet: &Taken,
+    ) {
         let sh = &self.args.shared;
         let mut rows = admission_rows(sh, &deliveries).await;
         for delivery in deliveries {
@@ -207,7 +228,9 @@ impl FetcherState {
                 shared: sh.clone(),
                 admitted,
                 delivery,
-                hold: hold.of_type(self.args.routes.hold(index)),
+                hold: hold
+                    .of_type(self.args.routes.hold(index))
+                    .with_fleet(fleet.pop(index)),
             };
             if let Err(e) =
                 Actor::spawn_linked(None, JobActor, args, self.args.supervisor.clone()).await

@@ -18,6 +18,7 @@ mod compensate;
 #[cfg(feature = "testing")]
 mod faults;
 mod fetcher;
+mod fleet;
 mod gave_up;
 mod job_actor;
 mod keeper;
@@ -76,6 +77,9 @@ pub enum WorkerError {
     /// A job type's `JobLimits::max_in_flight` is 0: it would never run.
     #[error("job type {0:?} has max_in_flight 0: it would never run")]
     ZeroLimit(&'static str),
+    /// A job type's `JobLimits::fleet_max` is 0: it would never run.
+    #[error("job type {0:?} has fleet_max 0: it would never run")]
+    ZeroFleetLimit(&'static str),
     /// etcd could not be reached or refused the session.
     #[error("etcd: {0}")]
     Lease(#[from] LeaseError),
@@ -162,6 +166,8 @@ pub(crate) struct Shared {
     pub(crate) owning: owning::Owning,
     /// The paused job types.
     pub(crate) pauses: pauses::Pauses,
+    /// The job types limited fleet-wide.
+    pub(crate) fleet: fleet::Fleet,
 }
 
 impl Shared {
@@ -344,6 +350,7 @@ impl WorkerBuilder {
             &mut tasks,
         );
         let (current_tx, current_rx) = watch::channel(None);
+        let fleet = fleet::Fleet::new(self.registry.fleet_limits());
         let shared = Arc::new(Shared {
             cfg: cfg.clone(),
             store,
@@ -359,6 +366,7 @@ impl WorkerBuilder {
             cancels: Default::default(),
             owning,
             pauses: Default::default(),
+            fleet,
         });
         // Before the first fetch: a type paused now is not fetched at start.
         if !shared.pauses.refresh(&shared).await {
@@ -399,6 +407,14 @@ impl WorkerBuilder {
         }
         if let Some(name) = self.registry.zero_limit() {
             return Err(WorkerError::ZeroLimit(name));
+        }
+        if let Some((name, _)) = self
+            .registry
+            .fleet_limits()
+            .into_iter()
+            .find(|&(_, n)| n == 0)
+        {
+            return Err(WorkerError::ZeroFleetLimit(name));
         }
         std::mem::take(&mut self.schedules)
             .into_iter()

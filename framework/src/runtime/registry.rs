@@ -74,6 +74,7 @@ impl<J: Job> DynJob for J {
 #[non_exhaustive]
 pub struct JobLimits {
     max_in_flight: Option<usize>,
+    fleet_max: Option<u32>,
 }
 
 impl JobLimits {
@@ -91,6 +92,25 @@ impl JobLimits {
     /// The limit set, if any.
     pub fn get_max_in_flight(&self) -> Option<usize> {
         self.max_in_flight
+    }
+
+    /// At most `n` jobs of this type hold a delivery at once across the whole
+    /// fleet (every worker of the namespace): a fleet-wide limit, kept in
+    /// etcd as `n` slot keys under the holders' session leases, so a worker
+    /// that dies gives its slots back with its lease. Every worker that runs
+    /// the type should set the same `n` (while they differ, the larger one
+    /// bounds). `0` is refused by
+    /// [`WorkerBuilder::start`](crate::WorkerBuilder::start). See the
+    /// production guide, "A fleet-wide limit per type".
+    #[must_use]
+    pub fn fleet_max(mut self, n: u32) -> Self {
+        self.fleet_max = Some(n);
+        self
+    }
+
+    /// The fleet-wide limit set, if any.
+    pub fn get_fleet_max(&self) -> Option<u32> {
+        self.fleet_max
     }
 }
 
@@ -146,6 +166,14 @@ impl Registry {
             .into_iter()
             .find(|&(_, l)| l == 0)
             .map(|(n, _)| n)
+    }
+
+    /// Every type with a fleet-wide limit, and the limit.
+    pub(crate) fn fleet_limits(&self) -> HashMap<&'static str, u32> {
+        let limited = self.limits.iter();
+        limited
+            .filter_map(|(&name, l)| l.fleet_max.map(|n| (name, n)))
+            .collect()
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<Arc<dyn DynJob>> {

@@ -54,6 +54,8 @@ pub(crate) struct HoldSlot {
     slots: Arc<Slots>,
     /// The delivery's place in its job type's limit.
     typed: Option<super::routes::TypeHold>,
+    /// Its type's fleet-wide slot, if the type is limited fleet-wide.
+    fleet: Option<super::fleet::FleetSlot>,
 }
 
 impl HoldSlot {
@@ -67,12 +69,20 @@ impl HoldSlot {
         self.typed = Some(typed);
         self
     }
+
+    /// The slot of a delivery that holds `fleet`, its type's fleet-wide slot
+    /// (given back when the hold ends).
+    pub(crate) fn with_fleet(mut self, fleet: Option<super::fleet::FleetSlot>) -> Self {
+        self.fleet = fleet;
+        self
+    }
 }
 
 impl Drop for HoldSlot {
     fn drop(&mut self) {
         // The type's count first, so a fetcher woken below sees it.
         drop(self.typed.take());
+        drop(self.fleet.take());
         // The permit returns after this body; `notify_one` keeps the wakeup
         // until the fetcher next waits.
         self.slots.changed.notify_one();
@@ -171,6 +181,7 @@ impl Slots {
                             _permit: permit,
                             slots: self.clone(),
                             typed: None,
+                            fleet: None,
                         }),
                         Err(_) => break,
                     }
