@@ -147,6 +147,61 @@ async fn a_fleet_limit_holds_in_partition_mode(env: TestEnv) {
     never_more_than_the_limit(env).await;
 }
 
+/// A slot key brought back under a live worker's lease (as an etcd restore
+/// from a snapshot does: the key was given back after the snapshot) is no
+/// job's: the worker gives it back when it finds it, instead of running the
+/// type one slot short for as long as it lives.
+#[tenure::test(ttl_secs = 3)]
+async fn a_slot_key_no_job_holds_is_given_back(env: TestEnv) {
+    let schema = env.schema().to_string();
+    let pool = env.pool().clone();
+    let w = env
+        .worker("w", |cfg| async move {
+            let job = Spanned { schema, pool };
+            Worker::builder(cfg).register_with(job, JobLimits::default().fleet_max(1))
+        })
+        .await
+        .unwrap();
+    let ddl = format!(
+        "CREATE TABLE {}.spans (id bigserial PRIMARY KEY, job_id uuid NOT NULL, \
+         started timestamptz NOT NULL, ended timestamptz)",
+        env.schema()
+    );
+    sqlx::query(&ddl).execute(env.pool()).await.unwrap();
+    let mut etcd = etcd_client::Client::connect(&env.config().etcd_endpoints, None)
+        .await
+        .unwrap();
+    let key = format!("{}fleet/test.fleet_limited/0", env.config().etcd_prefix());
+    let first = env.client().enqueue::<Spanned>("first", &1).await.unwrap();
+    // The slot's lease while the job holds it; then the key is given back.
+    let mut lease = 0;
+    while lease == 0 {
+        let got = etcd.get(key.as_str(), None).await.unwrap();
+        lease = got.kvs().first().map_or(0, |kv| kv.lease());
+    }
+    env.run_until_done(first.job_id, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let gone = tenure::devstack::wait_until(Duration::from_secs(10), || async {
+        let got = etcd.clone().get(key.as_str(), None).await.unwrap();
+        got.kvs().is_empty()
+    })
+    .await;
+    assert!(gone, "the slot is given back when the job ends");
+    let put = etcd_client::PutOptions::new().with_lease(lease);
+    etcd.put(key.as_str(), "w", Some(put)).await.unwrap();
+
+    let second = env.client().enqueue::<Spanned>("second", &2).await.unwrap();
+    let row = env
+        .run_until_done(second.job_id, Duration::from_secs(30))
+        .await;
+    assert!(
+        row.is_ok_and(|r| r.status == tenure::JobStatus::Done),
+        "the worker ran on one slot short of a limit of one"
+    );
+    w.shutdown().await.unwrap();
+}
+
 /// A limit of zero would never run the type: refused before anything
 /// connects, by name.
 #[tenure::test]

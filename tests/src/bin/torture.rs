@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! torture --jobs N --workers W --faults F --seed S [--ttl-secs T] [--unsafe-no-fencing]
-//!         [--cancel FRACTION] [--partitions P]
+//!         [--cancel FRACTION] [--partitions P] [--nats-cluster 3] [--fleet-max N]
 //! ```
 //!
 //! Starts its own dev stack (3 etcd members, NATS, PostgreSQL), W worker processes
@@ -42,6 +42,11 @@
 //! spare worker joins, or, if it is running, leaves gracefully and joins
 //! again) and `worker_leave_graceful` (a worker shuts down gracefully, handing
 //! its partitions over, and joins again after a moment).
+//!
+//! `--fleet-max N` runs the operators' controls (issue 35): both transfer types
+//! limited fleet-wide to N jobs at once (`JobLimits::fleet_max`), and one more
+//! fault kind, `operator_pause_type` (an operator pauses both transfer types
+//! for 0.5 to 2.5 s, then resumes them, through `Client::pause`/`resume`).
 //!
 //! `--unsafe-no-fencing` sets the test-only `Config::unsafe_no_fencing` in the
 //! workers (fence predicates off, no pre-commit health check) and installs no
@@ -309,6 +314,9 @@ struct Args {
     /// (`--nats-cluster 3`; 0 is one server), with the faults
     /// `nats_node_kill` and `nats_meta_leader_kill`.
     nats_cluster: usize,
+    /// Both transfer types limited fleet-wide to this many jobs, and the
+    /// fault `operator_pause_type` (`--fleet-max N`).
+    fleet_max: Option<u32>,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Args> {
@@ -327,6 +335,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         cancel: 0.0,
         partitions: None,
         nats_cluster: 0,
+        fleet_max: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -350,6 +359,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--cancel" => a.cancel = val()?.parse()?,
             "--partitions" => a.partitions = Some(val()?.parse()?),
             "--nats-cluster" => a.nats_cluster = val()?.parse()?,
+            "--fleet-max" => a.fleet_max = Some(val()?.parse()?),
             "--steps" => set_steps(val()?.parse()?)?,
             other => bail!("unknown argument {other:?}"),
         }
@@ -363,6 +373,9 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
     a.unsafe_no_fencing = a.mode == RunMode::Unfenced;
     if a.nats_cluster == 2 {
         bail!("--nats-cluster must be 0 or 1 (one server) or 3 or more (a quorum survives a node)");
+    }
+    if a.fleet_max.is_some() && a.mode == RunMode::RedisLock {
+        bail!("--fleet-max limits Tenure's job types; --mode redis-lock runs none");
     }
     if a.partitions.is_some() && a.mode == RunMode::RedisLock {
         bail!("--partitions runs Tenure; --mode redis-lock does not");
@@ -596,6 +609,10 @@ async fn tenure_worker(
         Ok(url) => Some(MySqlFence::connect(&ns, &url, &cfg).await?),
         Err(_) => None,
     };
+    let limits = match flag_value(args, "--fleet-max") {
+        Ok(n) => tenure::JobLimits::default().fleet_max(n.parse()?),
+        Err(_) => tenure::JobLimits::default(),
+    };
     // The servers may be down right now (a fault): keep trying.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -610,8 +627,8 @@ async fn tenure_worker(
             schema: ns.clone(),
         };
         match Worker::builder(cfg.clone())
-            .register(job.clone())
-            .register(Transfer5(job))
+            .register_with(job.clone(), limits)
+            .register_with(Transfer5(job), limits)
             .register(tick)
             .schedule_with::<cron::Tick>(cron::schedule(), &())
             .observer(recorder.clone())
@@ -829,6 +846,7 @@ enum Fault {
     EtcdPauseDuringHandover,
     NatsNodeKill,
     NatsMetaLeaderKill,
+    OperatorPauseType,
 }
 
 impl Fault {
@@ -843,11 +861,17 @@ impl Fault {
     const NATS_NODES: [Fault; 2] = [Fault::NatsNodeKill, Fault::NatsMetaLeaderKill];
 
     /// The kinds a run injects: the sixteen, in partition mode the three
-    /// that move partitions, on a NATS cluster the two that kill a node.
-    fn kinds(partitions: bool, nats_cluster: bool) -> Vec<Fault> {
+    /// that move partitions, on a NATS cluster the two that kill a node, with
+    /// the operators' controls (`--fleet-max`) the pause of a type.
+    fn kinds(partitions: bool, nats_cluster: bool, controls: bool) -> Vec<Fault> {
         let moves = if partitions { &Fault::MOVES[..] } else { &[] };
         let nodes = if nats_cluster {
             &Fault::NATS_NODES[..]
+        } else {
+            &[]
+        };
+        let controls = if controls {
+            &[Fault::OperatorPauseType][..]
         } else {
             &[]
         };
@@ -855,6 +879,7 @@ impl Fault {
             .iter()
             .chain(moves)
             .chain(nodes)
+            .chain(controls)
             .copied()
             .collect()
     }
@@ -913,6 +938,7 @@ impl Fault {
             Fault::WorkerLeaveGraceful => "worker_leave_graceful",
             Fault::NatsNodeKill => "nats_node_kill",
             Fault::NatsMetaLeaderKill => "nats_meta_leader_kill",
+            Fault::OperatorPauseType => "operator_pause_type",
         }
     }
 }
@@ -1024,6 +1050,9 @@ impl Run {
         }
         if let Some(p) = self.args.partitions {
             cmd.arg("--partitions").arg(p.to_string());
+        }
+        if let Some(n) = self.args.fleet_max {
+            cmd.arg("--fleet-max").arg(n.to_string());
         }
         if self.args.mode == RunMode::RedisLock {
             // The coordinator link through the fault proxy is Redis's.
@@ -1289,6 +1318,7 @@ impl Run {
                     .await?;
             }
             Fault::OperatorRedriveRunning => self.redrive_running().await?,
+            Fault::OperatorPauseType => self.pause_types_for_a_while(rng).await?,
             // Alive in etcd, unable to work: its lease and its share stay.
             Fault::WorkerCutFromPostgres => {
                 cut_for_a_while(&self.slots[w].pg_proxy, ttl, rng).await
@@ -1509,6 +1539,27 @@ impl Run {
     }
 }
 
+impl Run {
+    /// `operator_pause_type`: both transfer types paused for 0.5 to 2.5 s,
+    /// then resumed (faults come one at a time: the servers are up).
+    async fn pause_types_for_a_while(&self, rng: &mut StdRng) -> anyhow::Result<()> {
+        const TYPES: [&str; 2] = ["torture.transfer", "torture.transfer5"];
+        for t in TYPES {
+            self.client.pause(t).await?;
+        }
+        tokio::time::sleep(ms(
+            rng,
+            Duration::from_millis(500),
+            Duration::from_millis(2500),
+        ))
+        .await;
+        for t in TYPES {
+            self.client.resume(t).await?;
+        }
+        Ok(())
+    }
+}
+
 /// The cluster's current revision (the last one handed out).
 async fn etcd_revision(endpoints: &[String]) -> anyhow::Result<i64> {
     let mut etcd = etcd_client::Client::connect(endpoints, None).await?;
@@ -1640,7 +1691,11 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     // The load and the schedule, both from the seed.
     let jobs = transfers(&args);
     let mut rng = StdRng::seed_from_u64(args.seed);
-    let kinds = Fault::kinds(args.partitions.is_some(), args.nats_cluster > 1);
+    let kinds = Fault::kinds(
+        args.partitions.is_some(),
+        args.nats_cluster > 1,
+        args.fleet_max.is_some(),
+    );
     let schedule = fault_schedule(&args, &kinds, &mut rng)?;
     let load = run
         .load_under_faults(&jobs, &schedule, &mut rng, started)
@@ -2061,12 +2116,13 @@ impl Outcome {
         );
         println!("{}", self.cron.line());
         println!(
-            "torture: mode={} target={} partitions={} steps={} nats_nodes={}",
+            "torture: mode={} target={} partitions={} steps={} nats_nodes={} fleet_max={}",
             args.mode.name(),
             args.target.name(),
             args.partitions.unwrap_or(0),
             steps(),
-            args.nats_cluster.max(1)
+            args.nats_cluster.max(1),
+            args.fleet_max.unwrap_or(0)
         );
         println!(
             "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \

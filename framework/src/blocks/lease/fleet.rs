@@ -20,6 +20,22 @@ use super::error::LeaseError;
 /// one returns the slots held, so the next asks for free ones).
 const ATTEMPTS: usize = 3;
 
+/// What a [`Session::take_fleet_slots`] got, and the keys of this session
+/// it saw held on the way (to compare with the slots it knows it holds: one
+/// it does not know, say brought back by an etcd restore, is given back).
+#[derive(Debug, Default)]
+pub(crate) struct FleetTake {
+    pub(crate) taken: Vec<FleetKey>,
+    pub(crate) ours_seen: Vec<FleetKey>,
+}
+
+/// The slots a failed Txn found held.
+#[derive(Debug, Default)]
+struct Held {
+    indices: BTreeSet<u32>,
+    ours: Vec<FleetKey>,
+}
+
 /// One slot key a session created.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FleetKey {
@@ -48,21 +64,28 @@ impl Session {
         job_type: &str,
         limit: u32,
         want: usize,
-    ) -> Result<Vec<FleetKey>, LeaseError> {
+    ) -> Result<FleetTake, LeaseError> {
         self.ensure_not_lost()?;
         let prefix = self.fleet_prefix(job_type);
-        let mut held = BTreeSet::new();
+        let mut held = Held::default();
         for _ in 0..ATTEMPTS {
-            let keys = self.free_slots(&prefix, limit, want, &held);
+            let keys = self.free_slots(&prefix, limit, want, &held.indices);
             if keys.is_empty() {
-                return Ok(Vec::new());
+                break;
             }
             match self.create_slots(&prefix, keys).await? {
-                Ok(taken) => return Ok(taken),
+                Ok(taken) => {
+                    let ours_seen = held.ours;
+                    return Ok(FleetTake { taken, ours_seen });
+                }
                 Err(now_held) => held = now_held,
             }
         }
-        Ok(Vec::new())
+        let ours_seen = held.ours;
+        Ok(FleetTake {
+            taken: Vec::new(),
+            ours_seen,
+        })
     }
 
     /// Up to `want` slot keys not in `held`, from an offset of this lease.
@@ -89,7 +112,7 @@ impl Session {
         &self,
         prefix: &str,
         keys: Vec<String>,
-    ) -> Result<Result<Vec<FleetKey>, BTreeSet<u32>>, LeaseError> {
+    ) -> Result<Result<Vec<FleetKey>, Held>, LeaseError> {
         let absent: Vec<Compare> = keys
             .iter()
             .map(|k| Compare::create_revision(k.as_str(), CompareOp::Equal, 0))
@@ -110,12 +133,23 @@ impl Session {
             let taken = keys.into_iter().map(|key| FleetKey { key, revision });
             return Ok(Ok(taken.collect()));
         }
-        let held = resp.op_responses().into_iter().flat_map(|r| match r {
+        let kvs = resp.op_responses().into_iter().flat_map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().to_vec(),
             _ => Vec::new(),
         });
-        let held = held.filter_map(|kv| slot_index(&String::from_utf8_lossy(kv.key()), prefix));
-        Ok(Err(held.collect()))
+        let mut held = Held::default();
+        for kv in kvs {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some(index) = slot_index(&key, prefix) else {
+                continue;
+            };
+            held.indices.insert(index);
+            if kv.lease() == self.lease.get() {
+                let revision = kv.create_revision();
+                held.ours.push(FleetKey { key, revision });
+            }
+        }
+        Ok(Err(held))
     }
 
     /// Deletes `slot` if it is still the key this session created; whether

@@ -74,7 +74,7 @@ mod session;
 pub use access::connect_options as etcd_connect_options;
 pub use batch::MAX_BATCH;
 pub use error::{LeaseError, LostReason};
-pub(crate) use fleet::FleetKey;
+pub(crate) use fleet::{FleetKey, FleetTake};
 pub use health::Health;
 pub(crate) use leader::{Campaign, Leadership};
 pub use lock::{Acquire, JobLock};
