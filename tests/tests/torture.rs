@@ -11,7 +11,7 @@
 use std::process::Command;
 
 const JOBS: &str = "300";
-const FAULTS: &str = "42"; // round robin over the sixteen kinds: two or three of each
+const FAULTS: &str = "42"; // round robin over the sixteen kinds (17 with --fleet-max): two or three of each
 const SEED: &str = "7";
 
 struct Summary {
@@ -95,9 +95,13 @@ fn every_kind_injected(all: &str) {
     }
 }
 
+/// The main fenced run, with the operators' controls active (issue 35): both
+/// transfer types limited fleet-wide to eight jobs, and the seventeenth kind
+/// `operator_pause_type` pausing and resuming them mid-run.
 #[test]
 fn fenced_run_has_no_violation() {
-    let (ok, s, all) = run(&[]);
+    let (ok, s, all) = run(&["--fleet-max", "8"]);
+    assert!(all.contains(" fleet_max=8"), "{all}");
     assert!(ok, "the fenced run failed\n{all}");
     no_violation(&s, &all, 300, 42);
 }
