@@ -675,3 +675,20 @@ impl Compensated {
         Ok(())
     }
 }
+
+/// A tick batch of schedule `s` (`test.three_step`) enqueuing `ticks`
+/// (oldest first, at least one) with `input`: nothing skipped, no next tick.
+pub fn tick_batch<'a>(
+    input: &'a serde_json::Value,
+    ticks: &'a [chrono::DateTime<chrono::Utc>],
+) -> tenure::blocks::fence::TickBatch<'a> {
+    tenure::blocks::fence::TickBatch {
+        name: "s",
+        job_type: "test.three_step",
+        input,
+        ticks,
+        skipped: 0,
+        last_tick: *ticks.last().expect("a tick"),
+        next_tick: None,
+    }
+}

@@ -110,6 +110,24 @@ async fn messages(env: &TestEnv, job_type: &str) -> (u64, u64) {
     (last_seq, info.delivered.consumer_sequence)
 }
 
+/// The state a refused reschedule of `job` to `at` named.
+async fn reschedule_refused(
+    env: &TestEnv,
+    job: JobId,
+    at: chrono::DateTime<chrono::Utc>,
+) -> WrongState {
+    match env.client().reschedule(job, at).await {
+        Err(ClientError::CannotReschedule { job_id, state }) if job_id == job => state,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Enqueues job `key` of type `J` whose step works `ms`.
+async fn enqueued<J: tenure::Job<Input = Work>>(env: &TestEnv, key: &str, ms: u64) -> JobId {
+    let enqueued = env.client().enqueue::<J>(key, &Work { ms }).await;
+    enqueued.unwrap().job_id
+}
+
 /// A job whose first attempt failed waits out a ten-minute backoff; retry-now
 /// starts it at once: it ends done after two attempts' deliveries (the
 /// original and the retry-now message), one failure, one claim per attempt,
@@ -118,12 +136,7 @@ async fn messages(env: &TestEnv, job_type: &str) -> (u64, u64) {
 #[tenure::test(ttl_secs = 3)]
 async fn retry_now_starts_a_job_waiting_in_retry_backoff_at_once(env: TestEnv) {
     let _w = worker(&env).await;
-    let job = env
-        .client()
-        .enqueue::<Flaky>("flaky", &Work { ms: 0 })
-        .await
-        .unwrap()
-        .job_id;
+    let job = enqueued::<Flaky>(&env, "flaky", 0).await;
     let waiting = until_row(&env, job, |r| {
         r.attempts == 1 && r.status == JobStatus::Pending
     })
@@ -180,12 +193,7 @@ async fn retry_now_starts_a_job_waiting_in_retry_backoff_at_once(env: TestEnv) {
 #[tenure::test(ttl_secs = 3)]
 async fn retry_now_refuses_a_running_job_and_changes_nothing(env: TestEnv) {
     let _w = worker(&env).await;
-    let job = env
-        .client()
-        .enqueue::<Slow>("slow", &Work { ms: 2_000 })
-        .await
-        .unwrap()
-        .job_id;
+    let job = enqueued::<Slow>(&env, "slow", 2_000).await;
     let running = until_row(&env, job, |r| r.status == JobStatus::Running).await;
     let before = (
         kinds(&env, job).await,
@@ -296,57 +304,25 @@ async fn a_delayed_job_rescheduled_to_now_runs(env: TestEnv) {
 async fn reschedule_refuses_a_running_or_published_job(env: TestEnv) {
     let in_an_hour = chrono::Utc::now() + chrono::Duration::hours(1);
     // No worker yet: the job is published and waits in the stream.
-    let queued = env
-        .client()
-        .enqueue::<Slow>("queued", &Work { ms: 2_000 })
-        .await
-        .unwrap()
-        .job_id;
-    let refused = env
-        .client()
-        .reschedule(queued, in_an_hour)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(refused, ClientError::CannotReschedule { job_id, state: WrongState::Published } if job_id == queued),
-        "{refused:?}"
+    let queued = enqueued::<Slow>(&env, "queued", 2_000).await;
+    assert_eq!(
+        reschedule_refused(&env, queued, in_an_hour).await,
+        WrongState::Published
     );
     let _w = worker(&env).await;
     until_row(&env, queued, |r| r.status == JobStatus::Running).await;
     let before = kinds(&env, queued).await;
-    let refused = env
-        .client()
-        .reschedule(queued, in_an_hour)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            ClientError::CannotReschedule {
-                state: WrongState::Running,
-                ..
-            }
-        ),
-        "{refused:?}"
+    assert_eq!(
+        reschedule_refused(&env, queued, in_an_hour).await,
+        WrongState::Running
     );
     assert_eq!(kinds(&env, queued).await, before);
     let row = env.run_until_done(queued, WAIT).await.unwrap();
     assert_eq!(row.status, JobStatus::Done);
     assert_eq!(row.run_at, None, "{row:?}");
-    let refused = env
-        .client()
-        .reschedule(queued, in_an_hour)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            ClientError::CannotReschedule {
-                state: WrongState::Done,
-                ..
-            }
-        ),
-        "{refused:?}"
+    assert_eq!(
+        reschedule_refused(&env, queued, in_an_hour).await,
+        WrongState::Done
     );
     env.check().await.unwrap().assert_clean();
 }

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tenure::blocks::fence::{FenceError, JobStatus, TickBatch, tick_key};
+use tenure::blocks::fence::{FenceError, JobStatus, tick_key};
 use tenure::testing::{FaultPlan, TestEnv, Violation};
 use tenure::{Client, ClientError, FencingToken, JobId, MissedTicks, Schedule, ScheduleError};
 use tenure::{Config, Worker, WorkerBuilder, WorkerError};
@@ -278,15 +278,8 @@ async fn a_deposed_leaders_writes_are_refused_by_the_fence(env: TestEnv) {
     .unwrap();
     let tick = Utc::now();
     let input = serde_json::json!({"n": 0});
-    let batch = TickBatch {
-        name: "s",
-        job_type: "test.three_step",
-        input: &input,
-        ticks: &[tick],
-        skipped: 0,
-        last_tick: tick,
-        next_tick: None,
-    };
+    let ticks = [tick];
+    let batch = tenure_tests::tick_batch(&input, &ticks);
     let refused = store.enqueue_ticks("scheduler", old, &batch).await;
     assert!(
         matches!(refused, Err(FenceError::LeaderFencedOut { .. })),

@@ -122,15 +122,8 @@ async fn the_advance_refuses_ticks_of_a_paused_schedule_in_their_transaction(env
     assert!(client.pause_schedule("s").await.unwrap());
     let tick = Utc::now();
     let input = serde_json::json!({"n": 0});
-    let batch = TickBatch {
-        name: "s",
-        job_type: "test.three_step",
-        input: &input,
-        ticks: &[tick],
-        skipped: 0,
-        last_tick: tick,
-        next_tick: None,
-    };
+    let ticks = [tick];
+    let batch = tenure_tests::tick_batch(&input, &ticks);
     let refused = store.enqueue_ticks("scheduler", token, &batch).await;
     assert!(
         matches!(refused, Err(FenceError::SchedulePaused { .. })),
