@@ -39,6 +39,7 @@ mod standing;
 mod step_list;
 mod steps;
 mod supervisor;
+mod unstick;
 
 use std::sync::Arc;
 

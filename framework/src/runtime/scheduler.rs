@@ -122,11 +122,12 @@ impl Scheduler {
     }
 
     /// Leads while the session is healthy and the fence accepts us; resigns
-    /// after. Leading is three things at once, ended together through
+    /// after. Leading is four things at once, ended together through
     /// `leading`: [`Self::end_when_unhealthy`], the ticker
-    /// ([`Self::tick_loop`], PostgreSQL only) and the publisher
+    /// ([`Self::tick_loop`], PostgreSQL only), the publisher
     /// ([`Self::publish_loop`], PostgreSQL and NATS), so a slow broker never
-    /// delays a tick.
+    /// delays a tick, and the watch on stalled consumers (`unstick`, NATS
+    /// only).
     async fn lead(&self, session: &Arc<Session>, lead: Leadership, stop: &CancellationToken) {
         let worker = &self.shared.cfg.worker_id;
         if let Err(e) = self
@@ -147,6 +148,7 @@ impl Scheduler {
             self.end_when_unhealthy(session, &leading),
             self.tick_loop(&lead, &leading, &wake),
             self.publish_loop(&lead, &leading, &wake),
+            super::unstick::watch_consumers(&self.shared, &leading),
         );
         listener.abort();
         tracing::info!(token = %lead.token(), "scheduler leader steps down");

@@ -396,7 +396,7 @@ impl Queue {
     /// A direct get, not the typed `STREAM.MSG.GET` of async-nats 0.51: that one
     /// keeps only the last value of a header that has several. The headers the
     /// direct get adds (`Nats-Stream`, `Nats-Sequence`, ...) are removed.
-    async fn get_stored(
+    pub(super) async fn get_stored(
         &self,
         stream: &Stream<()>,
         name: &str,

@@ -77,6 +77,7 @@ mod provision;
 mod pull;
 mod routes;
 mod setup;
+mod stall;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,6 +101,7 @@ pub use names::QueueNames;
 pub(crate) use names::validate_job_type;
 pub use permissions::{NatsPermissions, NatsRole};
 pub use setup::nats_client;
+pub(crate) use stall::Progress;
 
 use crate::types::BoxError;
 

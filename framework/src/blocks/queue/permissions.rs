@@ -62,7 +62,8 @@ impl NatsPermissions {
     /// - the worker: publish work (due jobs), dead letters and completion
     ///   notices; create, pull from and ack the consumers of the work and
     ///   advisory streams; remove the legacy consumer; read the DLQ by
-    ///   subject and the work stream's messages (the oldest one's age);
+    ///   subject and the work stream's messages (the oldest one's age, a
+    ///   given-up message, a stalled consumer's entries);
     ///   subscribe to cancel and completion notices. No stream
     ///   create, update, delete or purge, no cancel notices;
     /// - the producer: publish work and cancel notices, subscribe to
@@ -105,6 +106,10 @@ impl NatsPermissions {
                     format!("$JS.API.STREAM.MSG.GET.{}", n.dlq_stream),
                     // The oldest work message's age (`tenure.queue.oldest_age`).
                     format!("$JS.API.STREAM.MSG.GET.{}", n.stream),
+                    // A given-up message, and whether a stalled consumer's
+                    // pending entries are still stored (`stall.rs`).
+                    format!("$JS.API.DIRECT.GET.{}", n.stream),
+                    format!("$JS.API.DIRECT.GET.{}.>", n.stream),
                 ]);
                 subscribe.extend([own("cancel.*"), own("finished.>")]);
             }
