@@ -74,6 +74,7 @@ impl<J: Job> DynJob for J {
 #[non_exhaustive]
 pub struct JobLimits {
     max_in_flight: Option<usize>,
+    rate: Option<(u32, std::time::Duration)>,
 }
 
 impl JobLimits {
@@ -91,6 +92,19 @@ impl JobLimits {
     /// The limit set, if any.
     pub fn get_max_in_flight(&self) -> Option<usize> {
         self.max_in_flight
+    }
+
+    /// At most `n` deliveries of this type taken from the stream per `per`,
+    /// by this worker (not yet enforced).
+    #[must_use]
+    pub fn rate(mut self, n: u32, per: std::time::Duration) -> Self {
+        self.rate = Some((n, per));
+        self
+    }
+
+    /// The rate set, if any: deliveries and their period.
+    pub fn get_rate(&self) -> Option<(u32, std::time::Duration)> {
+        self.rate
     }
 }
 
