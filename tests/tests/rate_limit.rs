@@ -95,11 +95,7 @@ async fn a_rate_limited_type_starts_no_faster_than_its_bucket(env: TestEnv) {
     let mut jobs: Vec<JobId> = starts.iter().map(|s| s.1).collect();
     jobs.sort_unstable();
     jobs.dedup();
-    assert_eq!(
-        (starts.len(), jobs.len()),
-        (JOBS, JOBS),
-        "a step ran twice"
-    );
+    assert_eq!((starts.len(), jobs.len()), (JOBS, JOBS), "a step ran twice");
     let times: Vec<Instant> = starts.iter().map(|s| s.0).collect();
     let first = times[0];
     let offsets: Vec<u128> = times.iter().map(|t| (*t - first).as_millis()).collect();
@@ -129,4 +125,23 @@ async fn a_rate_limited_type_starts_no_faster_than_its_bucket(env: TestEnv) {
     );
     env.check().await.unwrap().assert_clean();
     w.shutdown().await.unwrap();
+}
+
+/// `rate(0, _)` and a zero period are refused before anything connects.
+#[tenure::test(ttl_secs = 3)]
+async fn a_rate_of_zero_is_refused_at_start(env: TestEnv) {
+    let per = Duration::from_secs(1);
+    for limits in [
+        JobLimits::default().rate(0, per),
+        JobLimits::default().rate(BURST, Duration::ZERO),
+    ] {
+        let refused = tenure::Worker::builder(env.config().clone())
+            .register_with(Metered, limits)
+            .start()
+            .await;
+        assert!(
+            matches!(refused, Err(tenure::WorkerError::BadRate("test.metered"))),
+            "{refused:?}"
+        );
+    }
 }

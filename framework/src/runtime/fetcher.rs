@@ -80,17 +80,19 @@ impl Actor for Fetcher {
             () = sh.draining.cancelled() => return Ok(()),
             h = st.args.slots.to_fetch() => h,
         };
-        // A paused type's messages stay in the stream (`pauses`).
-        let mut types = st.args.routes.round();
-        types.retain(|&(_, name, _)| !sh.pauses.is_paused(name));
+        let (types, next_token) = st.types();
         let round = sh.owning.sources(types);
         if round.is_empty() {
-            // Nothing to fetch from: every type at its limit, or (partition
-            // mode) no partition led yet or any more.
+            // Nothing to fetch from: every type at its limit or out of
+            // tokens (waited for until the next one), or (partition mode) no
+            // partition led yet or any more.
             drop(holds);
+            let bound = next_token.map_or(sh.cfg.tuning.fetch_wait, |due| {
+                due.min(sh.cfg.tuning.fetch_wait)
+            });
             tokio::select! {
                 () = sh.draining.cancelled() => return Ok(()),
-                () = sh.owning.wait_for_sources(&st.args.routes, sh.cfg.tuning.fetch_wait) => {}
+                () = sh.owning.wait_for_sources(&st.args.routes, bound) => {}
             }
         } else {
             tokio::select! {
@@ -110,6 +112,29 @@ impl Actor for Fetcher {
 }
 
 impl FetcherState {
+    /// This round's types and the room of each ([`TypeRoutes::round`]), but
+    /// no paused type (its messages stay in the stream, `pauses`); and, if a
+    /// type was left out for its rate (counted), the time to the first next
+    /// token.
+    fn types(
+        &self,
+    ) -> (
+        Vec<(usize, &'static str, usize)>,
+        Option<std::time::Duration>,
+    ) {
+        let sh = &self.args.shared;
+        let mut types = self.args.routes.round();
+        types.retain(|&(_, name, _)| !sh.pauses.is_paused(name));
+        let mut next_token = None;
+        for (name, due) in self.args.routes.throttled() {
+            if !sh.pauses.is_paused(name) {
+                sh.metrics.throttled(name);
+                next_token = Some(next_token.map_or(due, |d: std::time::Duration| d.min(due)));
+            }
+        }
+        (types, next_token)
+    }
+
     /// One fetch round over the types below their limit; whether it delivered
     /// anything.
     ///

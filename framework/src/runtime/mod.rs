@@ -13,6 +13,7 @@
 //! # Ok(()) }
 //! ```
 
+mod bucket;
 mod cancel;
 mod compensate;
 #[cfg(feature = "testing")]
@@ -76,6 +77,9 @@ pub enum WorkerError {
     /// A job type's `JobLimits::max_in_flight` is 0: it would never run.
     #[error("job type {0:?} has max_in_flight 0: it would never run")]
     ZeroLimit(&'static str),
+    /// A job type's `JobLimits::rate` is 0 deliveries, or per a zero period.
+    #[error("job type {0:?} has a rate of 0 deliveries or per a zero period")]
+    BadRate(&'static str),
     /// etcd could not be reached or refused the session.
     #[error("etcd: {0}")]
     Lease(#[from] LeaseError),
@@ -399,6 +403,9 @@ impl WorkerBuilder {
         }
         if let Some(name) = self.registry.zero_limit() {
             return Err(WorkerError::ZeroLimit(name));
+        }
+        if let Some(name) = self.registry.bad_rate() {
+            return Err(WorkerError::BadRate(name));
         }
         std::mem::take(&mut self.schedules)
             .into_iter()

@@ -33,6 +33,7 @@
 //! | `tenure.queue.unrouted` | gauge (messages waiting in the work stream of a type no live worker registers; every worker records it with each report) | job_type |
 //! | `tenure.job.cancelled` | counter | job_type (deliveries ended, acked, because an operator cancelled the job) |
 //! | `tenure.cancel.unconfirmed` | counter | worker (cancel notices for a job running here that no cancel confirmed: forged, or a failed check; the step went on) |
+//! | `tenure.fetch.throttled` | counter | job_type (fetch rounds that left the type out because its rate limit had no token) |
 //!
 //! # Exporting
 //!
@@ -176,6 +177,7 @@ pub(crate) struct Metrics {
     cancelled: Counter<u64>,
     unconfirmed: Counter<u64>,
     partitions: Counter<u64>,
+    throttled: Counter<u64>,
 }
 
 /// The builders of the instrument kinds most of [`Metrics`] uses.
@@ -291,6 +293,10 @@ impl Metrics {
                 "tenure.partition.changes",
                 "partition ownership changes of this worker (partition mode), by change: taken, handed_over, lost",
             ),
+            throttled: m.counter(
+                "tenure.fetch.throttled",
+                "fetch rounds that left a job type out because its rate limit had no token",
+            ),
         }
     }
 
@@ -310,6 +316,12 @@ impl Metrics {
                 KeyValue::new("change", change),
             ],
         );
+    }
+
+    /// A fetch round left `job_type` out: its rate limit had no token.
+    pub fn throttled(&self, job_type: &str) {
+        self.throttled
+            .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
     }
 
     /// `n` messages of `job_type` are stored in the work stream.
