@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tenure::testing::TestEnv;
 use tenure::{JobId, JobLimits, JobStatus, StepCtx, StepError};
+use tenure_tests::metered::Metered as Readings;
 
 const WAIT: Duration = Duration::from_secs(120);
 const JOBS: usize = 30;
@@ -66,14 +67,19 @@ fn excess(starts: &[Instant]) -> f64 {
 /// One worker, a type limited to 5 per second, 30 jobs: the starts obey the
 /// bucket (in any 1 s window at most 5 + 5, the burst and one period's
 /// refill, + 1 for jitter), the run lasts at least (30 - 5) / 5 s, every job
-/// is done after one attempt and every message was delivered once.
+/// is done after one attempt, every message was delivered once, and the
+/// throttled rounds were counted.
 #[tenure::test(ttl_secs = 3)]
 async fn a_rate_limited_type_starts_no_faster_than_its_bucket(env: TestEnv) {
     tenure_tests::init_logs();
     let limits = JobLimits::default().rate(BURST, Duration::from_secs(1));
+    let readings = Readings::default();
+    let meter = readings.meter();
     let w = env
         .worker("w0", |cfg| async move {
-            tenure::Worker::builder(cfg).register_with(Metered, limits)
+            tenure::Worker::builder(cfg)
+                .meter(meter)
+                .register_with(Metered, limits)
         })
         .await
         .unwrap();
@@ -116,6 +122,10 @@ async fn a_rate_limited_type_starts_no_faster_than_its_bucket(env: TestEnv) {
             .await
             .unwrap()
             .is_empty()
+    );
+    assert!(
+        readings.counted("tenure.fetch.throttled") > 0,
+        "no throttled round counted"
     );
     let (delivered, messages) = deliveries(&env, "test.metered").await;
     assert_eq!(
