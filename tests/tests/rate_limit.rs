@@ -31,6 +31,14 @@ impl Metered {
     }
 }
 
+/// The starts of `ids`' steps, in order (other tests run jobs too).
+fn starts_of(ids: &[JobId]) -> Vec<(Instant, JobId)> {
+    let mut starts = STARTS.lock().unwrap().clone();
+    starts.retain(|s| ids.contains(&s.1));
+    starts.sort_unstable_by_key(|s| s.0);
+    starts
+}
+
 /// How many times the type's consumer delivered (redeliveries included) and
 /// how many messages it delivered.
 async fn deliveries(env: &TestEnv, job_type: &str) -> (u64, u64) {
@@ -96,8 +104,7 @@ async fn a_rate_limited_type_starts_no_faster_than_its_bucket(env: TestEnv) {
     }
     let took = began.elapsed();
 
-    let mut starts = STARTS.lock().unwrap().clone();
-    starts.sort_unstable_by_key(|s| s.0);
+    let starts = starts_of(&ids);
     let mut jobs: Vec<JobId> = starts.iter().map(|s| s.1).collect();
     jobs.sort_unstable();
     jobs.dedup();
@@ -154,4 +161,36 @@ async fn a_rate_of_zero_is_refused_at_start(env: TestEnv) {
             "{refused:?}"
         );
     }
+}
+
+/// Partition mode, 8 partitions led by one worker and a bucket 2 deep: the
+/// few tokens of each round reach every partition in turn (a share of the
+/// room that always went to the first partitions would leave the jobs of the
+/// others in the stream for ever). Every job ends done after one attempt.
+#[tenure::test(ttl_secs = 3, partitions = 8)]
+async fn a_few_tokens_reach_every_partition_in_turn(env: TestEnv) {
+    const JOBS: usize = 16;
+    let limits = JobLimits::default().rate(2, Duration::from_millis(250));
+    let w = env
+        .worker("w0", |cfg| async move {
+            tenure::Worker::builder(cfg).register_with(Metered, limits)
+        })
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for n in 0..JOBS {
+        let key = format!("parted-{n}");
+        let enqueued = env.client().enqueue::<Metered>(&key, &(n as u32)).await;
+        ids.push(enqueued.unwrap().job_id);
+    }
+    let partitions: std::collections::BTreeSet<u32> =
+        ids.iter().map(|id| id.partition(8)).collect();
+    assert!(partitions.len() > 2, "the jobs fell in {partitions:?}");
+    for id in &ids {
+        let row = env.run_until_done(*id, WAIT).await.unwrap();
+        assert_eq!((row.status, row.attempts), (JobStatus::Done, 0), "{row:?}");
+    }
+    assert_eq!(starts_of(&ids).len(), JOBS, "a step ran twice");
+    env.check().await.unwrap().assert_clean();
+    w.shutdown().await.unwrap();
 }

@@ -38,6 +38,8 @@ pub(crate) struct FetcherState {
     args: FetcherArgs,
     /// The last round delivered something: look at every type at once first.
     busy: bool,
+    /// Rounds so far (which partitions get the remainder of a type's room).
+    turn: usize,
 }
 
 impl Actor for Fetcher {
@@ -51,7 +53,11 @@ impl Actor for Fetcher {
         args: FetcherArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.send_message(FetcherMsg::Tick)?;
-        Ok(FetcherState { args, busy: false })
+        Ok(FetcherState {
+            args,
+            busy: false,
+            turn: 0,
+        })
     }
 
     async fn handle(
@@ -81,7 +87,8 @@ impl Actor for Fetcher {
             h = st.args.slots.to_fetch() => h,
         };
         let (types, next_token) = st.types();
-        let round = sh.owning.sources(types);
+        st.turn = st.turn.wrapping_add(1);
+        let round = sh.owning.sources(types, st.turn);
         if round.is_empty() {
             // Nothing to fetch from: every type at its limit or out of
             // tokens (waited for until the next one), or (partition mode) no
