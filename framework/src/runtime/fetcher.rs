@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
@@ -86,7 +87,7 @@ impl Actor for Fetcher {
             () = sh.draining.cancelled() => return Ok(()),
             h = st.args.slots.to_fetch() => h,
         };
-        let (types, next_token) = st.types();
+        let (types, idle_wait) = st.types();
         st.turn = st.turn.wrapping_add(1);
         let round = sh.owning.sources(types, st.turn);
         if round.is_empty() {
@@ -94,12 +95,9 @@ impl Actor for Fetcher {
             // tokens (waited for until the next one), or (partition mode) no
             // partition led yet or any more.
             drop(holds);
-            let bound = next_token.map_or(sh.cfg.tuning.fetch_wait, |due| {
-                due.min(sh.cfg.tuning.fetch_wait)
-            });
             tokio::select! {
                 () = sh.draining.cancelled() => return Ok(()),
-                () = sh.owning.wait_for_sources(&st.args.routes, bound) => {}
+                () = sh.owning.wait_for_sources(&st.args.routes, idle_wait) => {}
             }
         } else {
             tokio::select! {
@@ -120,26 +118,21 @@ impl Actor for Fetcher {
 
 impl FetcherState {
     /// This round's types and the room of each ([`TypeRoutes::round`]), but
-    /// no paused type (its messages stay in the stream, `pauses`); and, if a
-    /// type was left out for its rate (counted), the time to the first next
-    /// token.
-    fn types(
-        &self,
-    ) -> (
-        Vec<(usize, &'static str, usize)>,
-        Option<std::time::Duration>,
-    ) {
+    /// no paused type (its messages stay in the stream, `pauses`); and how
+    /// long to wait if the round has no source: `Tuning::fetch_wait`, or less,
+    /// until the next token of a type left out for its rate (counted).
+    fn types(&self) -> (Vec<(usize, &'static str, usize)>, Duration) {
         let sh = &self.args.shared;
         let mut types = self.args.routes.round();
         types.retain(|&(_, name, _)| !sh.pauses.is_paused(name));
-        let mut next_token = None;
-        for (name, due) in self.args.routes.throttled() {
+        let mut wait = sh.cfg.tuning.fetch_wait;
+        for (name, next_token) in self.args.routes.throttled() {
             if !sh.pauses.is_paused(name) {
                 sh.metrics.throttled(name);
-                next_token = Some(next_token.map_or(due, |d: std::time::Duration| d.min(due)));
+                wait = wait.min(next_token);
             }
         }
-        (types, next_token)
+        (types, wait)
     }
 
     /// One fetch round over the types below their limit; whether it delivered
@@ -195,7 +188,7 @@ impl FetcherState {
         &self,
         source: Source,
         max: usize,
-        wait: std::time::Duration,
+        wait: Duration,
         holds: &mut Vec<HoldSlot>,
     ) -> bool {
         let sh = &self.args.shared;
