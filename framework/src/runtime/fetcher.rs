@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
@@ -39,6 +40,8 @@ pub(crate) struct FetcherState {
     args: FetcherArgs,
     /// The last round delivered something: look at every type at once first.
     busy: bool,
+    /// Rounds so far (which partitions get the remainder of a type's room).
+    turn: usize,
 }
 
 impl Actor for Fetcher {
@@ -52,7 +55,11 @@ impl Actor for Fetcher {
         args: FetcherArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.send_message(FetcherMsg::Tick)?;
-        Ok(FetcherState { args, busy: false })
+        Ok(FetcherState {
+            args,
+            busy: false,
+            turn: 0,
+        })
     }
 
     async fn handle(
@@ -81,9 +88,9 @@ impl Actor for Fetcher {
             () = sh.draining.cancelled() => return Ok(()),
             h = st.args.slots.to_fetch() => h,
         };
-        // A paused type's messages stay in the stream (`pauses`).
-        let mut types = st.args.routes.round();
-        types.retain(|&(_, name, _)| !sh.pauses.is_paused(name));
+        // A paused type's messages stay in the stream (`pauses`), and so do
+        // those of a type out of tokens (`bucket`).
+        let (mut types, idle_wait) = st.types();
         // So do those of a type whose fleet-wide slots are all held (`fleet`).
         let taken = if sh.fleet.is_empty() {
             Taken::default()
@@ -92,14 +99,16 @@ impl Actor for Fetcher {
                 .take(sh.healthy_session(), &mut types, holds.len())
                 .await
         };
-        let round = sh.owning.sources(types);
+        st.turn = st.turn.wrapping_add(1);
+        let round = sh.owning.sources(types, st.turn);
         if round.is_empty() {
-            // Nothing to fetch from: every type at its limit, or (partition
-            // mode) no partition led yet or any more.
+            // Nothing to fetch from: every type at its limit, out of tokens
+            // (waited for until the next one) or of fleet slots, or
+            // (partition mode) no partition led yet or any more.
             drop((holds, taken));
             tokio::select! {
                 () = sh.draining.cancelled() => return Ok(()),
-                () = sh.owning.wait_for_sources(&st.args.routes, sh.cfg.tuning.fetch_wait) => {}
+                () = sh.owning.wait_for_sources(&st.args.routes, idle_wait) => {}
             }
         } else {
             tokio::select! {
@@ -121,6 +130,24 @@ impl Actor for Fetcher {
 }
 
 impl FetcherState {
+    /// This round's types and the room of each ([`TypeRoutes::round`]), but
+    /// no paused type (its messages stay in the stream, `pauses`); and how
+    /// long to wait if the round has no source: `Tuning::fetch_wait`, or less,
+    /// until the next token of a type left out for its rate (counted).
+    fn types(&self) -> (Vec<(usize, &'static str, usize)>, Duration) {
+        let sh = &self.args.shared;
+        let mut types = self.args.routes.round();
+        types.retain(|&(_, name, _)| !sh.pauses.is_paused(name));
+        let mut wait = sh.cfg.tuning.fetch_wait;
+        for (name, next_token) in self.args.routes.throttled() {
+            if !sh.pauses.is_paused(name) {
+                sh.metrics.throttled(name);
+                wait = wait.min(next_token);
+            }
+        }
+        (types, wait)
+    }
+
     /// One fetch round over the types below their limit; whether it delivered
     /// anything.
     ///
@@ -176,7 +203,7 @@ impl FetcherState {
         &self,
         source: Source,
         max: usize,
-        wait: std::time::Duration,
+        wait: Duration,
         holds: &mut Vec<HoldSlot>,
         fleet: &Taken,
     ) -> bool {

@@ -13,6 +13,7 @@
 //! # Ok(()) }
 //! ```
 
+mod bucket;
 mod cancel;
 mod compensate;
 #[cfg(feature = "testing")]
@@ -81,6 +82,9 @@ pub enum WorkerError {
     /// A job type's `JobLimits::fleet_max` is 0: it would never run.
     #[error("job type {0:?} has fleet_max 0: it would never run")]
     ZeroFleetLimit(&'static str),
+    /// A job type's `JobLimits::rate` is 0 deliveries, or per a zero period.
+    #[error("job type {0:?} has a rate of 0 deliveries or per a zero period")]
+    BadRate(&'static str),
     /// etcd could not be reached or refused the session.
     #[error("etcd: {0}")]
     Lease(#[from] LeaseError),
@@ -416,6 +420,9 @@ impl WorkerBuilder {
             .find(|&(_, n)| n == 0)
         {
             return Err(WorkerError::ZeroFleetLimit(name));
+        }
+        if let Some(name) = self.registry.bad_rate() {
+            return Err(WorkerError::BadRate(name));
         }
         std::mem::take(&mut self.schedules)
             .into_iter()

@@ -82,7 +82,14 @@ impl Owning {
     /// A round's sources from its types (index, name, room): each type
     /// itself, or each partition of it that this worker leads, the type's
     /// room shared out among them.
-    pub(super) fn sources(&self, types: Vec<(usize, &'static str, usize)>) -> Vec<Source> {
+    /// `turn` (the fetcher's round count) rotates which partitions get the
+    /// share's remainder, so a room smaller than the partitions led (a rate
+    /// limit's few tokens) reaches every partition in turn.
+    pub(super) fn sources(
+        &self,
+        types: Vec<(usize, &'static str, usize)>,
+        turn: usize,
+    ) -> Vec<Source> {
         let source = |index, job_type, partition, room| Source {
             index,
             job_type,
@@ -98,9 +105,8 @@ impl Owning {
         let mut round = Vec::new();
         for (index, name, room) in types {
             let owned = p.owned.fetchable(name);
-            let k = owned.len();
-            for (j, partition) in owned.into_iter().enumerate() {
-                let share = room / k + usize::from(j < room % k);
+            let shares = shares(room, owned.len(), turn);
+            for (partition, share) in owned.into_iter().zip(shares) {
                 if share > 0 {
                     round.push(source(index, name, Some(partition), share));
                 }
@@ -319,5 +325,29 @@ impl JobRun {
             lock: Grant::Partition(grant),
         };
         Ok(())
+    }
+}
+
+/// `room` shared out over `k` partitions: each gets `room / k`, and the
+/// remainder goes one each to the partitions from `turn % k` on.
+fn shares(room: usize, k: usize, turn: usize) -> Vec<usize> {
+    let first = turn % k.max(1);
+    (0..k)
+        .map(|j| room / k + usize::from((j + k - first) % k < room % k))
+        .collect()
+}
+
+#[cfg(test)]
+mod share_tests {
+    use super::shares;
+
+    #[test]
+    fn the_remainder_of_a_room_rotates_over_the_partitions() {
+        assert_eq!(shares(6, 4, 0), [2, 2, 1, 1]);
+        assert_eq!(shares(6, 4, 3), [2, 1, 1, 2]);
+        assert_eq!(shares(1, 3, 0), [1, 0, 0]);
+        assert_eq!(shares(1, 3, 1), [0, 1, 0]);
+        assert_eq!(shares(1, 3, 5), [0, 0, 1]);
+        assert!(shares(3, 0, 7).is_empty());
     }
 }

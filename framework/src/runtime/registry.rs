@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::routes::Route;
 use crate::StepIndex;
 use crate::job::{BoxFuture, DeadJob, Job, StepCtx, StepError, StepInfo, StepTimeout};
 
@@ -75,6 +76,7 @@ impl<J: Job> DynJob for J {
 pub struct JobLimits {
     max_in_flight: Option<usize>,
     fleet_max: Option<u32>,
+    rate: Option<(u32, std::time::Duration)>,
 }
 
 impl JobLimits {
@@ -112,6 +114,35 @@ impl JobLimits {
     pub fn get_fleet_max(&self) -> Option<u32> {
         self.fleet_max
     }
+
+    /// At most `n` deliveries of this type taken from the stream per `per`,
+    /// by this worker: a token bucket `n` deep (a burst of `n` after a quiet
+    /// spell), refilled continuously at `n` per `per`. A type out of tokens is
+    /// not fetched: its messages stay in the stream, nothing is nak'ed,
+    /// dead-lettered or counted as a delivery because of the rate.
+    ///
+    /// Per worker, not fleet-wide: it needs no coordination on the fetch
+    /// path, and it is exact and predictable. The fleet's rate is the number
+    /// of workers running the type times this rate (for a fleet-wide bound on
+    /// concurrency there is a separate control). `n == 0` or a zero `per` is
+    /// refused by [`WorkerBuilder::start`](crate::WorkerBuilder::start)
+    /// ([`WorkerError::BadRate`](crate::WorkerError::BadRate)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let limits = tenure::JobLimits::default().rate(5, Duration::from_secs(1));
+    /// assert_eq!(limits.get_rate(), Some((5, Duration::from_secs(1))));
+    /// ```
+    #[must_use]
+    pub fn rate(mut self, n: u32, per: std::time::Duration) -> Self {
+        self.rate = Some((n, per));
+        self
+    }
+
+    /// The rate set, if any: deliveries and their period.
+    pub fn get_rate(&self) -> Option<(u32, std::time::Duration)> {
+        self.rate
+    }
 }
 
 /// Job types by name.
@@ -138,34 +169,38 @@ impl Registry {
         true
     }
 
-    /// Every type with its deliveries limit (`usize::MAX`: none), by name.
-    pub(crate) fn routes(&self) -> Vec<(&'static str, usize)> {
+    /// Every type with its deliveries limit (`usize::MAX`: none) and its
+    /// rate, by name.
+    pub(crate) fn routes(&self) -> Vec<Route> {
         let mut out: Vec<_> = self
             .jobs
             .keys()
             .map(|&name| {
-                let limit = self.limits.get(name).and_then(|l| l.max_in_flight);
-                (name, limit.unwrap_or(usize::MAX))
+                let limits = self.limits.get(name).copied().unwrap_or_default();
+                let limit = limits.max_in_flight.unwrap_or(usize::MAX);
+                (name, limit, limits.rate)
             })
             .collect();
-        out.sort_unstable();
+        out.sort_unstable_by_key(|r| r.0);
         out
     }
 
     /// Every type's name, sorted.
     pub(crate) fn names(&self) -> Vec<String> {
-        self.routes()
-            .into_iter()
-            .map(|(n, _)| n.to_string())
-            .collect()
+        self.routes().into_iter().map(|r| r.0.to_string()).collect()
     }
 
     /// A type whose limit is zero, if any.
     pub(crate) fn zero_limit(&self) -> Option<&'static str> {
+        self.routes().into_iter().find(|r| r.1 == 0).map(|r| r.0)
+    }
+
+    /// A type whose rate is zero deliveries, or per a zero period, if any.
+    pub(crate) fn bad_rate(&self) -> Option<&'static str> {
         self.routes()
             .into_iter()
-            .find(|&(_, l)| l == 0)
-            .map(|(n, _)| n)
+            .find(|r| r.2.is_some_and(|(n, per)| n == 0 || per.is_zero()))
+            .map(|r| r.0)
     }
 
     /// Every type with a fleet-wide limit, and the limit.

@@ -33,6 +33,7 @@
 //! | `tenure.queue.unrouted` | gauge (messages waiting in the work stream of a type no live worker registers; every worker records it with each report) | job_type |
 //! | `tenure.job.cancelled` | counter | job_type (deliveries ended, acked, because an operator cancelled the job) |
 //! | `tenure.cancel.unconfirmed` | counter | worker (cancel notices for a job running here that no cancel confirmed: forged, or a failed check; the step went on) |
+//! | `tenure.fetch.throttled` | counter | job_type (fetch rounds that left the type out because its rate limit had no token) |
 //!
 //! # Exporting
 //!
@@ -176,6 +177,7 @@ pub(crate) struct Metrics {
     cancelled: Counter<u64>,
     unconfirmed: Counter<u64>,
     partitions: Counter<u64>,
+    throttled: Counter<u64>,
 }
 
 /// The builders of the instrument kinds most of [`Metrics`] uses.
@@ -200,6 +202,30 @@ impl Instruments<'_> {
             .with_unit("s")
             .with_description(description)
             .with_boundaries(DURATION_BUCKETS_S.to_vec())
+            .build()
+    }
+
+    fn lock_batch(&self) -> Histogram<u64> {
+        self.0
+            .u64_histogram("tenure.lock.batch.acquisitions")
+            .with_unit("{lock}")
+            .with_description("job-lock acquisitions per etcd transaction")
+            .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])
+            .build()
+    }
+
+    fn in_flight(&self) -> UpDownCounter<i64> {
+        self.0
+            .i64_up_down_counter("tenure.job.in_flight")
+            .with_description("deliveries being processed")
+            .build()
+    }
+
+    fn oldest_age(&self) -> Gauge<f64> {
+        self.0
+            .f64_gauge("tenure.queue.oldest_age")
+            .with_unit("s")
+            .with_description("age of the oldest message stored in the work stream, per job type")
             .build()
     }
 }
@@ -231,12 +257,7 @@ impl Metrics {
                 "tenure.lock.contention",
                 "job locks found held by another session",
             ),
-            lock_batch: meter
-                .u64_histogram("tenure.lock.batch.acquisitions")
-                .with_unit("{lock}")
-                .with_description("job-lock acquisitions per etcd transaction")
-                .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])
-                .build(),
+            lock_batch: m.lock_batch(),
             claims: m.counter("tenure.fence.claims", "fences raised at the resource"),
             takeovers: m.counter(
                 "tenure.fence.takeovers",
@@ -261,20 +282,13 @@ impl Metrics {
             ),
             retries: m.counter("tenure.job.retries", "failed attempts scheduled for retry"),
             dlq: m.counter("tenure.dlq.routed", "jobs dead-lettered, by reason"),
-            in_flight: meter
-                .i64_up_down_counter("tenure.job.in_flight")
-                .with_description("deliveries being processed")
-                .build(),
+            in_flight: m.in_flight(),
             completed: m.counter("tenure.job.completed", "jobs that reached done"),
             backlog: m.gauge(
                 "tenure.queue.backlog",
                 "messages stored in the work stream, per job type",
             ),
-            oldest_age: meter
-                .f64_gauge("tenure.queue.oldest_age")
-                .with_unit("s")
-                .with_description("age of the oldest message stored in the work stream, per job type")
-                .build(),
+            oldest_age: m.oldest_age(),
             unrouted: m.gauge(
                 "tenure.queue.unrouted",
                 "messages waiting for a job type no live worker registers",
@@ -290,6 +304,10 @@ impl Metrics {
             partitions: m.counter(
                 "tenure.partition.changes",
                 "partition ownership changes of this worker (partition mode), by change: taken, handed_over, lost",
+            ),
+            throttled: m.counter(
+                "tenure.fetch.throttled",
+                "fetch rounds that left a job type out because its rate limit had no token",
             ),
         }
     }
@@ -310,6 +328,12 @@ impl Metrics {
                 KeyValue::new("change", change),
             ],
         );
+    }
+
+    /// A fetch round left `job_type` out: its rate limit had no token.
+    pub fn throttled(&self, job_type: &str) {
+        self.throttled
+            .add(1, &[KeyValue::new("job_type", job_type.to_string())]);
     }
 
     /// `n` messages of `job_type` are stored in the work stream.
