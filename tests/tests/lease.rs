@@ -938,7 +938,7 @@ async fn a_lock_held_across_etcd_membership_changes_keeps_its_token_and_grants_r
         Health::Lost,
         "the holder's session survived"
     );
-    let (lease, rev, _) = read_key(&[keep.clone()], held.key())
+    let (lease, rev, _) = read_key(std::slice::from_ref(&keep), held.key())
         .await
         .expect("still held");
     assert_eq!((lease, rev), (holder.lease_id().get(), held.token().get()));

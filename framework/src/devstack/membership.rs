@@ -15,6 +15,8 @@
 
 use std::time::Duration;
 
+use etcd_client::Member;
+
 use super::ready::{Probe, free_ports, poll_ready};
 use super::{DevStack, DevStackError, ServerProcess};
 
@@ -133,16 +135,25 @@ impl DevStack {
         serial: usize,
         timeout: Duration,
     ) -> Result<(u64, String), DevStackError> {
-        let added = self
+        let (id, members) = self
             .retry_refused("member add", timeout, None, |mut c| async move {
-                c.member_add([peer_url], None)
-                    .await
-                    .map_err(|e| e.to_string())
+                match c.member_add([peer_url], None).await {
+                    Ok(added) => {
+                        let id = added.member().map(Member::id).unwrap_or(0);
+                        Ok((id, added.member_list().to_vec()))
+                    }
+                    // A retry after an answer that was lost: already added.
+                    Err(e) if e.to_string().contains("Peer URLs already exists") => {
+                        let list = c.member_list().await.map_err(|e| e.to_string())?;
+                        let id = with_peer_url(list.members(), peer_url).unwrap_or(0);
+                        Ok((id, list.members().to_vec()))
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
             })
             .await?;
-        let id = added.member().map(etcd_client::Member::id).unwrap_or(0);
         let mut cluster = Vec::new();
-        for m in added.member_list() {
+        for m in &members {
             let name = if m.id() == id {
                 format!("m{serial}")
             } else if m.name().is_empty() {
@@ -192,14 +203,10 @@ impl DevStack {
                 c.member_list().await.map_err(|e| e.to_string())
             })
             .await?;
-        list.members()
-            .iter()
-            .find(|m| m.peer_urls().iter().any(|u| u == peer_url))
-            .map(etcd_client::Member::id)
-            .ok_or_else(|| DevStackError::Membership {
-                what: format!("remove member {i}"),
-                detail: format!("no member has the peer URL {peer_url}"),
-            })
+        with_peer_url(list.members(), peer_url).ok_or_else(|| DevStackError::Membership {
+            what: format!("remove member {i}"),
+            detail: format!("no member has the peer URL {peer_url}"),
+        })
     }
 
     /// Runs `call` on an administrator's client (of the members but `skip`)
@@ -265,4 +272,12 @@ impl DevStack {
         })
         .await
     }
+}
+
+/// The id of the member of `members` whose peer URL is `peer_url`.
+fn with_peer_url(members: &[Member], peer_url: &str) -> Option<u64> {
+    members
+        .iter()
+        .find(|m| m.peer_urls().iter().any(|u| u == peer_url))
+        .map(Member::id)
 }

@@ -42,13 +42,9 @@ impl Run {
         self.stack.etcd_add_member(CHANGE_TIMEOUT).await?;
         self.follow_members();
         eprintln!(
-            "torture: etcd_member_replace: member {victim}{} removed in {:.1}s, \
+            "torture: etcd_member_replace: member {victim} (leader: {}) removed in {:.1}s, \
              a fresh one added and caught up in {:.1}s more",
-            if leader == Some(victim) {
-                " (the leader)"
-            } else {
-                ""
-            },
+            leader.map_or("unknown".into(), |l| l.to_string()),
             removed.as_secs_f64(),
             (started.elapsed() - removed).as_secs_f64(),
         );
@@ -83,13 +79,9 @@ impl Run {
         }
         eprintln!(
             "torture: etcd_grow_shrink: grew to {size} in {:.1}s, removed members \
-             {first} and {second}{} in {:.1}s",
+             {first} and {second} (leader: {}) in {:.1}s",
             grown.as_secs_f64(),
-            if leader == Some(first) {
-                " (the leader first)"
-            } else {
-                ""
-            },
+            leader.map_or("unknown".into(), |l| l.to_string()),
             (started.elapsed() - grown).as_secs_f64(),
         );
         self.ready().await
