@@ -4,7 +4,8 @@
 //! `--unsafe-no-fencing` negative control (violations must appear, proving the
 //! checkers have teeth); then (issue 22) fenced with the accounts in MariaDB,
 //! and the Redis-lock negative control (a TTL lock checked before each write,
-//! no token at the resource: violations must appear). The long runs are
+//! no token at the resource: violations must appear); and (issue 36) runs on
+//! a NATS cluster and through etcd membership changes. The long runs are
 //! recorded in `tests/TORTURE.md`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
