@@ -156,15 +156,17 @@ impl DevStack {
         format!("tenure-{}", self.dir().display()).replace('/', "-")
     }
 
-    /// Waits until an etcd write commits; with `starting`, fails at once if a
-    /// member exits.
+    /// Waits until an etcd write commits (as `root` once started, with
+    /// `auth`); with `starting`, fails at once if a member exits.
     pub(super) async fn wait_etcd(
         &self,
         timeout: Duration,
         starting: bool,
     ) -> Result<(), DevStackError> {
         let endpoints = self.etcd_endpoints();
-        let options = self.etcd_admin_options(false)?;
+        // Once started, a stack with `auth` has auth on: only `root` may write
+        // the probe key (before, etcd refuses any login).
+        let options = self.etcd_admin_options(!starting)?;
         let probe = Probe {
             server: "etcd",
             log: self.dir().join("etcd0.log"),
