@@ -268,3 +268,38 @@ async fn an_etcd_restore_moves_revisions_back_and_a_bump_moves_them_past() {
         "after the bump, past every old revision"
     );
 }
+
+/// An etcd member replaced on a stack with TLS and authentication (issue 36):
+/// the fresh member gets the server certificate and the cluster's users, so
+/// Tenure's limited etcd user holds a session and a lock through it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_member_replaced_on_a_secured_stack_serves_tls_and_its_users() {
+    use tenure::blocks::lease::{Acquire, Session};
+    let mut stack = DevStack::start_with(DevStackOptions {
+        nats: false,
+        postgres: false,
+        tls: true,
+        auth: true,
+        ..DevStackOptions::default()
+    })
+    .await
+    .expect("secured etcd");
+    let change = Duration::from_secs(60);
+    stack.etcd_remove_member(0, change).await.expect("remove");
+    let fresh = stack.etcd_add_member(change).await.expect("add");
+    assert_eq!((fresh, stack.etcd_members()), (2, 3));
+    let auth = stack.auth().expect("auth").clone();
+    let cfg = tenure::Config::new(auth.namespace.clone())
+        .with_etcd_endpoints([stack.etcd_endpoints()[fresh].clone()])
+        .with_etcd_tls(stack.tls().expect("tls").client())
+        .with_etcd_user(auth.etcd_user.clone(), auth.etcd_password.clone());
+    let session = Session::establish(&cfg)
+        .await
+        .expect("a session through the new member alone");
+    let job = tenure::JobId::from_key("devstack", "replaced");
+    assert!(matches!(
+        session.acquire(job).await.expect("acquire"),
+        Acquire::Acquired(_)
+    ));
+    session.close().await.expect("close");
+}

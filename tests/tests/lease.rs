@@ -812,6 +812,156 @@ async fn a_thousand_sequential_acquisitions_strictly_increase_across_a_leader_ki
     }
 }
 
+// ---------------------------------------------------------------------------
+// etcd membership changes (issue 36)
+// ---------------------------------------------------------------------------
+
+/// What the grant probe saw: every token it was granted, in order, the
+/// longest time between two grants, and how many of its sessions were lost.
+#[derive(Debug, Default)]
+struct Grants {
+    tokens: Vec<FencingToken>,
+    longest_gap: Duration,
+    lost_sessions: usize,
+}
+
+/// Acquires (and releases) a fresh lock every 20 ms until `stop`, through a
+/// session of `cfg` (a new one when it is lost).
+fn probe_grants(cfg: Config, stop: CancellationToken) -> tokio::task::JoinHandle<Grants> {
+    tokio::spawn(async move {
+        let mut grants = Grants::default();
+        let mut s = Session::establish(&cfg).await.expect("probe session");
+        let mut last = Instant::now();
+        let mut n = 0;
+        while !stop.is_cancelled() {
+            n += 1;
+            let attempt = s.acquire(job(&format!("probe-{n}")));
+            if let Ok(Ok(Acquire::Acquired(l))) =
+                tokio::time::timeout(Duration::from_secs(10), attempt).await
+            {
+                grants.longest_gap = grants.longest_gap.max(last.elapsed());
+                last = Instant::now();
+                grants.tokens.push(l.token());
+                let _ = l.release(&s).await;
+            }
+            if s.health() == Health::Lost {
+                grants.lost_sessions += 1;
+                match Session::establish_with_backoff(&cfg, &stop).await {
+                    Ok(fresh) => s = fresh,
+                    Err(_) => break,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        grants
+    })
+}
+
+/// The index of the member whose client endpoint is `endpoint`.
+fn member_at(stack: &DevStack, endpoint: &str) -> usize {
+    stack
+        .etcd_endpoints()
+        .iter()
+        .position(|e| e == endpoint)
+        .expect("a current member")
+}
+
+/// 3 -> 5 -> 3: two members added, then `remove` and one more removed that is
+/// neither `keep` nor `remove` (the leader if it is neither, else the first
+/// added member). Returns how long it took.
+async fn grow_and_shrink(stack: &mut DevStack, keep: &str, remove: &str) -> Duration {
+    let t = Instant::now();
+    let change = Duration::from_secs(60);
+    let grown_from = stack.etcd_members();
+    stack.etcd_add_member(change).await.expect("add a fourth");
+    stack.etcd_add_member(change).await.expect("add a fifth");
+    let leader = stack.etcd_leader().await.expect("a leader");
+    let leader_ep = stack.etcd_endpoints()[leader].clone();
+    let second = if leader_ep != keep && leader_ep != remove {
+        leader_ep
+    } else {
+        stack.etcd_endpoints()[grown_from].clone()
+    };
+    for victim in [remove.to_string(), second] {
+        let i = member_at(stack, &victim);
+        stack.etcd_remove_member(i, change).await.expect("remove");
+    }
+    assert_eq!(stack.etcd_members(), 3);
+    t.elapsed()
+}
+
+/// A lock held across etcd membership changes (the leader replaced by a fresh
+/// member, then 3 -> 5 -> 3 with the leader removed when it can be) keeps its
+/// key, lease and token; every grant during and after the changes is larger
+/// than the ones before. The holder talks to a member that stays; a probe
+/// that acquires fresh locks every 20 ms through the original endpoint list,
+/// of which one member is left at the end, measures the longest time without
+/// a grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_across_etcd_membership_changes_keeps_its_token_and_grants_rise() {
+    init_tracing();
+    let _heavy = HEAVY.lock().await;
+    let mut stack = etcd_only_stack().await;
+    let ns = DevStack::unique_namespace("membership");
+    let original = stack.etcd_endpoints();
+    let leader = stack.etcd_leader().await.expect("a leader");
+    let (keep, other) = (
+        original[(leader + 1) % 3].clone(),
+        original[(leader + 2) % 3].clone(),
+    );
+    let holder = Session::establish(&config(&ns, vec![keep.clone()], 5, "holder"))
+        .await
+        .expect("holder session");
+    let held = acquired(holder.acquire(job("held")).await.expect("acquire"));
+    let stop = CancellationToken::new();
+    let probe = probe_grants(config(&ns, original.clone(), 5, "probe"), stop.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let t = Instant::now();
+    let change = Duration::from_secs(60);
+    stack
+        .etcd_remove_member(leader, change)
+        .await
+        .expect("remove the leader");
+    stack
+        .etcd_add_member(change)
+        .await
+        .expect("add a fresh member");
+    let replaced = t.elapsed();
+    let resized = grow_and_shrink(&mut stack, &keep, &other).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+    let grants = probe.await.expect("probe");
+
+    assert_ne!(
+        holder.health(),
+        Health::Lost,
+        "the holder's session survived"
+    );
+    let (lease, rev, _) = read_key(std::slice::from_ref(&keep), held.key())
+        .await
+        .expect("still held");
+    assert_eq!((lease, rev), (holder.lease_id().get(), held.token().get()));
+    assert!(grants.tokens.windows(2).all(|w| w[0] < w[1]), "{grants:?}");
+    let fresh = Session::establish(&config(&ns, stack.etcd_endpoints(), 5, "fresh"))
+        .await
+        .expect("a session on the new members");
+    let after = acquired(fresh.acquire(job("after")).await.expect("acquire"));
+    let highest = grants.tokens.last().copied().unwrap_or(held.token());
+    assert!(after.token() > highest && after.token() > held.token());
+    println!(
+        "membership: leader replaced in {replaced:?}, 3 -> 5 -> 3 in {resized:?}; {} grants, \
+         longest without one {:?}, {} probe sessions lost; held token {} kept, next {}",
+        grants.tokens.len(),
+        grants.longest_gap,
+        grants.lost_sessions,
+        held.token(),
+        after.token()
+    );
+    let _ = holder.close().await;
+    let _ = fresh.close().await;
+}
+
 #[test]
 fn public_types_can_be_shared_across_tasks() {
     fn send_sync<T: Send + Sync>() {}

@@ -56,6 +56,15 @@ pub enum DevStackError {
         /// Its combined output.
         output: String,
     },
+    /// An etcd membership change was refused, or asked for something the
+    /// cluster cannot do.
+    #[error("etcd {what}: {detail}")]
+    Membership {
+        /// The change (`member add`, `remove member 2`).
+        what: String,
+        /// etcd's last answer, or why the change cannot be made.
+        detail: String,
+    },
     /// Fault injection on a process that is not running.
     #[error("{0} is not running")]
     NotRunning(String),

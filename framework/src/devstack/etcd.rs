@@ -88,49 +88,65 @@ impl DevStack {
         let ports = free_ports(members * 2)?;
         let (client, peer) = ports.split_at(members);
         self.etcd_peer_ports = peer.to_vec();
-        let token = self.etcd_token();
+        self.etcd_serials = (0..members).collect();
+        self.etcd_next_serial = members;
         let cluster = self.etcd_cluster();
-        let scheme = self.scheme();
         for i in 0..members {
-            let data = self.dir().join(format!("etcd{i}"));
-            let mut args = vec![
-                format!("--name=m{i}"),
-                format!("--data-dir={}", data.display()),
-                format!("--listen-client-urls={scheme}://127.0.0.1:{}", client[i]),
-                format!("--advertise-client-urls={scheme}://127.0.0.1:{}", client[i]),
-                format!("--listen-peer-urls=http://127.0.0.1:{}", peer[i]),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{}", peer[i]),
-                format!("--initial-cluster={cluster}"),
-                "--initial-cluster-state=new".into(),
-                format!("--initial-cluster-token={token}"),
-                "--logger=zap".into(),
-                "--log-level=warn".into(),
-            ];
-            if let Some(tls) = &self.tls {
-                args.extend([
-                    format!("--cert-file={}", tls.server_cert.display()),
-                    format!("--key-file={}", tls.server_key.display()),
-                    format!("--trusted-ca-file={}", tls.ca_file.display()),
-                    "--client-cert-auth".into(),
-                ]);
-            }
-            let spec = Spec {
-                name: format!("etcd-{i}"),
-                program: "etcd".into(),
-                args,
-                run_as: None,
-                log: self.dir().join(format!("etcd{i}.log")),
-            };
+            let spec = self.etcd_spec(i, client[i], peer[i], &cluster, "new");
             self.etcd.push(ServerProcess::start(spec)?);
         }
         self.etcd_client_ports = client.to_vec();
         Ok(())
     }
 
-    /// The etcd cluster's `--initial-cluster` (members `m<i>` on their peer ports).
+    /// How to start the member with serial number `serial` (name `m<serial>`,
+    /// data directory `etcd<serial>`, log `etcd<serial>.log`) on its ports, in
+    /// the cluster `cluster` (`--initial-cluster`), `state` `new` or `existing`.
+    pub(super) fn etcd_spec(
+        &self,
+        serial: usize,
+        client: u16,
+        peer: u16,
+        cluster: &str,
+        state: &str,
+    ) -> Spec {
+        let scheme = self.scheme();
+        let data = self.dir().join(format!("etcd{serial}"));
+        let mut args = vec![
+            format!("--name=m{serial}"),
+            format!("--data-dir={}", data.display()),
+            format!("--listen-client-urls={scheme}://127.0.0.1:{client}"),
+            format!("--advertise-client-urls={scheme}://127.0.0.1:{client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-cluster={cluster}"),
+            format!("--initial-cluster-state={state}"),
+            format!("--initial-cluster-token={}", self.etcd_token()),
+            "--logger=zap".into(),
+            "--log-level=warn".into(),
+        ];
+        if let Some(tls) = &self.tls {
+            args.extend([
+                format!("--cert-file={}", tls.server_cert.display()),
+                format!("--key-file={}", tls.server_key.display()),
+                format!("--trusted-ca-file={}", tls.ca_file.display()),
+                "--client-cert-auth".into(),
+            ]);
+        }
+        Spec {
+            name: format!("etcd-{serial}"),
+            program: "etcd".into(),
+            args,
+            run_as: None,
+            log: self.dir().join(format!("etcd{serial}.log")),
+        }
+    }
+
+    /// The etcd cluster's `--initial-cluster` (members `m<serial>` on their
+    /// peer ports).
     pub(super) fn etcd_cluster(&self) -> String {
-        let members: Vec<String> = (self.etcd_peer_ports.iter().enumerate())
-            .map(|(i, port)| format!("m{i}=http://127.0.0.1:{port}"))
+        let members: Vec<String> = (self.etcd_serials.iter().zip(&self.etcd_peer_ports))
+            .map(|(serial, port)| format!("m{serial}=http://127.0.0.1:{port}"))
             .collect();
         members.join(",")
     }
@@ -140,15 +156,17 @@ impl DevStack {
         format!("tenure-{}", self.dir().display()).replace('/', "-")
     }
 
-    /// Waits until an etcd write commits; with `starting`, fails at once if a
-    /// member exits.
+    /// Waits until an etcd write commits (as `root` once started, with
+    /// `auth`); with `starting`, fails at once if a member exits.
     pub(super) async fn wait_etcd(
         &self,
         timeout: Duration,
         starting: bool,
     ) -> Result<(), DevStackError> {
         let endpoints = self.etcd_endpoints();
-        let options = self.etcd_admin_options(false)?;
+        // Once started, a stack with `auth` has auth on: only `root` may write
+        // the probe key (before, etcd refuses any login).
+        let options = self.etcd_admin_options(!starting)?;
         let probe = Probe {
             server: "etcd",
             log: self.dir().join("etcd0.log"),

@@ -29,6 +29,7 @@
 mod error;
 mod etcd;
 mod mariadb;
+mod membership;
 mod metrics;
 mod nats;
 mod postgres;
@@ -141,6 +142,10 @@ pub struct DevStack {
     etcd: Vec<ServerProcess>,
     etcd_client_ports: Vec<u16>,
     etcd_peer_ports: Vec<u16>,
+    /// Each member's serial number: its name `m<serial>`, its data directory
+    /// `etcd<serial>` (membership changes give new members new serials).
+    etcd_serials: Vec<usize>,
+    etcd_next_serial: usize,
     nats: Vec<ServerProcess>,
     nats_ports: Vec<u16>,
     nats_http_ports: Vec<u16>,
@@ -238,6 +243,8 @@ impl DevStack {
             etcd: Vec::new(),
             etcd_client_ports: Vec::new(),
             etcd_peer_ports: Vec::new(),
+            etcd_serials: Vec::new(),
+            etcd_next_serial: 0,
             nats: Vec::new(),
             nats_ports: Vec::new(),
             nats_http_ports: Vec::new(),

@@ -64,7 +64,8 @@ impl DevStack {
         }
         let cluster = self.etcd_cluster();
         for (i, member) in self.etcd.iter().enumerate() {
-            let data = self.dir().join(format!("etcd{i}"));
+            let serial = self.etcd_serials.get(i).copied().unwrap_or(i);
+            let data = self.dir().join(format!("etcd{serial}"));
             if data.exists() {
                 std::fs::remove_dir_all(&data)
                     .map_err(|e| DevStackError::io(format!("remove {}", data.display()), e))?;
@@ -74,7 +75,7 @@ impl DevStack {
                 "snapshot".into(),
                 "restore".into(),
                 snapshot.display().to_string(),
-                format!("--name=m{i}"),
+                format!("--name=m{serial}"),
                 format!("--data-dir={}", data.display()),
                 format!("--initial-cluster={cluster}"),
                 format!("--initial-cluster-token={}", self.etcd_token()),

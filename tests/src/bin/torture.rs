@@ -4,6 +4,7 @@
 //! ```text
 //! torture --jobs N --workers W --faults F --seed S [--ttl-secs T] [--unsafe-no-fencing]
 //!         [--cancel FRACTION] [--partitions P] [--nats-cluster 3] [--fleet-max N]
+//!         [--membership-faults] [--only KIND[,KIND...]]
 //! ```
 //!
 //! Starts its own dev stack (3 etcd members, NATS, PostgreSQL), W worker processes
@@ -48,6 +49,10 @@
 //! fault kind, `operator_pause_type` (an operator pauses both transfer types
 //! for 0.5 to 2.5 s, then resumes them, through `Client::pause`/`resume`).
 //!
+//! `--membership-faults` adds two etcd membership changes under load (issue
+//! 36, `../torture/membership.rs`): `etcd_member_replace` (a member removed, a
+//! fresh one added) and `etcd_grow_shrink` (3 -> 5 -> 3 members).
+//!
 //! `--unsafe-no-fencing` sets the test-only `Config::unsafe_no_fencing` in the
 //! workers (fence predicates off, no pre-commit health check) and installs no
 //! guards: the same schedule must then report violations. Exit status: 0 when the
@@ -81,6 +86,8 @@ use tokio::time::Instant;
 mod cancel;
 #[path = "../torture/cron.rs"]
 mod cron;
+#[path = "../torture/membership.rs"]
+mod membership;
 #[path = "../torture/nats_state.rs"]
 mod nats_state;
 #[path = "../torture/redis_lock.rs"]
@@ -317,6 +324,9 @@ struct Args {
     /// Both transfer types limited fleet-wide to this many jobs, and the
     /// fault `operator_pause_type` (`--fleet-max N`).
     fleet_max: Option<u32>,
+    /// etcd membership changes: the faults `etcd_member_replace` and
+    /// `etcd_grow_shrink` (`--membership-faults`).
+    membership_faults: bool,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Args> {
@@ -336,6 +346,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         partitions: None,
         nats_cluster: 0,
         fleet_max: None,
+        membership_faults: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -360,6 +371,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--partitions" => a.partitions = Some(val()?.parse()?),
             "--nats-cluster" => a.nats_cluster = val()?.parse()?,
             "--fleet-max" => a.fleet_max = Some(val()?.parse()?),
+            "--membership-faults" => a.membership_faults = true,
             "--steps" => set_steps(val()?.parse()?)?,
             other => bail!("unknown argument {other:?}"),
         }
@@ -376,6 +388,9 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
     }
     if a.fleet_max.is_some() && a.mode == RunMode::RedisLock {
         bail!("--fleet-max limits Tenure's job types; --mode redis-lock runs none");
+    }
+    if a.membership_faults && a.mode == RunMode::RedisLock {
+        bail!("--membership-faults changes etcd's members; --mode redis-lock uses no etcd");
     }
     if a.partitions.is_some() && a.mode == RunMode::RedisLock {
         bail!("--partitions runs Tenure; --mode redis-lock does not");
@@ -693,6 +708,8 @@ enum Mode {
 struct Proxy {
     mode: watch::Sender<Mode>,
     addrs: Vec<String>,
+    /// Where each address forwards new connections (`retarget`).
+    targets: Vec<watch::Sender<String>>,
     _tasks: JoinSet<()>,
 }
 
@@ -701,22 +718,32 @@ impl Proxy {
         let (mode, _) = watch::channel(Mode::Pass);
         let mut tasks = JoinSet::new();
         let mut addrs = Vec::new();
+        let mut senders = Vec::new();
         for target in targets {
-            let target = target
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .to_string();
-            anyhow::ensure!(target.starts_with("127.0.0.1:"), "non-local etcd {target}");
+            let (to, target) = watch::channel(host_port(target)?);
             let listener = TcpListener::bind("127.0.0.1:0").await?;
             addrs.push(format!("http://{}", listener.local_addr()?));
             let rx = mode.subscribe();
             tasks.spawn(accept_loop(listener, target, rx));
+            senders.push(to);
         }
         Ok(Proxy {
             mode,
             addrs,
+            targets: senders,
             _tasks: tasks,
         })
+    }
+
+    /// Points address `i` at `targets[i]` (wrapping around if there are fewer
+    /// targets) for the connections it accepts from now on: the stable
+    /// name in front of servers that moved (etcd members replaced).
+    fn retarget(&self, targets: &[String]) {
+        for (i, to) in self.targets.iter().enumerate() {
+            if let Some(Ok(target)) = targets.get(i % targets.len().max(1)).map(|t| host_port(t)) {
+                to.send_replace(target);
+            }
+        }
     }
 
     fn set(&self, m: Mode) {
@@ -735,6 +762,19 @@ impl Proxy {
     }
 }
 
+/// `127.0.0.1:PORT` of `http://127.0.0.1:PORT[/]`; only loopback targets.
+fn host_port(target: &str) -> anyhow::Result<String> {
+    let target = target
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    anyhow::ensure!(
+        target.starts_with("127.0.0.1:"),
+        "non-local target {target}"
+    );
+    Ok(target)
+}
+
 /// One proxy for every NATS node of `urls` (`nats://127.0.0.1:PORT`) and
 /// the comma-separated URL that goes through it: a cut cuts them all.
 async fn relay_nats(urls: &[String]) -> anyhow::Result<(Proxy, String)> {
@@ -751,7 +791,11 @@ async fn relay_nats(urls: &[String]) -> anyhow::Result<(Proxy, String)> {
     Ok((proxy, via.join(",")))
 }
 
-async fn accept_loop(listener: TcpListener, target: String, rx: watch::Receiver<Mode>) {
+async fn accept_loop(
+    listener: TcpListener,
+    target: watch::Receiver<String>,
+    rx: watch::Receiver<Mode>,
+) {
     // Owns its connections: they end when this task is aborted.
     let mut conns = JoinSet::new();
     loop {
@@ -762,7 +806,8 @@ async fn accept_loop(listener: TcpListener, target: String, rx: watch::Receiver<
                     drop(inbound);
                     continue;
                 }
-                conns.spawn(forward(inbound, target.clone(), rx.clone()));
+                let to = target.borrow().clone();
+                conns.spawn(forward(inbound, to, rx.clone()));
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
@@ -847,6 +892,8 @@ enum Fault {
     NatsNodeKill,
     NatsMetaLeaderKill,
     OperatorPauseType,
+    EtcdMemberReplace,
+    EtcdGrowShrink,
 }
 
 impl Fault {
@@ -860,10 +907,14 @@ impl Fault {
     /// A NATS cluster's two more kinds (`--nats-cluster`).
     const NATS_NODES: [Fault; 2] = [Fault::NatsNodeKill, Fault::NatsMetaLeaderKill];
 
+    /// etcd membership changes' two more kinds (`--membership-faults`).
+    const MEMBERSHIP: [Fault; 2] = [Fault::EtcdMemberReplace, Fault::EtcdGrowShrink];
+
     /// The kinds a run injects: the sixteen, in partition mode the three
     /// that move partitions, on a NATS cluster the two that kill a node, with
-    /// the operators' controls (`--fleet-max`) the pause of a type.
-    fn kinds(partitions: bool, nats_cluster: bool, controls: bool) -> Vec<Fault> {
+    /// the operators' controls (`--fleet-max`) the pause of a type, with
+    /// `--membership-faults` the two etcd membership changes.
+    fn kinds(partitions: bool, nats_cluster: bool, controls: bool, membership: bool) -> Vec<Fault> {
         let moves = if partitions { &Fault::MOVES[..] } else { &[] };
         let nodes = if nats_cluster {
             &Fault::NATS_NODES[..]
@@ -875,11 +926,17 @@ impl Fault {
         } else {
             &[]
         };
+        let membership = if membership {
+            &Fault::MEMBERSHIP[..]
+        } else {
+            &[]
+        };
         Fault::ALL
             .iter()
             .chain(moves)
             .chain(nodes)
             .chain(controls)
+            .chain(membership)
             .copied()
             .collect()
     }
@@ -939,6 +996,8 @@ impl Fault {
             Fault::NatsNodeKill => "nats_node_kill",
             Fault::NatsMetaLeaderKill => "nats_meta_leader_kill",
             Fault::OperatorPauseType => "operator_pause_type",
+            Fault::EtcdMemberReplace => "etcd_member_replace",
+            Fault::EtcdGrowShrink => "etcd_grow_shrink",
         }
     }
 }
@@ -1327,6 +1386,8 @@ impl Run {
             Fault::EtcdPauseDuringHandover => self.etcd_pause_during_handover(w, rng).await?,
             Fault::NatsPause => self.nats_pause(rng).await?,
             Fault::WorkerJoin => self.worker_join(rng).await?,
+            Fault::EtcdMemberReplace => self.etcd_member_replace(rng).await?,
+            Fault::EtcdGrowShrink => self.etcd_grow_shrink(rng).await?,
             Fault::WorkerLeaveGraceful => {
                 self.leave(w).await;
                 self.rejoin_after_a_while(w, rng).await?;
@@ -1695,6 +1756,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
         args.partitions.is_some(),
         args.nats_cluster > 1,
         args.fleet_max.is_some(),
+        args.membership_faults,
     );
     let schedule = fault_schedule(&args, &kinds, &mut rng)?;
     let load = run
@@ -1914,11 +1976,18 @@ fn fault_schedule(args: &Args, kinds: &[Fault], rng: &mut StdRng) -> anyhow::Res
     let mut schedule: Vec<Fault> = (0..args.faults).map(|i| kinds[i % kinds.len()]).collect();
     schedule.shuffle(rng);
     if let Some(only) = &args.only {
-        let f = *kinds
-            .iter()
-            .find(|f| f.name() == only)
-            .with_context(|| format!("no fault kind {only}"))?;
-        schedule = vec![f; args.faults];
+        // One kind, or several comma-separated, in turn.
+        let only: Vec<Fault> = only
+            .split(',')
+            .map(|name| {
+                kinds
+                    .iter()
+                    .copied()
+                    .find(|f| f.name() == name)
+                    .with_context(|| format!("no fault kind {name}"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        schedule = (0..args.faults).map(|i| only[i % only.len()]).collect();
     }
     Ok(schedule)
 }
