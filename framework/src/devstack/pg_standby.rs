@@ -39,7 +39,7 @@ pub enum Replication {
 
 impl Replication {
     /// The servers' `-c` settings (the standby's too: once promoted it is
-    /// the primary).
+    /// the primary), with commit timestamps on (`pg_xact_commit_timestamp`).
     pub(super) fn server_args(self) -> Vec<String> {
         let names = match self {
             Replication::Synchronous => "*",
@@ -50,6 +50,9 @@ impl Replication {
             format!("synchronous_standby_names={names}"),
             "-c".into(),
             "synchronous_commit=on".into(),
+            // What a failover costs is read from the commits' own times.
+            "-c".into(),
+            "track_commit_timestamp=on".into(),
         ]
     }
 }
@@ -58,6 +61,8 @@ impl Replication {
 /// primary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PgFailover {
+    /// `pg_ctl promote -w` alone.
+    pub promote: Duration,
     /// Until the promoted standby answered behind the front.
     pub promoted_after: Duration,
     /// Until a new standby streamed from the new primary (with
@@ -201,11 +206,14 @@ impl DevStack {
     ) -> Result<PgFailover, DevStackError> {
         let killed = Instant::now();
         self.postgres().kill()?;
+        let promoting = Instant::now();
         self.promote_postgres_standby()?;
+        let promote = promoting.elapsed();
         self.wait_postgres(timeout, false).await?;
         let promoted_after = killed.elapsed();
         self.rebuild_postgres_standby(timeout).await?;
         Ok(PgFailover {
+            promote,
             promoted_after,
             standby_after: killed.elapsed(),
         })

@@ -4,6 +4,7 @@
 //! ```text
 //! torture --jobs N --workers W --faults F --seed S [--ttl-secs T] [--unsafe-no-fencing]
 //!         [--cancel FRACTION] [--partitions P] [--nats-cluster 3] [--fleet-max N]
+//!         [--postgres-standby sync|async]
 //! ```
 //!
 //! Starts its own dev stack (3 etcd members, NATS, PostgreSQL), W worker processes
@@ -48,6 +49,10 @@
 //! fault kind, `operator_pause_type` (an operator pauses both transfer types
 //! for 0.5 to 2.5 s, then resumes them, through `Client::pause`/`resume`).
 //!
+//! `--postgres-standby sync|async` (issue 36) gives PostgreSQL a streaming
+//! standby behind a front every process connects to, and one more fault kind,
+//! `postgres_failover` (`torture/pg_failover.rs`).
+//!
 //! `--unsafe-no-fencing` sets the test-only `Config::unsafe_no_fencing` in the
 //! workers (fence predicates off, no pre-commit health check) and installs no
 //! guards: the same schedule must then report violations. Exit status: 0 when the
@@ -83,6 +88,8 @@ mod cancel;
 mod cron;
 #[path = "../torture/nats_state.rs"]
 mod nats_state;
+#[path = "../torture/pg_failover.rs"]
+mod pg_failover;
 #[path = "../torture/redis_lock.rs"]
 mod redis_lock;
 #[path = "../torture/resource.rs"]
@@ -317,6 +324,9 @@ struct Args {
     /// Both transfer types limited fleet-wide to this many jobs, and the
     /// fault `operator_pause_type` (`--fleet-max N`).
     fleet_max: Option<u32>,
+    /// PostgreSQL with a streaming standby replicating so, and the fault
+    /// `postgres_failover` (`--postgres-standby sync|async`).
+    postgres_standby: Option<tenure::devstack::Replication>,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Args> {
@@ -336,6 +346,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         partitions: None,
         nats_cluster: 0,
         fleet_max: None,
+        postgres_standby: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -360,6 +371,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--partitions" => a.partitions = Some(val()?.parse()?),
             "--nats-cluster" => a.nats_cluster = val()?.parse()?,
             "--fleet-max" => a.fleet_max = Some(val()?.parse()?),
+            "--postgres-standby" => a.postgres_standby = Some(pg_failover::parse(&val()?)?),
             "--steps" => set_steps(val()?.parse()?)?,
             other => bail!("unknown argument {other:?}"),
         }
@@ -847,6 +859,7 @@ enum Fault {
     NatsNodeKill,
     NatsMetaLeaderKill,
     OperatorPauseType,
+    PostgresFailover,
 }
 
 impl Fault {
@@ -862,8 +875,16 @@ impl Fault {
 
     /// The kinds a run injects: the sixteen, in partition mode the three
     /// that move partitions, on a NATS cluster the two that kill a node, with
-    /// the operators' controls (`--fleet-max`) the pause of a type.
-    fn kinds(partitions: bool, nats_cluster: bool, controls: bool) -> Vec<Fault> {
+    /// the operators' controls (`--fleet-max`) the pause of a type, with a
+    /// PostgreSQL standby (`--postgres-standby`) its failover.
+    fn kinds(args: &Args) -> Vec<Fault> {
+        let (partitions, nats_cluster) = (args.partitions.is_some(), args.nats_cluster > 1);
+        let controls = args.fleet_max.is_some();
+        let failover = if args.postgres_standby.is_some() {
+            &[Fault::PostgresFailover][..]
+        } else {
+            &[]
+        };
         let moves = if partitions { &Fault::MOVES[..] } else { &[] };
         let nodes = if nats_cluster {
             &Fault::NATS_NODES[..]
@@ -880,6 +901,7 @@ impl Fault {
             .chain(moves)
             .chain(nodes)
             .chain(controls)
+            .chain(failover)
             .copied()
             .collect()
     }
@@ -939,6 +961,7 @@ impl Fault {
             Fault::NatsNodeKill => "nats_node_kill",
             Fault::NatsMetaLeaderKill => "nats_meta_leader_kill",
             Fault::OperatorPauseType => "operator_pause_type",
+            Fault::PostgresFailover => "postgres_failover",
         }
     }
 }
@@ -1310,6 +1333,11 @@ impl Run {
                     .await?;
             }
             Fault::PgRestart => self.postgres_restart().await?,
+            Fault::PostgresFailover => {
+                let pool = self.client.store().pool().clone();
+                pg_failover::failover(&mut self.stack, &pool, &self.ns).await?;
+                self.ready().await?;
+            }
             // The worker still reaches NATS and PostgreSQL directly.
             Fault::EtcdPartition => cut_for_a_while(&self.slots[w].proxy, ttl, rng).await,
             Fault::SlowKeepalive => self.slow_keepalives(w, rng).await,
@@ -1691,11 +1719,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     // The load and the schedule, both from the seed.
     let jobs = transfers(&args);
     let mut rng = StdRng::seed_from_u64(args.seed);
-    let kinds = Fault::kinds(
-        args.partitions.is_some(),
-        args.nats_cluster > 1,
-        args.fleet_max.is_some(),
-    );
+    let kinds = Fault::kinds(&args);
     let schedule = fault_schedule(&args, &kinds, &mut rng)?;
     let load = run
         .load_under_faults(&jobs, &schedule, &mut rng, started)
@@ -1752,6 +1776,7 @@ impl Run {
             redis: args.mode == RunMode::RedisLock,
             mariadb: args.target == Target::Mariadb,
             nats_cluster: args.nats_cluster,
+            postgres_standby: args.postgres_standby,
             ..Default::default()
         })
         .await
@@ -2116,13 +2141,15 @@ impl Outcome {
         );
         println!("{}", self.cron.line());
         println!(
-            "torture: mode={} target={} partitions={} steps={} nats_nodes={} fleet_max={}",
+            "torture: mode={} target={} partitions={} steps={} nats_nodes={} fleet_max={} \
+             postgres_standby={}",
             args.mode.name(),
             args.target.name(),
             args.partitions.unwrap_or(0),
             steps(),
             args.nats_cluster.max(1),
-            args.fleet_max.unwrap_or(0)
+            args.fleet_max.unwrap_or(0),
+            pg_failover::name(args.postgres_standby)
         );
         println!(
             "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \
