@@ -115,7 +115,7 @@ struct Outcome {
 /// over, and has A (token 41) commit step 0 on the promoted standby.
 async fn raise_across_failover(stack: &mut DevStack, store: &FenceStore) -> Outcome {
     let id = job_of_a(stack, store, "raised-then-failover").await;
-    stack.cut_postgres_replication().unwrap();
+    stack.cut_postgres_replication(TIMEOUT).await.unwrap();
     let b = store.clone();
     let raise = tokio::spawn(async move { b.claim(id, tok(42)).await });
     let primary = stack.postgres_primary_port();

@@ -116,6 +116,16 @@ impl PgPair {
     }
 }
 
+impl PgPair {
+    /// The standby's log (empty between a promotion and the next standby).
+    fn standby_log(&self) -> PathBuf {
+        self.standby
+            .as_ref()
+            .map(|s| s.log_path().to_path_buf())
+            .unwrap_or_default()
+    }
+}
+
 impl DevStack {
     /// The port clients use: the front's with a standby, else the server's.
     pub(super) fn postgres_client_port(&self) -> u16 {
@@ -153,15 +163,32 @@ impl DevStack {
             .ok_or_else(|| DevStackError::NotRunning("postgres standby".into()))
     }
 
-    /// Cuts the standby's replication link: its WAL receiver loses the
-    /// connection and cannot open another, so commits from now on stay on
-    /// the primary alone (with [`Replication::Synchronous`] they wait).
+    /// Cuts the standby's replication link and waits until the primary
+    /// has no standby connected: from then on its commits stay on the
+    /// primary alone (with [`Replication::Synchronous`] they wait).
     ///
     /// # Errors
-    /// [`DevStackError::NotRunning`] without a standby.
-    pub fn cut_postgres_replication(&self) -> Result<(), DevStackError> {
+    /// [`DevStackError::NotRunning`] without a standby; not cut within
+    /// `timeout`.
+    pub async fn cut_postgres_replication(&self, timeout: Duration) -> Result<(), DevStackError> {
         self.pair()?.wal_link.cut();
-        Ok(())
+        let url = direct_url(self.postgres_port);
+        let probe = Probe {
+            server: "postgres",
+            log: self.postgres().log_path().to_path_buf(),
+            attempt_timeout: Duration::from_secs(5),
+            timeout,
+            must_run: Vec::new(),
+        };
+        poll_ready(probe, || async {
+            let n: i64 = scalar(&url, "SELECT count(*) FROM pg_stat_replication").await?;
+            if n == 0 {
+                Ok(())
+            } else {
+                Err(format!("{n} standby connections left"))
+            }
+        })
+        .await
     }
 
     /// Lets the standby reconnect after a
@@ -192,7 +219,7 @@ impl DevStack {
             must_run: self.postgres.iter().collect(),
         };
         poll_ready(probe, || async {
-            scalar::<bool>(&url, "SELECT $1", true).await.map(|_| ())
+            scalar::<bool>(&url, "SELECT true").await.map(|_| ())
         })
         .await?;
         self.rebuild_postgres_standby(timeout).await
@@ -310,22 +337,20 @@ impl DevStack {
     async fn wait_standby_streaming(&self, timeout: Duration) -> Result<(), DevStackError> {
         let pair = self.pair()?;
         let sync = pair.replication == Replication::Synchronous;
-        let sql = "SELECT count(*) FROM pg_stat_replication \
-                   WHERE state = 'streaming' AND (sync_state = 'sync' OR NOT $1)";
+        let sql = format!(
+            "SELECT count(*) FROM pg_stat_replication \
+             WHERE state = 'streaming' AND (sync_state = 'sync' OR NOT {sync})"
+        );
         let url = direct_url(self.postgres_port);
         let probe = Probe {
             server: "postgres standby",
-            log: pair
-                .standby
-                .as_ref()
-                .map(|s| s.log_path().to_path_buf())
-                .unwrap_or_default(),
+            log: pair.standby_log(),
             attempt_timeout: Duration::from_secs(5),
             timeout,
             must_run: pair.standby.iter().collect(),
         };
         poll_ready(probe, || async {
-            let n: i64 = scalar(&url, sql, sync).await?;
+            let n: i64 = scalar(&url, &sql).await?;
             if n > 0 {
                 Ok(())
             } else {
@@ -347,19 +372,20 @@ impl DevStack {
         let pair = self.pair()?;
         let primary = direct_url(self.postgres_port);
         let standby = direct_url(pair.standby_port);
-        let target: String = scalar(&primary, "SELECT pg_current_wal_lsn()::text", true)
+        let target: String = scalar(&primary, "SELECT pg_current_wal_lsn()::text")
             .await
             .map_err(|e| DevStackError::io("read the primary's WAL position", other(e)))?;
         let probe = Probe {
             server: "postgres standby",
-            log: self.dir().join("pg/postgres.log"),
+            log: pair.standby_log(),
             attempt_timeout: Duration::from_secs(5),
             timeout,
             must_run: Vec::new(),
         };
-        let sql = "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn OR NOT $2";
+        // The position was read from the primary itself.
+        let sql = format!("SELECT coalesce(pg_last_wal_replay_lsn() >= '{target}', false)");
         poll_ready(probe, || async {
-            let caught_up: bool = scalar_bind(&standby, sql, &target).await?;
+            let caught_up: bool = scalar(&standby, &sql).await?;
             if caught_up {
                 Ok(())
             } else {
@@ -430,8 +456,8 @@ fn other(e: String) -> std::io::Error {
     std::io::Error::other(e)
 }
 
-/// One scalar of `sql` (one `bool` parameter) on the server at `url`.
-async fn scalar<T>(url: &str, sql: &str, param: bool) -> Result<T, String>
+/// One scalar of `sql` on the server at `url`.
+async fn scalar<T>(url: &str, sql: &str) -> Result<T, String>
 where
     T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
 {
@@ -439,28 +465,10 @@ where
     let mut conn = sqlx::PgConnection::connect(url)
         .await
         .map_err(|e| e.to_string())?;
-    let sql = sql.replace("$1", if param { "true" } else { "false" });
-    let v = sqlx::query_scalar(&sql)
+    let v = sqlx::query_scalar(sql)
         .fetch_one(&mut conn)
         .await
         .map_err(|e| e.to_string());
     let _ = conn.close().await;
     v
-}
-
-/// Whether the standby at `url` replayed up to `lsn` (`sql` with `$1` the
-/// LSN and `$2` true).
-async fn scalar_bind(url: &str, sql: &str, lsn: &str) -> Result<bool, String> {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
-    let v = sqlx::query_scalar::<_, Option<bool>>(sql)
-        .bind(lsn)
-        .bind(true)
-        .fetch_one(&mut conn)
-        .await
-        .map_err(|e| e.to_string());
-    let _ = conn.close().await;
-    Ok(v?.unwrap_or(false))
 }
