@@ -145,3 +145,61 @@ async fn forward(mut inbound: TcpStream, route: Route, mut rx: watch::Receiver<R
         _ = rx.wait_for(|r| r.epoch != route.epoch || r.stop) => {}
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream as StdStream;
+    use std::time::Duration;
+
+    /// A loopback backend that answers every connection with `tag`, then
+    /// keeps it open.
+    fn backend(tag: &'static [u8]) -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut open = Vec::new();
+            for mut conn in listener.incoming().flatten() {
+                let _ = conn.write_all(tag);
+                open.push(conn);
+            }
+        });
+        port
+    }
+
+    /// Connects through `front` and reads what the backend says: `None` if
+    /// the connection is closed first.
+    fn hello(front: &Front) -> Option<Vec<u8>> {
+        let mut conn = StdStream::connect(("127.0.0.1", front.port())).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 1];
+        match conn.read(&mut buf) {
+            Ok(1) => Some(buf.to_vec()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn relays_is_cut_and_is_pointed_elsewhere() {
+        let (a, b) = (backend(b"a"), backend(b"b"));
+        let front = Front::start("test", a).unwrap();
+        let mut before = StdStream::connect(("127.0.0.1", front.port())).unwrap();
+        before
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(before.read(&mut buf).unwrap(), 1, "relayed to a");
+
+        front.cut();
+        assert_eq!(hello(&front), None, "new connections closed while cut");
+        assert_eq!(before.read(&mut buf).unwrap_or(0), 0, "open ones dropped");
+
+        front.restore();
+        assert_eq!(hello(&front), Some(b"a".to_vec()));
+        front.point_to(b);
+        assert_eq!(hello(&front), Some(b"b".to_vec()), "pointed at b");
+    }
+}
