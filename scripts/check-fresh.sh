@@ -26,6 +26,8 @@ fixed_files() {
   pg_bin=$(grep -rhoE 'const PG_BIN: &str = "[^"]+"' "$root/framework/src" | sed -E 's/.*"(.*)"/\1/')
   echo "$pg_bin/initdb"
   echo "$pg_bin/postgres"
+  echo "$pg_bin/pg_ctl"
+  echo "$pg_bin/pg_basebackup"
   # The dev stack's MariaDB binaries (`const MARIADB_...: &str = "/usr/..."`).
   grep -rhoE 'const MARIADB_[A-Z_]+: &str = "[^"]+"' "$root/framework/src" | sed -E 's/.*"(.*)"/\1/'
 }

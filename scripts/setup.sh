@@ -18,6 +18,7 @@ packages=(
   etcd-client       # etcdctl: snapshots and member operations in the torture test
   nats-server       # NATS 2.9 with JetStream: the queue
   postgresql-15     # initdb / postgres 15: the resource
+  postgresql-client-15 # pg_basebackup: the dev stack's opt-in PostgreSQL standby
   mariadb-server-core # MariaDB 10.11 (mariadbd, mariadb-install-db): the MySQL-protocol fenced resource
   mariadb-server    # the `mysql` user the dev stack runs mariadbd as (it refuses root)
   redis-server      # Redis 7.0: the TTL lock of the torture test's negative control (redis-lock)
@@ -101,6 +102,8 @@ verify() {
   expect nats-server '^nats-server: v2\.(9|[1-9][0-9])\.' nats-server --version
   expect postgresql-15 '\(PostgreSQL\) 15\.' /usr/lib/postgresql/15/bin/initdb --version
   expect postgresql-15 '\(PostgreSQL\) 15\.' /usr/lib/postgresql/15/bin/postgres --version
+  expect postgresql-15 '\(PostgreSQL\) 15\.' /usr/lib/postgresql/15/bin/pg_ctl --version
+  expect postgresql-client-15 '\(PostgreSQL\) 15\.' /usr/lib/postgresql/15/bin/pg_basebackup --version
   expect gcc 'gcc' gcc --version
   [ -e "$(gcc -print-file-name=crt1.o 2>/dev/null)" ] || fail libc6-dev "crt1.o is missing: programs cannot be linked"
   expect util-linux 'util-linux' setpriv --version

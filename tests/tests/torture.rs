@@ -229,6 +229,29 @@ fn nats_cluster_fenced_run_has_no_violation() {
     );
 }
 
+/// PostgreSQL with a synchronous standby behind a front
+/// (`--postgres-standby sync`, issue 36): one fault of each of the
+/// seventeen kinds (the sixteen, plus `postgres_failover`: the primary
+/// killed, the standby promoted, the front pointed at it, a new standby
+/// made), 120 jobs (seed 11: 71 s).
+#[test]
+fn postgres_standby_fenced_run_has_no_violation() {
+    let (ok, s, all) = run(&[
+        "--jobs",
+        "120",
+        "--faults",
+        "17",
+        "--seed",
+        "11",
+        "--postgres-standby",
+        "sync",
+    ]);
+    assert!(ok, "the fenced run with a PostgreSQL standby failed\n{all}");
+    assert!(all.contains(" postgres_standby=sync"), "{all}");
+    no_violation(&s, &all, 120, 17);
+    assert!(all.contains("postgres_failover=1"), "{all}");
+}
+
 /// MariaDB as the fenced resource, with the five-step transfer (`--steps 5`,
 /// the long run's shape): the transfers' accounts and history in
 /// MariaDB (`StepCtx::mysql`), the job rows in PostgreSQL, the same faults

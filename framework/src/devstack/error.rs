@@ -68,6 +68,9 @@ pub enum DevStackError {
     /// Fault injection on a process that is not running.
     #[error("{0} is not running")]
     NotRunning(String),
+    /// A combination of options the dev stack does not offer.
+    #[error("the dev stack does not offer {0}")]
+    Unsupported(String),
     /// A server was asked for whose client this build of tenure lacks.
     #[error("the dev stack's {server} needs tenure's `{feature}` feature")]
     MissingFeature {

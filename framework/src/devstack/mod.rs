@@ -28,10 +28,12 @@
 
 mod error;
 mod etcd;
+mod front;
 mod mariadb;
 mod membership;
 mod metrics;
 mod nats;
+mod pg_standby;
 mod postgres;
 mod process;
 mod ready;
@@ -45,6 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use error::DevStackError;
+pub use pg_standby::{PgFailover, Replication};
 use postgres::chown_to;
 pub use process::ServerProcess;
 pub use secure::{DevAuth, DevNatsRoles, DevNatsUser, DevTls, ExtraNatsUser};
@@ -86,6 +89,12 @@ pub struct DevStackOptions {
     /// PostgreSQL `fsync` (off by default: the dev stack only survives process
     /// crashes, which the OS page cache covers, not machine crashes).
     pub postgres_fsync: bool,
+    /// With `postgres`: a streaming standby of the primary (made by
+    /// `pg_basebackup`, our own process on loopback) replicating as given,
+    /// and a TCP front as the address every client uses
+    /// ([`DevStack::database_url`]), for failovers
+    /// ([`DevStack::postgres_failover`]). Not with `tls` or `auth`.
+    pub postgres_standby: Option<Replication>,
     /// How long to wait for each server to become ready.
     pub ready_timeout: Duration,
     /// TLS on every server, with client certificates required (mutual TLS): a
@@ -124,6 +133,7 @@ impl Default for DevStackOptions {
             nats_cluster: 0,
             postgres: true,
             postgres_fsync: false,
+            postgres_standby: None,
             ready_timeout: Duration::from_secs(30),
             tls: false,
             auth: false,
@@ -151,6 +161,7 @@ pub struct DevStack {
     nats_http_ports: Vec<u16>,
     postgres: Option<ServerProcess>,
     postgres_port: u16,
+    pg_pair: Option<pg_standby::PgPair>,
     redis: Option<redis::RedisServer>,
     mariadb: Option<mariadb::MariaDbServer>,
     tls: Option<DevTls>,
@@ -222,6 +233,9 @@ impl DevStack {
             stack.wait_nats(opts.ready_timeout, true).await?;
         }
         if opts.postgres {
+            // A synchronous primary commits nothing (not even the stack's
+            // database) until its standby streams.
+            stack.start_postgres_standby(opts.ready_timeout).await?;
             stack.wait_postgres(opts.ready_timeout, true).await?;
             stack.create_roles().await?;
         }
@@ -250,6 +264,7 @@ impl DevStack {
             nats_http_ports: Vec::new(),
             postgres: None,
             postgres_port: 0,
+            pg_pair: None,
             redis: None,
             mariadb: None,
             tls: None,

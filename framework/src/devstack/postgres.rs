@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::pg_standby::PgPair;
 use super::process::{Spec, setpriv};
 use super::ready::{Probe, free_ports, poll_ready};
 use super::{
@@ -36,7 +37,7 @@ impl DevStack {
             Some(p) => format!("{user}:{}", p.expose()),
             None => user.to_string(),
         };
-        let port = self.postgres_port;
+        let port = self.postgres_client_port();
         let ssl = match &self.tls {
             None => "sslmode=disable".to_string(),
             Some(t) => format!(
@@ -119,29 +120,13 @@ impl DevStack {
         let _ = std::fs::remove_file(pg_dir.join("pwfile"));
         let secured = self.secure_postgres(&pg_dir, &data, run_as)?;
         let port = free_ports(1)?[0];
-        let fsync = if opts.postgres_fsync { "on" } else { "off" };
         let spec = Spec {
             name: "postgres".into(),
             program: Path::new(PG_BIN).join("postgres"),
-            args: vec![
-                "-D".into(),
-                data.display().to_string(),
-                "-p".into(),
-                port.to_string(),
-                "-k".into(),
-                pg_dir.display().to_string(),
-                "-c".into(),
-                "listen_addresses=127.0.0.1".into(),
-                "-c".into(),
-                "max_connections=400".into(),
-                "-c".into(),
-                format!("fsync={fsync}"),
-                "-c".into(),
-                "shared_buffers=128MB".into(),
-            ]
-            .into_iter()
-            .chain(secured)
-            .collect(),
+            args: pg_args(opts, &data, port, &pg_dir)
+                .into_iter()
+                .chain(secured)
+                .collect(),
             run_as,
             log: pg_dir.join("postgres.log"),
         };
@@ -149,6 +134,9 @@ impl DevStack {
         std::fs::write(&spec.log, b"").map_err(|e| DevStackError::io("create pg log", e))?;
         self.postgres = Some(ServerProcess::start(spec)?);
         self.postgres_port = port;
+        if let Some(replication) = opts.postgres_standby {
+            self.pg_pair = Some(PgPair::new(replication, port, opts)?);
+        }
         Ok(())
     }
 
@@ -221,7 +209,7 @@ impl DevStack {
         let admin = self.database_url_for("postgres");
         let probe = Probe {
             server: "postgres",
-            log: self.dir().join("pg/postgres.log"),
+            log: self.postgres().log_path().to_path_buf(),
             attempt_timeout: Duration::from_secs(5),
             timeout,
             must_run: self.postgres.iter().filter(|_| starting).collect(),
@@ -264,6 +252,38 @@ impl DevStack {
         let _ = conn.close().await;
         Ok(self.database_url_for(name))
     }
+}
+
+/// The server's arguments: data directory `data`, port `port`, sockets in
+/// `socket_dir`, loopback only; with a standby
+/// ([`DevStackOptions::postgres_standby`]) its replication settings.
+pub(super) fn pg_args(
+    opts: &DevStackOptions,
+    data: &Path,
+    port: u16,
+    socket_dir: &Path,
+) -> Vec<String> {
+    let fsync = if opts.postgres_fsync { "on" } else { "off" };
+    let mut args: Vec<String> = vec![
+        "-D".into(),
+        data.display().to_string(),
+        "-p".into(),
+        port.to_string(),
+        "-k".into(),
+        socket_dir.display().to_string(),
+        "-c".into(),
+        "listen_addresses=127.0.0.1".into(),
+        "-c".into(),
+        "max_connections=400".into(),
+        "-c".into(),
+        format!("fsync={fsync}"),
+        "-c".into(),
+        "shared_buffers=128MB".into(),
+    ];
+    if let Some(replication) = opts.postgres_standby {
+        args.extend(replication.server_args());
+    }
+    args
 }
 
 /// `(uid, gid)` of the `postgres` user when we are root (initdb refuses root);

@@ -5,6 +5,7 @@
 //! torture --jobs N --workers W --faults F --seed S [--ttl-secs T] [--unsafe-no-fencing]
 //!         [--cancel FRACTION] [--partitions P] [--nats-cluster 3] [--fleet-max N]
 //!         [--membership-faults] [--only KIND[,KIND...]]
+//!         [--postgres-standby sync|async]
 //! ```
 //!
 //! Starts its own dev stack (3 etcd members, NATS, PostgreSQL), W worker processes
@@ -52,6 +53,9 @@
 //! `--membership-faults` adds two etcd membership changes under load (issue
 //! 36, `../torture/membership.rs`): `etcd_member_replace` (a member removed, a
 //! fresh one added) and `etcd_grow_shrink` (3 -> 5 -> 3 members).
+//! `--postgres-standby sync|async` (issue 36) gives PostgreSQL a streaming
+//! standby behind a front every process connects to, and one more fault kind,
+//! `postgres_failover` (`torture/pg_failover.rs`).
 //!
 //! `--unsafe-no-fencing` sets the test-only `Config::unsafe_no_fencing` in the
 //! workers (fence predicates off, no pre-commit health check) and installs no
@@ -90,6 +94,8 @@ mod cron;
 mod membership;
 #[path = "../torture/nats_state.rs"]
 mod nats_state;
+#[path = "../torture/pg_failover.rs"]
+mod pg_failover;
 #[path = "../torture/redis_lock.rs"]
 mod redis_lock;
 #[path = "../torture/resource.rs"]
@@ -327,6 +333,9 @@ struct Args {
     /// etcd membership changes: the faults `etcd_member_replace` and
     /// `etcd_grow_shrink` (`--membership-faults`).
     membership_faults: bool,
+    /// PostgreSQL with a streaming standby replicating so, and the fault
+    /// `postgres_failover` (`--postgres-standby sync|async`).
+    postgres_standby: Option<tenure::devstack::Replication>,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Args> {
@@ -347,6 +356,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
         nats_cluster: 0,
         fleet_max: None,
         membership_faults: false,
+        postgres_standby: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -372,6 +382,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Args> {
             "--nats-cluster" => a.nats_cluster = val()?.parse()?,
             "--fleet-max" => a.fleet_max = Some(val()?.parse()?),
             "--membership-faults" => a.membership_faults = true,
+            "--postgres-standby" => a.postgres_standby = Some(pg_failover::parse(&val()?)?),
             "--steps" => set_steps(val()?.parse()?)?,
             other => bail!("unknown argument {other:?}"),
         }
@@ -894,6 +905,7 @@ enum Fault {
     OperatorPauseType,
     EtcdMemberReplace,
     EtcdGrowShrink,
+    PostgresFailover,
 }
 
 impl Fault {
@@ -913,8 +925,16 @@ impl Fault {
     /// The kinds a run injects: the sixteen, in partition mode the three
     /// that move partitions, on a NATS cluster the two that kill a node, with
     /// the operators' controls (`--fleet-max`) the pause of a type, with
-    /// `--membership-faults` the two etcd membership changes.
-    fn kinds(partitions: bool, nats_cluster: bool, controls: bool, membership: bool) -> Vec<Fault> {
+    /// `--membership-faults` the two etcd membership changes, with a
+    /// PostgreSQL standby (`--postgres-standby`) its failover.
+    fn kinds(args: &Args) -> Vec<Fault> {
+        let (partitions, nats_cluster) = (args.partitions.is_some(), args.nats_cluster > 1);
+        let controls = args.fleet_max.is_some();
+        let failover = if args.postgres_standby.is_some() {
+            &[Fault::PostgresFailover][..]
+        } else {
+            &[]
+        };
         let moves = if partitions { &Fault::MOVES[..] } else { &[] };
         let nodes = if nats_cluster {
             &Fault::NATS_NODES[..]
@@ -926,7 +946,7 @@ impl Fault {
         } else {
             &[]
         };
-        let membership = if membership {
+        let membership = if args.membership_faults {
             &Fault::MEMBERSHIP[..]
         } else {
             &[]
@@ -937,6 +957,7 @@ impl Fault {
             .chain(nodes)
             .chain(controls)
             .chain(membership)
+            .chain(failover)
             .copied()
             .collect()
     }
@@ -998,6 +1019,7 @@ impl Fault {
             Fault::OperatorPauseType => "operator_pause_type",
             Fault::EtcdMemberReplace => "etcd_member_replace",
             Fault::EtcdGrowShrink => "etcd_grow_shrink",
+            Fault::PostgresFailover => "postgres_failover",
         }
     }
 }
@@ -1369,6 +1391,11 @@ impl Run {
                     .await?;
             }
             Fault::PgRestart => self.postgres_restart().await?,
+            Fault::PostgresFailover => {
+                let pool = self.client.store().pool().clone();
+                pg_failover::failover(&mut self.stack, &pool, &self.ns).await?;
+                self.ready().await?;
+            }
             // The worker still reaches NATS and PostgreSQL directly.
             Fault::EtcdPartition => cut_for_a_while(&self.slots[w].proxy, ttl, rng).await,
             Fault::SlowKeepalive => self.slow_keepalives(w, rng).await,
@@ -1752,12 +1779,7 @@ async fn parent_main(args: Args) -> anyhow::Result<i32> {
     // The load and the schedule, both from the seed.
     let jobs = transfers(&args);
     let mut rng = StdRng::seed_from_u64(args.seed);
-    let kinds = Fault::kinds(
-        args.partitions.is_some(),
-        args.nats_cluster > 1,
-        args.fleet_max.is_some(),
-        args.membership_faults,
-    );
+    let kinds = Fault::kinds(&args);
     let schedule = fault_schedule(&args, &kinds, &mut rng)?;
     let load = run
         .load_under_faults(&jobs, &schedule, &mut rng, started)
@@ -1814,6 +1836,7 @@ impl Run {
             redis: args.mode == RunMode::RedisLock,
             mariadb: args.target == Target::Mariadb,
             nats_cluster: args.nats_cluster,
+            postgres_standby: args.postgres_standby,
             ..Default::default()
         })
         .await
@@ -2185,13 +2208,15 @@ impl Outcome {
         );
         println!("{}", self.cron.line());
         println!(
-            "torture: mode={} target={} partitions={} steps={} nats_nodes={} fleet_max={}",
+            "torture: mode={} target={} partitions={} steps={} nats_nodes={} fleet_max={} \
+             postgres_standby={}",
             args.mode.name(),
             args.target.name(),
             args.partitions.unwrap_or(0),
             steps(),
             args.nats_cluster.max(1),
-            args.fleet_max.unwrap_or(0)
+            args.fleet_max.unwrap_or(0),
+            pg_failover::name(args.postgres_standby)
         );
         println!(
             "torture: jobs={} done={} dead={} cancelled={} lost={} double_commits={} token_regressions={} \
