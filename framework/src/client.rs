@@ -13,7 +13,7 @@ pub use schedules::MAX_TRIGGER_ID;
 use crate::fence::{Cancelled, FenceError, FenceStore, Inserted, JobRow, JobStatus, WrongState};
 use crate::job::Job;
 use crate::queue::{Queue, QueueError};
-use crate::{Config, JobId};
+use crate::{Config, JobId, Priority};
 
 use mode::ModeCheck;
 
@@ -170,6 +170,40 @@ pub struct Enqueued {
     pub duplicate: bool,
 }
 
+/// How to enqueue a job ([`Client::enqueue_with`],
+/// [`Client::enqueue_many_with`]): for now its [`Priority`].
+///
+/// A delayed job ([`Client::enqueue_at`], [`Client::enqueue_in`]) and a
+/// batch item whose publish failed (handed to the scheduler leader) are
+/// published by the leader from the row at `normal`: the row does not
+/// record a priority yet.
+///
+/// ```
+/// use tenure::{EnqueueOptions, Priority};
+/// let o = EnqueueOptions::default().priority(Priority::Low);
+/// assert_eq!(o.get_priority(), Priority::Low);
+/// assert_eq!(EnqueueOptions::default().get_priority(), Priority::Normal);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EnqueueOptions {
+    priority: Priority,
+}
+
+impl EnqueueOptions {
+    /// The job's priority level (default [`Priority::Normal`]).
+    #[must_use]
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The priority set.
+    pub fn get_priority(&self) -> Priority {
+        self.priority
+    }
+}
+
 /// Producer and operator handle.
 ///
 /// ```no_run
@@ -267,6 +301,30 @@ impl Client {
         idempotency_key: &str,
         input: &J::Input,
     ) -> Result<Enqueued, ClientError> {
+        self.enqueue_with::<J>(idempotency_key, input, EnqueueOptions::default())
+            .await
+    }
+
+    /// [`Client::enqueue`] with `options`: its [`Priority`] (the level's
+    /// subject and consumer; every worker of the type takes higher levels
+    /// first without starving lower ones, see [`Priority`]).
+    ///
+    /// ```no_run
+    /// # async fn demo<J: tenure::Job>(client: &tenure::Client, input: J::Input) -> Result<(), tenure::ClientError> {
+    /// use tenure::{EnqueueOptions, Priority};
+    /// let urgent = EnqueueOptions::default().priority(Priority::High);
+    /// client.enqueue_with::<J>("refund-7", &input, urgent).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Client::enqueue`].
+    pub async fn enqueue_with<J: Job>(
+        &self,
+        idempotency_key: &str,
+        input: &J::Input,
+        options: EnqueueOptions,
+    ) -> Result<Enqueued, ClientError> {
         let value = input_value::<J>(input)?;
         let job_id = JobId::from_key(J::NAME, idempotency_key);
         let payload = self.checked_payload(job_id, J::NAME, &value)?;
@@ -275,7 +333,8 @@ impl Client {
             .store
             .insert_defined_job(job_id, J::NAME, &value, None, J::STEPS)
             .await?;
-        self.publish_unless_waiting(job_id, J::NAME, inserted, false, payload)
+        let publish = (payload, options.priority);
+        self.publish_unless_waiting(job_id, J::NAME, inserted, false, publish)
             .await
     }
 
@@ -293,11 +352,28 @@ impl Client {
         idempotency_key: &str,
         input: serde_json::Value,
     ) -> Result<Enqueued, ClientError> {
+        let options = EnqueueOptions::default();
+        self.enqueue_json_with(job_type, idempotency_key, input, options)
+            .await
+    }
+
+    /// [`Client::enqueue_json`] with `options` (see [`Client::enqueue_with`]).
+    ///
+    /// # Errors
+    /// As [`Client::enqueue_json`].
+    pub async fn enqueue_json_with(
+        &self,
+        job_type: &str,
+        idempotency_key: &str,
+        input: serde_json::Value,
+        options: EnqueueOptions,
+    ) -> Result<Enqueued, ClientError> {
         let job_id = JobId::from_key(job_type, idempotency_key);
         let payload = self.checked_payload(job_id, job_type, &input)?;
         self.check_mode().await?;
         let inserted = self.store.insert_job(job_id, job_type, &input).await?;
-        self.publish_unless_waiting(job_id, job_type, inserted, false, payload)
+        let publish = (payload, options.priority);
+        self.publish_unless_waiting(job_id, job_type, inserted, false, publish)
             .await
     }
 
@@ -326,7 +402,8 @@ impl Client {
             .store
             .insert_job_at(job_id, job_type, &input, run_at)
             .await?;
-        self.publish_unless_waiting(job_id, job_type, inserted, true, payload)
+        let publish = (payload, Priority::Normal);
+        self.publish_unless_waiting(job_id, job_type, inserted, true, publish)
             .await
     }
 
@@ -387,7 +464,8 @@ impl Client {
             .store
             .insert_defined_job(job_id, J::NAME, &value, Some(run_at), J::STEPS)
             .await?;
-        self.publish_unless_waiting(job_id, J::NAME, inserted, true, payload)
+        let publish = (payload, Priority::Normal);
+        self.publish_unless_waiting(job_id, J::NAME, inserted, true, publish)
             .await
     }
 
@@ -408,7 +486,7 @@ impl Client {
         job_type: &str,
         inserted: Inserted,
         delayed: bool,
-        payload: bytes::Bytes,
+        (payload, priority): (bytes::Bytes, Priority),
     ) -> Result<Enqueued, ClientError> {
         let duplicate = match inserted {
             Inserted::New => false,
@@ -427,7 +505,9 @@ impl Client {
         {
             return Ok(Enqueued { job_id, duplicate });
         }
-        self.queue.publish_job(job_id, job_type, payload).await?;
+        self.queue
+            .publish_job_with_priority(job_id, job_type, payload, priority)
+            .await?;
         Ok(Enqueued { job_id, duplicate })
     }
 

@@ -265,8 +265,8 @@ pub mod guide {
 }
 
 pub use client::{
-    BatchError, Client, ClientError, EnqueueItemError, Enqueued, ItemResult, MAX_CANCEL_REASON,
-    MAX_TRIGGER_ID,
+    BatchError, Client, ClientError, EnqueueItemError, EnqueueOptions, Enqueued, ItemResult,
+    MAX_CANCEL_REASON, MAX_TRIGGER_ID,
 };
 pub use config::Config;
 #[cfg(feature = "mysql")]
@@ -286,7 +286,9 @@ pub use schedule::{MissedTicks, Schedule, ScheduleError};
 #[cfg(feature = "testing")]
 pub use tenure_macros::test;
 pub use tenure_macros::{job, step};
-pub use types::{FencingToken, InvalidFence, JobId, LeaseId, ObservedFence, StepIndex};
+pub use types::{
+    FencingToken, InvalidFence, JobId, LeaseId, ObservedFence, Priority, StepIndex, UnknownPriority,
+};
 
 /// Items used by code that `#[tenure::job]` generates. Not a public API.
 #[doc(hidden)]

@@ -291,3 +291,78 @@ impl PartialOrd<FencingToken> for ObservedFence {
         Some(self.0.cmp(&other.0))
     }
 }
+
+/// How soon a job is taken from the queue relative to the other jobs of its
+/// type: an enqueue option ([`EnqueueOptions`](crate::EnqueueOptions)).
+///
+/// Each level has its own subject and consumer per job type (and
+/// partition); every worker of the type takes deliveries from the levels in
+/// a weighted share of each fetch round, high : normal : low = 4 : 2 : 1
+/// among the levels that have messages waiting (a level with none gives its
+/// share to the others), so a lower level is slowed under load, never
+/// starved. See the production guide, "Priorities".
+///
+/// ```
+/// use tenure::Priority;
+/// assert_eq!(Priority::default(), Priority::Normal);
+/// assert_eq!("high".parse::<Priority>(), Ok(Priority::High));
+/// assert_eq!(Priority::Low.to_string(), "low");
+/// ```
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Taken first: 4 of every 7 deliveries while all three levels wait.
+    High,
+    /// The default; today's subjects and consumers.
+    #[default]
+    Normal,
+    /// Taken last: 1 of every 7 deliveries while all three levels wait.
+    Low,
+}
+
+impl Priority {
+    /// Every level, highest first.
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    /// The level's name: `high`, `normal` or `low`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
+    /// Its share of a round while all three levels have messages waiting
+    /// (high : normal : low = 4 : 2 : 1).
+    pub fn weight(self) -> u32 {
+        match self {
+            Priority::High => 4,
+            Priority::Normal => 2,
+            Priority::Low => 1,
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A priority name that is not `high`, `normal` or `low`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown priority {0:?}: expected high, normal or low")]
+pub struct UnknownPriority(pub String);
+
+impl std::str::FromStr for Priority {
+    type Err = UnknownPriority;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Priority::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownPriority(s.to_string()))
+    }
+}

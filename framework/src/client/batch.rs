@@ -11,7 +11,7 @@
 use crate::fence::{BatchInserted, NewJob};
 use crate::job::{Job, StepInfo};
 use crate::queue::{JobMessage, QueueError};
-use crate::{Client, ClientError, Enqueued, JobId};
+use crate::{Client, ClientError, EnqueueOptions, Enqueued, JobId, Priority};
 
 /// Why one item of a batch was not enqueued.
 #[derive(Debug, thiserror::Error)]
@@ -132,9 +132,23 @@ impl Client {
         &self,
         items: &[(impl AsRef<str>, J::Input)],
     ) -> Result<Vec<ItemResult>, ClientError> {
-        let prepared = prepare::<J>(items, self.queue().max_payload());
-        self.enqueue_prepared(J::NAME, J::STEPS, prepared, false)
+        self.enqueue_many_with::<J>(items, EnqueueOptions::default())
             .await
+    }
+
+    /// [`Client::enqueue_many`] with `options` for every item (see
+    /// [`Client::enqueue_with`]).
+    ///
+    /// # Errors
+    /// As [`Client::enqueue_many`].
+    pub async fn enqueue_many_with<J: Job>(
+        &self,
+        items: &[(impl AsRef<str>, J::Input)],
+        options: EnqueueOptions,
+    ) -> Result<Vec<ItemResult>, ClientError> {
+        let prepared = prepare::<J>(items, self.queue().max_payload());
+        let batch = (J::NAME, J::STEPS, options.get_priority());
+        self.enqueue_prepared(batch, prepared, false).await
     }
 
     /// [`Client::enqueue_many`], all or nothing: if any item is invalid or
@@ -157,9 +171,8 @@ impl Client {
                 .collect();
             return Err(BatchError::Rejected { items });
         }
-        let results = self
-            .enqueue_prepared(J::NAME, J::STEPS, prepared, true)
-            .await?;
+        let batch = (J::NAME, J::STEPS, Priority::Normal);
+        let results = self.enqueue_prepared(batch, prepared, true).await?;
         all_or_nothing_outcome(results)
     }
 
@@ -167,8 +180,7 @@ impl Client {
     /// duplicates), and reports each item.
     async fn enqueue_prepared(
         &self,
-        job_type: &'static str,
-        steps: &'static [StepInfo],
+        (job_type, steps, priority): (&'static str, &'static [StepInfo], Priority),
         prepared: Vec<Prepared>,
         all_or_nothing: bool,
     ) -> Result<Vec<ItemResult>, ClientError> {
@@ -228,7 +240,7 @@ impl Client {
                 }
             });
         }
-        for (i, e) in self.publish_batch(job_type, &to_publish).await {
+        for (i, e) in self.publish_batch((job_type, priority), &to_publish).await {
             out[i] = Some(Err(e));
         }
         Ok(out
@@ -242,7 +254,7 @@ impl Client {
     /// published nor handed over.
     async fn publish_batch(
         &self,
-        job_type: &str,
+        (job_type, priority): (&str, Priority),
         jobs: &[(usize, JobId, &serde_json::Value)],
     ) -> Vec<(usize, EnqueueItemError)> {
         let messages: Vec<JobMessage<'_>> = jobs
@@ -251,6 +263,7 @@ impl Client {
                 job_id: *job_id,
                 job_type,
                 payload: serde_json::to_vec(input).unwrap_or_default().into(),
+                priority,
             })
             .collect();
         let sent = self.queue().publish_jobs(&messages).await;

@@ -14,14 +14,15 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use super::Shared;
 use super::fleet::Taken;
 use super::job_actor::{JobActor, JobArgs};
+use super::levels::Levels;
 use super::owning::Source;
 use super::routes::TypeRoutes;
 use super::slots::{HoldSlot, Slots};
 use super::standing::Server;
-use crate::JobId;
 use crate::fence::{FenceError, JobRow};
 use crate::lease::Health;
 use crate::queue::Delivery;
+use crate::{JobId, Priority};
 
 pub(crate) struct FetcherArgs {
     pub(crate) shared: Arc<Shared>,
@@ -42,6 +43,8 @@ pub(crate) struct FetcherState {
     busy: bool,
     /// Rounds so far (which partitions get the remainder of a type's room).
     turn: usize,
+    /// Each source's priority levels: what waits, and their shares.
+    levels: Levels,
 }
 
 impl Actor for Fetcher {
@@ -59,6 +62,7 @@ impl Actor for Fetcher {
             args,
             busy: false,
             turn: 0,
+            levels: Levels::new(),
         })
     }
 
@@ -88,6 +92,11 @@ impl Actor for Fetcher {
             () = sh.draining.cancelled() => return Ok(()),
             h = st.args.slots.to_fetch() => h,
         };
+        // High and low messages published since the last look (`levels`).
+        tokio::select! {
+            () = sh.draining.cancelled() => return Ok(()),
+            () = st.levels.look(&sh.queue, sh.cfg.tuning.fetch_wait) => {}
+        }
         // A paused type's messages stay in the stream (`pauses`), and so do
         // those of a type out of tokens (`bucket`).
         let (mut types, idle_wait) = st.types();
@@ -159,8 +168,13 @@ impl FetcherState {
     /// ending at its type's first message or after `Tuning::fetch_wait_several`,
     /// and each fetch's deliveries started as it ends. The waiting is the
     /// worker's: no pull request waits at the server (`queue/pull.rs`).
-    async fn round(&self, round: Vec<Source>, mut holds: Vec<HoldSlot>, fleet: &Taken) -> bool {
+    async fn round(&self, mut round: Vec<Source>, mut holds: Vec<HoldSlot>, fleet: &Taken) -> bool {
         let t = &self.args.shared.cfg.tuning;
+        // A type's partitions where a higher level waits are asked first, so
+        // the type's priorities hold across its partitions.
+        for sources in round.chunk_by_mut(|a, b| a.index == b.index) {
+            sources.sort_by_key(|s| self.levels.rank(s.job_type, s.partition));
+        }
         if round.len() > 1 && self.busy {
             let mut got = false;
             for &source in &round {
@@ -197,8 +211,11 @@ impl FetcherState {
         got
     }
 
-    /// One pull request from `source` for up to `max` deliveries, each
-    /// started with one of `holds`; whether it delivered anything.
+    /// Up to `max` deliveries from `source`, shared out over its priority
+    /// levels ([`Levels::plan`]), each started with one of `holds`; whether
+    /// it delivered anything. `high` and `low` are asked once, at once;
+    /// `normal` last, for what they left, waiting up to `wait` only if
+    /// nothing came yet.
     async fn pull(
         &self,
         source: Source,
@@ -207,11 +224,44 @@ impl FetcherState {
         holds: &mut Vec<HoldSlot>,
         fleet: &Taken,
     ) -> bool {
+        let plan = self.levels.plan(source.job_type, source.partition, max);
+        let mut left = max;
+        let mut got = false;
+        for (priority, share) in [(Priority::High, plan[0]), (Priority::Low, plan[2])] {
+            let n = share.min(left);
+            if n > 0 {
+                let taken = self.pull_level((source, priority), n, Duration::ZERO, holds, fleet);
+                let taken = taken.await;
+                left -= taken.min(left);
+                got |= taken > 0;
+            }
+        }
+        if left > 0 {
+            let wait = if got { Duration::ZERO } else { wait };
+            let normal = (source, Priority::Normal);
+            got |= self.pull_level(normal, left, wait, holds, fleet).await > 0;
+        }
+        got
+    }
+
+    /// One fetch from `source`'s consumer at a level, for up to `max`
+    /// deliveries, each started with one of `holds`; how many it delivered.
+    async fn pull_level(
+        &self,
+        (source, priority): (Source, Priority),
+        max: usize,
+        wait: Duration,
+        holds: &mut Vec<HoldSlot>,
+        fleet: &Taken,
+    ) -> usize {
         let sh = &self.args.shared;
-        let fetched = sh.owning.fetch(&sh.queue, source, max, wait).await;
+        let level = (source, priority);
+        let fetched = sh.owning.fetch(&sh.queue, level, max, wait).await;
         match fetched {
             Ok(deliveries) => {
-                let got = !deliveries.is_empty();
+                let level = (source.job_type, source.partition, priority);
+                self.levels.fetched(level, &deliveries);
+                let got = deliveries.len();
                 self.start(source.index, deliveries, holds, fleet).await;
                 got
             }
@@ -219,9 +269,9 @@ impl FetcherState {
                 if e.is_transient() {
                     sh.suspect(Server::Nats);
                 }
-                tracing::warn!(job_type = source.job_type, error = %e, "fetch failed; retrying");
+                tracing::warn!(job_type = source.job_type, %priority, error = %e, "fetch failed; retrying");
                 tokio::time::sleep(sh.cfg.tuning.fetch_error_pause).await;
-                false
+                0
             }
         }
     }

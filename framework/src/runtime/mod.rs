@@ -23,6 +23,7 @@ mod fleet;
 mod gave_up;
 mod job_actor;
 mod keeper;
+mod levels;
 mod lifecycle;
 mod outcome;
 mod owning;

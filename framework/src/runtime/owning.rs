@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::lease::{Acquire, Coming, Session};
 use crate::queue::{Delivery, GaveUp, Queue, QueueError};
 use crate::telemetry::spans;
-use crate::{JobId, retry};
+use crate::{JobId, Priority, retry};
 
 /// How this worker owns a job.
 pub(crate) enum Owning {
@@ -115,20 +115,21 @@ impl Owning {
         round
     }
 
-    /// Fetches up to `max` deliveries from `source`: a type's consumer waits
-    /// up to `wait` for one; a partition's asks once (the fetcher pauses
-    /// between idle rounds instead, see [`Owning::after_idle_round`]).
+    /// Fetches up to `max` deliveries from `source`'s consumer at
+    /// `priority`: a type's consumer waits up to `wait` for one; a
+    /// partition's asks once (the fetcher pauses between idle rounds
+    /// instead, see [`Owning::after_idle_round`]).
     pub(super) async fn fetch(
         &self,
         queue: &Queue,
-        source: Source,
+        (source, priority): (Source, Priority),
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
-        match source.partition {
-            Some(p) => queue.fetch_partition(source.job_type, p, max, wait).await,
-            None => queue.fetch(source.job_type, max, wait).await,
-        }
+        let (job_type, partition) = (source.job_type, source.partition);
+        queue
+            .fetch_with_priority(job_type, partition, priority, max, wait)
+            .await
     }
 
     /// A round found no source: waits (up to `bound`) for one to appear, a

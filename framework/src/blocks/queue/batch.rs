@@ -2,7 +2,7 @@
 //! is awaited (pipelined), then each confirmation is awaited and reported on
 //! its own.
 
-use crate::JobId;
+use crate::{JobId, Priority};
 
 use super::{Published, Queue, QueueError, boxed, job_headers, validate_job_type};
 
@@ -15,6 +15,8 @@ pub struct JobMessage<'a> {
     pub job_type: &'a str,
     /// The input, as JSON bytes.
     pub payload: bytes::Bytes,
+    /// Its priority level (the subject: [`QueueNames::priority_subject`](super::QueueNames::priority_subject)).
+    pub priority: Priority,
 }
 
 impl Queue {
@@ -50,7 +52,7 @@ impl Queue {
         m: &JobMessage<'_>,
     ) -> Result<(String, async_nats::jetstream::context::PublishAckFuture), QueueError> {
         validate_job_type(m.job_type)?;
-        let subject = self.job_subject(m.job_type, m.job_id);
+        let subject = self.job_subject_with_priority(m.job_type, m.job_id, m.priority);
         let h = job_headers(m.job_id, m.job_type, &m.job_id.to_string());
         let ack = self
             .inner

@@ -86,6 +86,7 @@ pub struct Delivery {
     reply: async_nats::Subject,
     delivered: u64,
     stream_sequence: u64,
+    pending: u64,
     published: std::time::SystemTime,
     queue: Queue,
 }
@@ -106,6 +107,7 @@ impl Delivery {
         let info = message.info()?;
         let delivered = u64::try_from(info.delivered)?;
         let stream_sequence = info.stream_sequence;
+        let pending = info.pending;
         let published = super::stored_at(info.published.unix_timestamp_nanos());
         let message = async_nats::Message::from(message);
         let reply = message
@@ -117,6 +119,7 @@ impl Delivery {
             reply,
             delivered,
             stream_sequence,
+            pending,
             published,
             queue,
         })
@@ -198,6 +201,12 @@ impl Delivery {
     pub fn is_final_delivery(&self) -> bool {
         let max = self.queue.inner.settings.max_deliver;
         max > 0 && self.delivered >= max.unsigned_abs()
+    }
+
+    /// The messages its consumer had not delivered yet when it delivered
+    /// this one (the server's count, in the delivery's reply subject).
+    pub fn pending(&self) -> u64 {
+        self.pending
     }
 
     /// The message's sequence in the work stream.

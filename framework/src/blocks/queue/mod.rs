@@ -88,8 +88,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::JobId;
 use crate::config::BackoffConfig;
+use crate::{JobId, Priority};
 
 pub use batch::JobMessage;
 pub(crate) use cancel::CancelNotices;
@@ -100,6 +100,7 @@ use error::{Cause, boxed, read, setup_failed};
 pub use names::QueueNames;
 pub(crate) use names::validate_job_type;
 pub use permissions::{NatsPermissions, NatsRole};
+pub use routes::LevelCount;
 pub use setup::nats_client;
 pub(crate) use stall::Progress;
 
@@ -290,7 +291,24 @@ impl Queue {
         job_type: &str,
         payload: bytes::Bytes,
     ) -> Result<Published, QueueError> {
-        self.publish_with_msg_id(job_id, job_type, payload, job_id.to_string())
+        self.publish_job_with_priority(job_id, job_type, payload, Priority::Normal)
+            .await
+    }
+
+    /// [`Queue::publish_job`] at `priority`: on the level's subject
+    /// ([`QueueNames::priority_subject`]), taken by its own consumer.
+    ///
+    /// # Errors
+    /// As [`Queue::publish_job`].
+    pub async fn publish_job_with_priority(
+        &self,
+        job_id: JobId,
+        job_type: &str,
+        payload: bytes::Bytes,
+        priority: Priority,
+    ) -> Result<Published, QueueError> {
+        let msg_id = job_id.to_string();
+        self.publish_with_msg_id(job_id, (job_type, priority), payload, msg_id)
             .await
     }
 
@@ -307,7 +325,7 @@ impl Queue {
         payload: bytes::Bytes,
     ) -> Result<Published, QueueError> {
         let msg_id = format!("{job_id}/redrive/{}", uuid::Uuid::new_v4());
-        self.publish_with_msg_id(job_id, job_type, payload, msg_id)
+        self.publish_with_msg_id(job_id, (job_type, Priority::Normal), payload, msg_id)
             .await
     }
 
@@ -327,21 +345,21 @@ impl Queue {
         attempts: u32,
     ) -> Result<Published, QueueError> {
         let msg_id = format!("{job_id}/retry-now/{attempts}");
-        self.publish_with_msg_id(job_id, job_type, payload, msg_id)
+        self.publish_with_msg_id(job_id, (job_type, Priority::Normal), payload, msg_id)
             .await
     }
 
     async fn publish_with_msg_id(
         &self,
         job_id: JobId,
-        job_type: &str,
+        (job_type, priority): (&str, Priority),
         payload: bytes::Bytes,
         msg_id: String,
     ) -> Result<Published, QueueError> {
-        let span = tracing::debug_span!("tenure.queue.publish", %job_id, job_type);
+        let span = tracing::debug_span!("tenure.queue.publish", %job_id, job_type, %priority);
         async move {
             validate_job_type(job_type)?;
-            let subject = self.job_subject(job_type, job_id);
+            let subject = self.job_subject_with_priority(job_type, job_id, priority);
             let h = job_headers(job_id, job_type, &msg_id);
             let ack = self.publish_confirmed(subject, h, payload).await?;
             tracing::debug!(
@@ -358,13 +376,20 @@ impl Queue {
     /// The work subject of job `job_id` of `job_type`: its partition's in
     /// partition mode ([`QueueNames::partition_subject`]), else its type's.
     pub fn job_subject(&self, job_type: &str, job_id: JobId) -> String {
-        match self.inner.settings.partitions {
-            Some(p) => self
-                .inner
-                .names
-                .partition_subject(job_type, job_id.partition(p)),
-            None => self.inner.names.work_subject(job_type),
-        }
+        self.job_subject_with_priority(job_type, job_id, Priority::Normal)
+    }
+
+    /// [`Queue::job_subject`] at `priority` ([`QueueNames::priority_subject`]).
+    pub fn job_subject_with_priority(
+        &self,
+        job_type: &str,
+        job_id: JobId,
+        priority: Priority,
+    ) -> String {
+        let partition = self.inner.settings.partitions.map(|p| job_id.partition(p));
+        self.inner
+            .names
+            .priority_subject(job_type, partition, priority)
     }
 
     /// The partition count this queue publishes and fetches with
@@ -426,8 +451,28 @@ impl Queue {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
-        let consumer = self.type_consumer(job_type).await?;
-        self.fetch_from(&consumer, (job_type, None), max, wait)
+        self.fetch_with_priority(job_type, None, Priority::Normal, max, wait)
+            .await
+    }
+
+    /// The one fetch of every level: up to `max` messages of `job_type` at
+    /// `priority`, from the level's consumer of the type ([`Queue::fetch`]:
+    /// waits up to `wait`) or of partition `partition` of it
+    /// ([`Queue::fetch_partition`]: asks once). The consumer is opened on
+    /// first use.
+    ///
+    /// # Errors
+    /// As [`Queue::fetch`].
+    pub async fn fetch_with_priority(
+        &self,
+        job_type: &str,
+        partition: Option<u32>,
+        priority: Priority,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let consumer = self.level_consumer(job_type, partition, priority).await?;
+        self.fetch_from(&consumer, (job_type, partition), max, wait)
             .await
     }
 
@@ -447,8 +492,7 @@ impl Queue {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
-        let consumer = self.partition_consumer(job_type, partition).await?;
-        self.fetch_from(&consumer, (job_type, Some(partition)), max, wait)
+        self.fetch_with_priority(job_type, Some(partition), Priority::Normal, max, wait)
             .await
     }
 
@@ -688,5 +732,55 @@ mod tests {
         assert_eq!(n.partition_subject("a.b", 7), "ns.jobs.a.b.7");
         assert_eq!(n.consumer_job_type("ns_workers_a_p"), None);
         assert_eq!(n.consumer_job_type("ns_workers_a_p1x"), None);
+    }
+
+    #[test]
+    fn each_priority_level_has_its_own_subject_and_consumer_of_its_type() {
+        let n = QueueNames::new("ns");
+        // Normal: the subjects and consumers of before priorities.
+        assert_eq!(
+            n.priority_subject("a.b", None, Priority::Normal),
+            "ns.jobs.a.b"
+        );
+        assert_eq!(
+            n.priority_subject("a", Some(3), Priority::Normal),
+            "ns.jobs.a.3"
+        );
+        assert_eq!(
+            n.priority_consumer("a.b", None, Priority::Normal),
+            n.type_consumer("a.b")
+        );
+        assert_eq!(
+            n.priority_consumer("a", Some(3), Priority::Normal),
+            n.partition_consumer("a", 3)
+        );
+        assert_eq!(
+            n.priority_subject("a.b", None, Priority::High),
+            "ns.jobs.~high.a.b"
+        );
+        assert_eq!(
+            n.priority_subject("a", Some(3), Priority::Low),
+            "ns.jobs.~low.a.3"
+        );
+        // `~` is no job type's: a level's subject is never a type's.
+        assert!(validate_job_type("~high.a").is_err());
+        let mut names = std::collections::HashSet::new();
+        for t in ["a", "a_h", "a.h", "a_l", "h", "a_p1"] {
+            for partition in [None, Some(1), Some(12)] {
+                for p in Priority::ALL {
+                    let name = n.priority_consumer(t, partition, p);
+                    assert!(!name.contains('.') && names.insert(name.clone()), "{name}");
+                    assert_eq!(n.consumer_job_type(&name).as_deref(), Some(t), "{name}");
+                    let subject = n.priority_subject(t, partition, p);
+                    let tail = subject.strip_prefix(&n.subject_prefix).unwrap_or_default();
+                    let source = n.subject_source(tail, partition.is_some());
+                    assert_eq!(source, Some((t.to_string(), partition, p)), "{subject}");
+                }
+            }
+        }
+        assert_eq!(n.consumer_job_type("ns_workers_a_hx"), None);
+        assert_eq!(n.consumer_job_type("ns_workers_a_h_p"), None);
+        assert_eq!(n.subject_source("~normal.a", false), None);
+        assert_eq!(n.subject_source("~urgent.a", false), None);
     }
 }

@@ -2,7 +2,7 @@
 //! job type follows to be a subject's tail.
 
 use super::QueueError;
-use crate::JobId;
+use crate::{JobId, Priority};
 
 /// The names of a namespace's streams, subjects and consumers.
 ///
@@ -55,6 +55,15 @@ pub struct QueueNames {
     /// `_INBOX_<ns>.<id>`, and a namespace's users may subscribe to their own
     /// prefix only ([`NatsPermissions`](super::NatsPermissions)), not to another namespace's.
     pub inbox_prefix: String,
+}
+
+/// The first character of a priority level's token in a work subject
+/// (`~high`, `~low`): never a job type's.
+const LEVEL_MARK: char = '~';
+
+/// A partition number: one or more ASCII digits.
+fn digits(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The last token of DLQ subjects of messages without a valid job id.
@@ -114,7 +123,7 @@ impl QueueNames {
     }
 
     /// The job type whose consumer is `consumer` (`None`: not one of ours).
-    /// A partition's consumer names its job type too.
+    /// A partition's consumer and a priority level's name their job type too.
     pub fn consumer_job_type(&self, consumer: &str) -> Option<String> {
         let mut rest = consumer.strip_prefix(&self.consumer_prefix)?.chars();
         let mut job_type = String::new();
@@ -123,11 +132,14 @@ impl QueueNames {
                 '_' => match rest.next()? {
                     '_' => job_type.push('_'),
                     'd' => job_type.push('.'),
+                    'h' | 'l' => {
+                        let tail = rest.as_str();
+                        let fits = tail.is_empty() || tail.strip_prefix("_p").is_some_and(digits);
+                        return (fits && !job_type.is_empty()).then_some(job_type);
+                    }
                     'p' => {
-                        let partition = rest.as_str();
-                        let digits =
-                            !partition.is_empty() && partition.bytes().all(|b| b.is_ascii_digit());
-                        return (digits && !job_type.is_empty()).then_some(job_type);
+                        let fits = digits(rest.as_str());
+                        return (fits && !job_type.is_empty()).then_some(job_type);
                     }
                     _ => return None,
                 },
@@ -135,6 +147,76 @@ impl QueueNames {
             }
         }
         (!job_type.is_empty()).then_some(job_type)
+    }
+
+    /// The work subject of `job_type`'s jobs at `priority` (of partition
+    /// `partition` in partition mode): `normal` is today's subject
+    /// ([`QueueNames::work_subject`], [`QueueNames::partition_subject`]);
+    /// `high` and `low` put the token `~high` or `~low` before the type,
+    /// `<ns>.jobs.~high.<job_type>[.<partition>]`. A job type cannot start
+    /// with `~` ([`validate_job_type`]), so no level subject is a type's.
+    pub fn priority_subject(
+        &self,
+        job_type: &str,
+        partition: Option<u32>,
+        priority: Priority,
+    ) -> String {
+        let level = match priority {
+            Priority::Normal => String::new(),
+            other => format!("{LEVEL_MARK}{other}."),
+        };
+        match partition {
+            Some(p) => format!("{}{level}{job_type}.{p}", self.subject_prefix),
+            None => format!("{}{level}{job_type}", self.subject_prefix),
+        }
+    }
+
+    /// The durable consumer of [`QueueNames::priority_subject`]: `normal`'s
+    /// is today's ([`QueueNames::type_consumer`],
+    /// [`QueueNames::partition_consumer`]); `high` and `low` add `_h` or
+    /// `_l` after the type, before a partition's `_p<partition>`.
+    pub fn priority_consumer(
+        &self,
+        job_type: &str,
+        partition: Option<u32>,
+        priority: Priority,
+    ) -> String {
+        let mut name = self.type_consumer(job_type);
+        match priority {
+            Priority::High => name.push_str("_h"),
+            Priority::Low => name.push_str("_l"),
+            Priority::Normal => {}
+        }
+        if let Some(p) = partition {
+            name.push_str(&format!("_p{p}"));
+        }
+        name
+    }
+
+    /// The job type, partition and priority of a work subject's tail (after
+    /// [`QueueNames::subject_prefix`]); `partitioned`: the namespace is in
+    /// partition mode. `None` for a tail that is no job's subject.
+    pub fn subject_source(
+        &self,
+        tail: &str,
+        partitioned: bool,
+    ) -> Option<(String, Option<u32>, Priority)> {
+        let (priority, rest) = match tail.strip_prefix(LEVEL_MARK) {
+            Some(level) => {
+                let (name, rest) = level.split_once('.')?;
+                (name.parse().ok().filter(|p| *p != Priority::Normal)?, rest)
+            }
+            None => (Priority::Normal, tail),
+        };
+        if !partitioned {
+            return Some((rest.to_string(), None, priority));
+        }
+        let (job_type, partition) = rest.rsplit_once('.')?;
+        Some((
+            job_type.to_string(),
+            Some(partition.parse().ok()?),
+            priority,
+        ))
     }
 
     /// The cancel notice subject of a job, `<ns>.cancel.<job_id>`.

@@ -18,6 +18,7 @@ use futures::StreamExt;
 
 use super::provision::{Provisioning, ensure_consumer};
 use super::{Queue, QueueError, QueueNames, Settings, read, validate_job_type};
+use crate::Priority;
 
 /// The per-type consumers a queue handle has opened.
 pub(super) struct Routes {
@@ -62,19 +63,26 @@ pub(super) fn type_consumer_config(
     }
 }
 
-/// The durable consumer of one partition of one job type (partition mode).
-pub(super) fn partition_consumer_config(
+/// The durable consumer of one job type's subject at `priority`, or of one
+/// partition of it (partition mode): `normal`'s is the type's or the
+/// partition's consumer of before priorities, unchanged.
+pub(super) fn level_consumer_config(
     names: &QueueNames,
     settings: &Settings,
-    job_type: &str,
-    partition: u32,
+    (job_type, partition, priority): (&str, Option<u32>, Priority),
 ) -> consumer::pull::Config {
+    let level = match priority {
+        Priority::Normal => String::new(),
+        other => format!(", priority {other}"),
+    };
+    let description = match partition {
+        Some(p) => format!("Tenure owner of partition {p} of job type {job_type}{level}"),
+        None => format!("Tenure workers of job type {job_type}{level}"),
+    };
     consumer::pull::Config {
-        durable_name: Some(names.partition_consumer(job_type, partition)),
-        description: Some(format!(
-            "Tenure owner of partition {partition} of job type {job_type}"
-        )),
-        filter_subject: names.partition_subject(job_type, partition),
+        durable_name: Some(names.priority_consumer(job_type, partition, priority)),
+        description: Some(description),
+        filter_subject: names.priority_subject(job_type, partition, priority),
         ..type_consumer_config(names, settings, job_type)
     }
 }
@@ -100,23 +108,24 @@ impl Queue {
         &self,
         job_type: &str,
     ) -> Result<consumer::PullConsumer, QueueError> {
-        self.open_consumer(job_type, job_type, |names, settings| {
-            type_consumer_config(names, settings, job_type)
-        })
-        .await
+        self.level_consumer(job_type, None, Priority::Normal).await
     }
 
-    /// The consumer of partition `partition` of `job_type`, opened on first
-    /// use as [`Queue::route`] opens a type's (partition mode: a worker opens
-    /// the consumers of the partitions it owns).
-    pub(super) async fn partition_consumer(
+    /// The consumer of `job_type` (of its partition `partition`, in
+    /// partition mode) at `priority`, opened on first use as
+    /// [`Queue::route`] opens a type's (partition mode: a worker opens the
+    /// consumers of the partitions it owns; a `high` or `low` consumer is
+    /// opened at its first fetch).
+    pub(super) async fn level_consumer(
         &self,
         job_type: &str,
-        partition: u32,
+        partition: Option<u32>,
+        priority: Priority,
     ) -> Result<consumer::PullConsumer, QueueError> {
-        let name = self.inner.names.partition_consumer(job_type, partition);
+        let names = &self.inner.names;
+        let name = names.priority_consumer(job_type, partition, priority);
         self.open_consumer(&name, job_type, |names, settings| {
-            partition_consumer_config(names, settings, job_type, partition)
+            level_consumer_config(names, settings, (job_type, partition, priority))
         })
         .await
     }
@@ -193,12 +202,12 @@ impl Queue {
         let mut out = BTreeMap::new();
         while let Some(entry) = subjects.next().await {
             let (subject, count) = entry.map_err(read(&names.stream))?;
-            if let Some(tail) = subject.strip_prefix(&names.subject_prefix) {
-                let job_type = match (self.inner.settings.partitions, tail.rsplit_once('.')) {
-                    (Some(_), Some((job_type, _partition))) => job_type,
-                    _ => tail,
-                };
-                *out.entry(job_type.to_string()).or_insert(0) += count as u64;
+            let partitioned = self.inner.settings.partitions.is_some();
+            let source = subject
+                .strip_prefix(&names.subject_prefix)
+                .and_then(|tail| names.subject_source(tail, partitioned));
+            if let Some((job_type, _, _)) = source {
+                *out.entry(job_type).or_insert(0) += count as u64;
             }
         }
         Ok(out)
@@ -215,10 +224,25 @@ impl Queue {
         &self,
         job_type: &str,
     ) -> Result<Option<std::time::Duration>, QueueError> {
+        let mut oldest = None;
+        for priority in Priority::ALL {
+            let age = self.oldest_at(job_type, priority).await?;
+            oldest = oldest.max(age);
+        }
+        Ok(oldest)
+    }
+
+    /// [`Queue::oldest_stored_age`] of one priority level's subjects.
+    async fn oldest_at(
+        &self,
+        job_type: &str,
+        priority: Priority,
+    ) -> Result<Option<std::time::Duration>, QueueError> {
         let names = &self.inner.names;
+        let subject = names.priority_subject(job_type, None, priority);
         let subject = match self.inner.settings.partitions {
-            Some(_) => format!("{}{job_type}.*", names.subject_prefix),
-            None => format!("{}{job_type}", names.subject_prefix),
+            Some(_) => format!("{subject}.*"),
+            None => subject,
         };
         let stream = &self.inner.work_stream;
         let message = match stream.get_first_raw_message_by_subject(subject, 0).await {
@@ -232,6 +256,59 @@ impl Queue {
         let age = std::time::SystemTime::now().duration_since(stored);
         Ok(Some(age.unwrap_or_default()))
     }
+
+    /// The `high` and `low` subjects that hold messages, each as its job
+    /// type, partition and level, with its count (messages waiting or in
+    /// flight: the stream keeps a message until it is acked). Two stream
+    /// info requests (one per level's subjects, `<ns>.jobs.~high.>` and
+    /// `<ns>.jobs.~low.>`), answered with the non-empty subjects only: the
+    /// fetcher's look at the levels it does not fetch every round.
+    ///
+    /// # Errors
+    /// [`QueueError::Read`].
+    pub async fn waiting_levels(&self) -> Result<Vec<LevelCount>, QueueError> {
+        let names = &self.inner.names;
+        let partitioned = self.inner.settings.partitions.is_some();
+        let mut out = Vec::new();
+        for priority in [Priority::High, Priority::Low] {
+            let filter = format!("{}~{priority}.>", names.subject_prefix);
+            let stream = self.inner.work_stream.clone();
+            let mut subjects = stream
+                .info_with_subjects(filter)
+                .await
+                .map_err(read(&names.stream))?;
+            while let Some(entry) = subjects.next().await {
+                let (subject, count) = entry.map_err(read(&names.stream))?;
+                let source = subject
+                    .strip_prefix(&names.subject_prefix)
+                    .and_then(|tail| names.subject_source(tail, partitioned));
+                if let Some((job_type, partition, priority)) = source {
+                    out.push(LevelCount {
+                        job_type,
+                        partition,
+                        priority,
+                        messages: count as u64,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Messages stored on one priority level's subject of a job type (or of one
+/// partition of it): [`Queue::waiting_levels`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LevelCount {
+    /// The job type.
+    pub job_type: String,
+    /// Its partition, in partition mode.
+    pub partition: Option<u32>,
+    /// The level.
+    pub priority: Priority,
+    /// Messages stored on the subject (waiting or in flight).
+    pub messages: u64,
 }
 
 /// Removes the consumer of every type that Tenure used before routing by job
