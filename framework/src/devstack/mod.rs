@@ -209,6 +209,10 @@ impl DevStack {
         }
         if opts.postgres {
             stack.start_postgres(opts)?;
+            if let Some(replication) = opts.postgres_standby {
+                let pair = pg_standby::PgPair::new(replication, stack.postgres_port, opts)?;
+                stack.pg_pair = Some(pair);
+            }
         }
         if opts.etcd {
             stack.start_etcd(opts.etcd_members)?;

@@ -4,7 +4,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::pg_standby::PgPair;
 use super::process::{Spec, setpriv};
 use super::ready::{Probe, free_ports, poll_ready};
 use super::{
@@ -134,9 +133,6 @@ impl DevStack {
         std::fs::write(&spec.log, b"").map_err(|e| DevStackError::io("create pg log", e))?;
         self.postgres = Some(ServerProcess::start(spec)?);
         self.postgres_port = port;
-        if let Some(replication) = opts.postgres_standby {
-            self.pg_pair = Some(PgPair::new(replication, port, opts)?);
-        }
         Ok(())
     }
 
