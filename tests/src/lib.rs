@@ -692,3 +692,21 @@ pub fn tick_batch<'a>(
         next_tick: None,
     }
 }
+
+/// How many times `job_type`'s consumer delivered (redeliveries included:
+/// `delivered.consumer_seq`) and how many messages it delivered (its stream
+/// sequence): a throttled or paused type must not burn deliveries.
+pub async fn consumer_deliveries(env: &tenure::testing::TestEnv, job_type: &str) -> (u64, u64) {
+    let nats = async_nats::connect(env.stack().nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let names = env.client().queue().names();
+    let stream = js.get_stream(&names.stream).await.unwrap();
+    let info = stream
+        .consumer_info(names.type_consumer(job_type))
+        .await
+        .unwrap();
+    (
+        info.delivered.consumer_sequence,
+        info.delivered.stream_sequence,
+    )
+}

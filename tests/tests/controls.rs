@@ -206,23 +206,6 @@ fn starts_after(t: Instant) -> usize {
     STARTS.lock().unwrap().iter().filter(|s| **s > t).count()
 }
 
-/// How many times the type's consumer delivered (redeliveries included:
-/// `delivered.consumer_seq`) and how many messages it delivered.
-async fn deliveries(env: &TestEnv, job_type: &str) -> (u64, u64) {
-    let nats = async_nats::connect(env.stack().nats_url()).await.unwrap();
-    let js = async_nats::jetstream::new(nats);
-    let names = env.client().queue().names();
-    let stream = js.get_stream(&names.stream).await.unwrap();
-    let info = stream
-        .consumer_info(names.type_consumer(job_type))
-        .await
-        .unwrap();
-    (
-        info.delivered.consumer_sequence,
-        info.delivered.stream_sequence,
-    )
-}
-
 /// Two workers, 200 three-step jobs, a pause mid-run: within the pause's
 /// propagation bound no step starts any more (running steps finish), nothing
 /// is redelivered or dead-lettered, and after the resume every job ends done,
@@ -296,7 +279,7 @@ async fn a_paused_type_starts_no_step_until_resumed(env: TestEnv) {
             .unwrap()
             .is_empty()
     );
-    let (delivered, messages) = deliveries(&env, "test.paced").await;
+    let (delivered, messages) = tenure_tests::consumer_deliveries(&env, "test.paced").await;
     assert_eq!(
         (delivered, messages),
         (JOBS as u64, JOBS as u64),

@@ -39,23 +39,6 @@ fn starts_of(ids: &[JobId]) -> Vec<(Instant, JobId)> {
     starts
 }
 
-/// How many times the type's consumer delivered (redeliveries included) and
-/// how many messages it delivered.
-async fn deliveries(env: &TestEnv, job_type: &str) -> (u64, u64) {
-    let nats = async_nats::connect(env.stack().nats_url()).await.unwrap();
-    let js = async_nats::jetstream::new(nats);
-    let names = env.client().queue().names();
-    let stream = js.get_stream(&names.stream).await.unwrap();
-    let info = stream
-        .consumer_info(names.type_consumer(job_type))
-        .await
-        .unwrap();
-    (
-        info.delivered.consumer_sequence,
-        info.delivered.stream_sequence,
-    )
-}
-
 /// The most starts in any stretch, beyond what a full bucket allows: for
 /// every pair of starts `i <= j`, `j - i + 1 - (BURST + BURST * span)`
 /// (`span` in seconds). A bucket that is obeyed keeps this at or below 0,
@@ -134,7 +117,7 @@ async fn a_rate_limited_type_starts_no_faster_than_its_bucket(env: TestEnv) {
         readings.counted("tenure.fetch.throttled") > 0,
         "no throttled round counted"
     );
-    let (delivered, messages) = deliveries(&env, "test.metered").await;
+    let (delivered, messages) = tenure_tests::consumer_deliveries(&env, "test.metered").await;
     assert_eq!(
         (delivered, messages),
         (JOBS as u64, JOBS as u64),
