@@ -173,18 +173,27 @@ async fn a_slot_key_no_job_holds_is_given_back(env: TestEnv) {
         .unwrap();
     let key = format!("{}fleet/test.fleet_limited/0", env.config().etcd_prefix());
     let first = env.client().enqueue::<Spanned>("first", &1).await.unwrap();
-    // The slot's lease while the job holds it; then the key is given back.
-    let mut lease = 0;
+    // The slot's lease and key version while the job holds it; then that key
+    // is given back. An idle fetch round of the worker takes the slot anew
+    // for the round (a new key: a new create revision), so "given back" is
+    // "not that key any more", not "no key" (under load an idle worker holds
+    // a round's slot most of the time).
+    let (mut lease, mut held) = (0, 0);
     while lease == 0 {
         let got = etcd.get(key.as_str(), None).await.unwrap();
-        lease = got.kvs().first().map_or(0, |kv| kv.lease());
+        (lease, held) = got
+            .kvs()
+            .first()
+            .map_or((0, 0), |kv| (kv.lease(), kv.create_revision()));
     }
     env.run_until_done(first.job_id, Duration::from_secs(30))
         .await
         .unwrap();
     let gone = tenure::devstack::wait_until(Duration::from_secs(10), || async {
         let got = etcd.clone().get(key.as_str(), None).await.unwrap();
-        got.kvs().is_empty()
+        got.kvs()
+            .first()
+            .is_none_or(|kv| kv.create_revision() != held)
     })
     .await;
     assert!(gone, "the slot is given back when the job ends");
