@@ -8,7 +8,7 @@ use std::time::Duration;
 use tenure::blocks::fence::JobStatus;
 use tenure::blocks::lease::{Acquire, Session};
 use tenure::testing::{FaultPlan, TestEnv};
-use tenure::{Cancelled, Client, Config, FencingToken, JobId, StepIndex};
+use tenure::{Cancelled, Client, Config, FencingToken, JobId, Priority, StepIndex};
 use tenure::{Worker, WorkerObserver};
 use tenure_tests::metered::cancellable_worker;
 use tenure_tests::{
@@ -678,7 +678,7 @@ async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types
     // run, and a new job.
     let queue = client.queue();
     queue
-        .publish_redrive(done, "test.three_step", "{}".into())
+        .publish_redrive((done, "test.three_step", Priority::Normal), "{}".into())
         .await
         .unwrap();
     let rowless = JobId::from_key("test.three_step", "admit-rowless");

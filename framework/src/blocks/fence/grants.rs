@@ -16,8 +16,8 @@ use super::guard;
 use super::{FenceError, FenceStore};
 
 /// The columns an enqueue writes; every other column takes its default.
-pub(crate) const INSERT_COLUMNS: &str =
-    "id, job_type, input, run_at, awaiting_publish, step_names, steps_fingerprint, trace_context";
+pub(crate) const INSERT_COLUMNS: &str = "id, job_type, input, run_at, awaiting_publish, step_names, steps_fingerprint, trace_context, \
+     priority";
 
 /// What every role of the schema may read and call to enqueue.
 const PRODUCER_FUNCTIONS: &[&str] = &["tenure_hand_to_publisher(uuid[])"];
