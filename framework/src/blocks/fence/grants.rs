@@ -44,7 +44,7 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "tenure_advance_schedule(text, bigint, text, timestamptz, timestamptz, bigint, bigint)",
     "tenure_claim_partition(text, integer, bigint, text)",
     "tenure_record_refusal(uuid, bigint, bigint, integer, text)",
-    "tenure_report_worker(text, bigint, text, integer, integer, integer, timestamptz, text[])",
+    "tenure_report_worker(text, bigint, text, integer, integer, integer, timestamptz, text[], jsonb)",
     "tenure_prune_jobs(text, double precision, integer)",
     "tenure_prune_tombstones(double precision, integer)",
 ];
