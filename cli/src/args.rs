@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand, ValueEnum};
 use tenure::blocks::fence::JobStatus;
 use tenure::config::ConfigError;
-use tenure::{Config, JobId};
+use tenure::{Config, JobId, Priority};
 
 use crate::web;
 
@@ -390,6 +390,10 @@ pub struct EnqueueArgs {
     /// Due this long from now (`90s`, `30m`, `12h`, `7d`).
     #[arg(long, value_parser = parse_age)]
     pub after: Option<Duration>,
+    /// Its priority level: `high`, `normal` or `low` (recorded on the job:
+    /// every later message of it, a redrive's or a retry-now's, goes there).
+    #[arg(long, default_value = "normal", value_parser = parse_priority)]
+    pub priority: Priority,
 }
 
 /// `tenure reschedule` options.
@@ -494,6 +498,11 @@ impl From<Status> for JobStatus {
             Status::Cancelled => JobStatus::Cancelled,
         }
     }
+}
+
+pub fn parse_priority(s: &str) -> Result<Priority, String> {
+    s.parse()
+        .map_err(|e: tenure::UnknownPriority| e.to_string())
 }
 
 pub fn parse_job_id(s: &str) -> Result<JobId, String> {

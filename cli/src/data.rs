@@ -9,11 +9,11 @@ use anyhow::anyhow;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tenure::blocks::fence::{
-    FenceStore, JobCursor, JobEvent, JobFilter, JobRow, JobStatus, LeaderRow, Overview,
+    FenceStore, JobCursor, JobEvent, JobFilter, JobRow, JobStatus, LeaderRow, LimitsSeen, Overview,
     PartitionOwner, ScheduleRow, WorkerSeen,
 };
 use tenure::blocks::queue::{DeadLetter, Queue};
-use tenure::{Client, ClientError, JobId};
+use tenure::{Client, ClientError, EnqueueOptions, JobId, Priority};
 
 use crate::ctx::{Ctx, describe};
 
@@ -51,6 +51,8 @@ pub struct JobView {
     pub run_at: Option<DateTime<Utc>>,
     /// Whether it still waits to be published (delayed: no message yet).
     pub awaiting_publish: bool,
+    /// Its priority level (`high`, `normal`, `low`).
+    pub priority: Priority,
 }
 
 /// What a pending job of a type no live worker registers shows.
@@ -94,6 +96,7 @@ impl From<&JobRow> for JobView {
             waiting: None,
             run_at: r.run_at,
             awaiting_publish: r.awaiting_publish,
+            priority: r.priority,
         }
     }
 }
@@ -178,6 +181,8 @@ pub struct WorkerView {
     pub seen: WorkerSeen,
     /// By type and partition; empty with one lock per job.
     pub partitions: Vec<PartitionOwner>,
+    /// The limits it runs its types with (its last report), by type.
+    pub limits: Vec<LimitsSeen>,
 }
 
 /// What a retry-now or a reschedule did (`tenure retry-now`, `tenure
@@ -466,8 +471,14 @@ pub async fn workers(ctx: &Ctx, store: &FenceStore) -> anyhow::Result<Vec<Worker
         "reading the partition owners",
         store.partition_owners(),
     );
-    let (seen, owners) = tokio::try_join!(seen, owners)?;
-    Ok(with_partitions(seen, owners))
+    let limits = ctx.call(&pg, "reading the workers' limits", store.type_limits());
+    let (seen, owners, limits) = tokio::try_join!(seen, owners, limits)?;
+    let mut views = with_partitions(seen, owners);
+    for v in &mut views {
+        let own = limits.iter().filter(|l| l.worker == v.seen.worker);
+        v.limits = own.cloned().collect();
+    }
+    Ok(views)
 }
 
 /// Each worker with the partitions whose last claim is its; a partition
@@ -478,6 +489,7 @@ fn with_partitions(seen: Vec<WorkerSeen>, owners: Vec<PartitionOwner>) -> Vec<Wo
         .map(|seen| WorkerView {
             seen,
             partitions: Vec::new(),
+            limits: Vec::new(),
         })
         .collect();
     for owner in owners {
@@ -487,6 +499,7 @@ fn with_partitions(seen: Vec<WorkerSeen>, owners: Vec<PartitionOwner>) -> Vec<Wo
                 views.push(WorkerView {
                     seen: unseen(&owner.worker),
                     partitions: Vec::new(),
+                    limits: Vec::new(),
                 });
                 views.len() - 1
             }
@@ -1012,24 +1025,20 @@ pub struct EnqueueView {
     pub duplicate: bool,
     /// When it is due, if asked for (`--at`, `--after`).
     pub run_at: Option<DateTime<Utc>>,
+    /// The level asked for (`--priority`; a duplicate keeps its own).
+    pub priority: Priority,
 }
 
-/// Enqueues through [`Client::enqueue_json`] (or, with `run_at`,
-/// [`Client::enqueue_json_at`]): the producers' path, idempotency key and all.
+/// Enqueues through [`Client::enqueue_json_with`]: the producers' path,
+/// idempotency key, delay and priority and all.
 pub async fn enqueue(
     ctx: &Ctx,
     client: &Client,
-    job_type: &str,
-    key: &str,
+    (job_type, key): (&str, &str),
     input: serde_json::Value,
-    run_at: Option<DateTime<Utc>>,
+    options: EnqueueOptions,
 ) -> anyhow::Result<EnqueueView> {
-    let enqueue = async {
-        match run_at {
-            Some(at) => client.enqueue_json_at(job_type, key, input, at).await,
-            None => client.enqueue_json(job_type, key, input).await,
-        }
-    };
+    let enqueue = client.enqueue_json_with(job_type, key, input, options);
     let done = match tokio::time::timeout(ctx.timeout, enqueue).await {
         Ok(Ok(done)) => done,
         Ok(Err(e)) => return Err(anyhow!("enqueuing {job_type} {key:?}: {}", describe(&e))),
@@ -1046,7 +1055,8 @@ pub async fn enqueue(
         job_type: job_type.to_string(),
         key: key.to_string(),
         duplicate: done.duplicate,
-        run_at,
+        run_at: options.get_run_at(),
+        priority: options.get_priority(),
     })
 }
 

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! tenure migrate [--grant-worker R] [--grant-producer R] [--grant-operator R]   apply the migrations, grant roles
-//! tenure enqueue TYPE --key K --input JSON [--at RFC3339 | --after 5m]   enqueue a job (a duplicate says so)
+//! tenure enqueue TYPE --key K --input JSON [--at RFC3339 | --after 5m] [--priority high|normal|low]
+//!                                                        enqueue a job (a duplicate says so)
 //! tenure jobs [--status S] [--type T] [--age 10m] [--key K] [--limit N]   list job rows, newest first
 //! tenure job <ID> | --key TYPE:KEY                                 one job and its history
 //! tenure dlq [--limit N]                                          list the DLQ
@@ -249,8 +250,13 @@ async fn enqueue(ctx: &Ctx, a: EnqueueArgs) -> anyhow::Result<()> {
         ),
         (None, None) => None,
     };
+    let mut options = tenure::EnqueueOptions::default().priority(a.priority);
+    if let Some(at) = run_at {
+        options = options.run_at(at);
+    }
     let client = ctx.client().await?;
-    let view = data::enqueue(ctx, &client, &a.job_type, &a.key, a.input, run_at).await?;
+    let job = (a.job_type.as_str(), a.key.as_str());
+    let view = data::enqueue(ctx, &client, job, a.input, options).await?;
     ctx.print(&view, || render::enqueue_line(&view))
 }
 

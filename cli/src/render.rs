@@ -3,7 +3,7 @@
 //! returns the text; none reads a server.
 
 use chrono::{DateTime, Utc};
-use tenure::blocks::fence::{JobEvent, PartitionOwner};
+use tenure::blocks::fence::{JobEvent, LimitsSeen, PartitionOwner, ReportedLimits};
 
 use crate::data::{
     DeadLetterView, EnqueueView, JobDetail, JobView, MigrateView, OverviewView, PausedView,
@@ -105,6 +105,10 @@ pub fn enqueue_line(v: &EnqueueView) -> String {
         .as_ref()
         .map(|t| format!(", due {}", time(t)))
         .unwrap_or_default();
+    let level = match v.priority {
+        tenure::Priority::Normal => String::new(),
+        p => format!(", priority {p}"),
+    };
     if v.duplicate {
         format!(
             "duplicate: job {} ({} key {:?}) exists already; nothing new enqueued\n",
@@ -112,7 +116,7 @@ pub fn enqueue_line(v: &EnqueueView) -> String {
         )
     } else {
         format!(
-            "enqueued {} ({} key {:?}{due})\n",
+            "enqueued {} ({} key {:?}{due}{level})\n",
             v.job_id, v.job_type, v.key
         )
     }
@@ -271,7 +275,44 @@ pub fn workers_table(views: &[WorkerView]) -> String {
         &rows,
     );
     out.push_str(&owners_table(views));
+    out.push_str(&limits_table(views));
     out
+}
+
+/// Each worker's limits for each type that has some (its last report).
+fn limits_table(views: &[WorkerView]) -> String {
+    let mut limits: Vec<&LimitsSeen> = views.iter().flat_map(|v| &v.limits).collect();
+    if limits.is_empty() {
+        return String::new();
+    }
+    limits.sort_by(|a, b| (&a.job_type, &a.worker).cmp(&(&b.job_type, &b.worker)));
+    let count = |n: Option<u64>| n.map_or_else(|| "-".into(), |n| n.to_string());
+    let rows: Vec<Vec<String>> = limits
+        .iter()
+        .map(|l| {
+            vec![
+                l.job_type.clone(),
+                l.worker.clone(),
+                count(l.limits.max_in_flight),
+                count(l.limits.fleet_max.map(u64::from)),
+                rate_of(&l.limits),
+            ]
+        })
+        .collect();
+    let header = ["TYPE", "WORKER", "MAX IN FLIGHT", "FLEET MAX", "RATE"];
+    format!(
+        "\nlimits per type (each worker's last report):\n{}",
+        table(&header, &rows)
+    )
+}
+
+/// `5/1s`, `300/60s`, `2/500ms`; `-` without a rate.
+pub fn rate_of(l: &ReportedLimits) -> String {
+    match (l.rate, l.rate_per_ms) {
+        (Some(n), Some(ms)) if ms % 1000 == 0 => format!("{n}/{}s", ms / 1000),
+        (Some(n), Some(ms)) => format!("{n}/{ms}ms"),
+        _ => "-".into(),
+    }
 }
 
 /// `type:0,2 other:1`: a worker's partitions, by type.
@@ -415,6 +456,7 @@ pub fn job_detail(v: &JobView) -> String {
         ("step", v.step.to_string()),
         ("takeovers", v.takeovers.to_string()),
         ("attempts", v.attempts.to_string()),
+        ("priority", v.priority.to_string()),
         ("released", v.released.to_string()),
         (
             "last error",

@@ -15,7 +15,7 @@ use fantoccini::{Client as Browser, Locator};
 use tenure::Worker;
 use tenure::blocks::fence::JobStatus;
 use tenure::devstack::DevStack;
-use tenure::{Client, Config, JobId, StepCtx, StepError};
+use tenure::{Client, Config, JobId, JobLimits, StepCtx, StepError};
 use tenure_tests::{ThreeStep, Work, config_for, prepare_schema, wait_until};
 
 mod support;
@@ -604,6 +604,76 @@ async fn workers_page_shows_the_partition_owners() {
         );
     }
     shot(&b, "workers-partitions").await;
+    b.close().await.unwrap();
+    drop(driver);
+    worker.shutdown().await.unwrap();
+}
+
+/// Issue 35: the controls an operator set can be seen. Each worker's limits
+/// per type are on the workers page and in `tenure workers --json`; a job
+/// enqueued with `tenure enqueue --priority low` shows its level in `tenure
+/// job` and on its page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limits_and_a_jobs_priority_can_be_seen() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let stack = DevStack::shared().expect("dev stack");
+    let ns = DevStack::unique_namespace("web_limits");
+    let cfg = config_for(stack, &ns, Duration::from_secs(2));
+    let client = Client::connect(&cfg).await.expect("client");
+    prepare_schema(&client).await;
+    let limits = JobLimits::default()
+        .max_in_flight(3)
+        .fleet_max(2)
+        .rate(5, Duration::from_secs(1));
+    let job = ThreeStep {
+        worker: "L1".into(),
+        schema: ns.clone(),
+    };
+    let worker = Worker::builder(cfg.clone().with_worker_id("L1"))
+        .register_with(job, limits)
+        .start()
+        .await
+        .unwrap();
+    let reported = wait_until(Duration::from_secs(20), || async {
+        !client.store().type_limits().await.unwrap().is_empty()
+    });
+    assert!(reported.await, "L1 reports its limits");
+    let listed = cli_json(&cfg, &["workers"]);
+    let l1 = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["worker"] == "L1");
+    let expected = serde_json::json!([{"worker": "L1", "job_type": "test.three_step",
+        "max_in_flight": 3, "fleet_max": 2, "rate": 5, "rate_per_ms": 1000}]);
+    assert_eq!(l1.expect("L1 listed")["limits"], expected);
+
+    let input = r#"{"n": 1}"#;
+    let args = [
+        "enqueue",
+        "test.three_step",
+        "--key",
+        "low-1",
+        "--input",
+        input,
+    ];
+    let enqueued = cli_json(&cfg, &[&args[..], &["--priority", "low"]].concat());
+    assert_eq!(enqueued["priority"], "low");
+    let id = enqueued["job_id"].as_str().unwrap().to_string();
+    assert_eq!(cli_json(&cfg, &["job", &id])["priority"], "low");
+
+    let (_serve, base) = spawn_serve(&cfg, "web-limits-operator-token");
+    let (driver, b) = browser().await;
+    b.goto(&format!("{base}/workers")).await.unwrap();
+    let row = "#type-limits tr[data-type='test.three_step'][data-worker='L1']";
+    assert_eq!(text(&b, &format!("{row} td.max-in-flight")).await, "3");
+    assert_eq!(text(&b, &format!("{row} td.fleet-max")).await, "2");
+    assert_eq!(text(&b, &format!("{row} td.rate")).await, "5/1s");
+    shot(&b, "workers-limits").await;
+    b.goto(&format!("{base}/jobs/{id}")).await.unwrap();
+    assert_eq!(text(&b, "#priority").await, "low");
     b.close().await.unwrap();
     drop(driver);
     worker.shutdown().await.unwrap();

@@ -13,6 +13,7 @@ pub use schedules::MAX_TRIGGER_ID;
 use crate::fence::{Cancelled, FenceError, FenceStore, Inserted, JobRow, JobStatus, WrongState};
 use crate::job::Job;
 use crate::queue::{Queue, QueueError};
+use crate::steps::StepInfo;
 use crate::{Config, JobId, Priority};
 
 use mode::ModeCheck;
@@ -171,23 +172,29 @@ pub struct Enqueued {
 }
 
 /// How to enqueue a job ([`Client::enqueue_with`],
-/// [`Client::enqueue_many_with`]): for now its [`Priority`].
+/// [`Client::enqueue_json_with`], [`Client::enqueue_many_with`]): its
+/// [`Priority`] and, for a delayed job, when it is due.
 ///
-/// A delayed job ([`Client::enqueue_at`], [`Client::enqueue_in`]) and a
-/// batch item whose publish failed (handed to the scheduler leader) are
-/// published by the leader from the row at `normal`: the row does not
-/// record a priority yet.
+/// The row records the priority (`JobRow::priority`): every later message
+/// of the job (the scheduler leader's publish of a delayed or handed-over
+/// job, a redrive, a retry-now, the compensation of a given-up job) goes to
+/// the same level. A transactional enqueue ([`Client::enqueue_in`]) is
+/// `normal`.
 ///
 /// ```
 /// use tenure::{EnqueueOptions, Priority};
-/// let o = EnqueueOptions::default().priority(Priority::Low);
+/// let soon = chrono::Utc::now() + chrono::Duration::minutes(5);
+/// let o = EnqueueOptions::default().priority(Priority::Low).run_at(soon);
 /// assert_eq!(o.get_priority(), Priority::Low);
+/// assert_eq!(o.get_run_at(), Some(soon));
 /// assert_eq!(EnqueueOptions::default().get_priority(), Priority::Normal);
+/// assert_eq!(EnqueueOptions::default().get_run_at(), None);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EnqueueOptions {
     priority: Priority,
+    run_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl EnqueueOptions {
@@ -198,9 +205,23 @@ impl EnqueueOptions {
         self
     }
 
+    /// Due at `run_at` (default: now), with the rules of
+    /// [`Client::enqueue_at`]: at most [`Config::max_delay`] ahead, and the
+    /// scheduler leader publishes it once due.
+    #[must_use]
+    pub fn run_at(mut self, run_at: chrono::DateTime<chrono::Utc>) -> Self {
+        self.run_at = Some(run_at);
+        self
+    }
+
     /// The priority set.
     pub fn get_priority(&self) -> Priority {
         self.priority
+    }
+
+    /// When the job is due, if set.
+    pub fn get_run_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.run_at
     }
 }
 
@@ -327,14 +348,32 @@ impl Client {
     ) -> Result<Enqueued, ClientError> {
         let value = input_value::<J>(input)?;
         let job_id = JobId::from_key(J::NAME, idempotency_key);
-        let payload = self.checked_payload(job_id, J::NAME, &value)?;
+        let job = (job_id, J::NAME, Some(J::STEPS));
+        self.enqueue_value(job, &value, options).await
+    }
+
+    /// Every single enqueue's path: the delay and the message checked, the
+    /// mode checked, the row inserted (with `steps`, a typed definition's),
+    /// the message published unless the row says not to.
+    async fn enqueue_value(
+        &self,
+        (job_id, job_type, steps): (JobId, &str, Option<&[StepInfo]>),
+        value: &serde_json::Value,
+        options: EnqueueOptions,
+    ) -> Result<Enqueued, ClientError> {
+        if let Some(run_at) = options.run_at {
+            self.check_delay(run_at)?;
+        }
+        let payload = self.checked_payload(job_id, job_type, value)?;
         self.check_mode().await?;
+        let when = (options.run_at, steps);
         let inserted = self
             .store
-            .insert_defined_job(job_id, J::NAME, &value, None, J::STEPS)
+            .insert_row(job_id, job_type, value, when, options.priority)
             .await?;
+        let delayed = options.run_at.is_some();
         let publish = (payload, options.priority);
-        self.publish_unless_waiting(job_id, J::NAME, inserted, false, publish)
+        self.publish_unless_waiting(job_id, job_type, inserted, delayed, publish)
             .await
     }
 
@@ -369,12 +408,8 @@ impl Client {
         options: EnqueueOptions,
     ) -> Result<Enqueued, ClientError> {
         let job_id = JobId::from_key(job_type, idempotency_key);
-        let payload = self.checked_payload(job_id, job_type, &input)?;
-        self.check_mode().await?;
-        let inserted = self.store.insert_job(job_id, job_type, &input).await?;
-        let publish = (payload, options.priority);
-        self.publish_unless_waiting(job_id, job_type, inserted, false, publish)
-            .await
+        let job = (job_id, job_type, None);
+        self.enqueue_value(job, &input, options).await
     }
 
     /// Enqueues a job by type name with a JSON input, due at `run_at`: the
@@ -391,19 +426,8 @@ impl Client {
         input: serde_json::Value,
         run_at: chrono::DateTime<chrono::Utc>,
     ) -> Result<Enqueued, ClientError> {
-        let ahead = (run_at - chrono::Utc::now()).to_std().unwrap_or_default();
-        if ahead > self.max_delay {
-            return Err(self.too_long(ahead));
-        }
-        let job_id = JobId::from_key(job_type, idempotency_key);
-        let payload = self.checked_payload(job_id, job_type, &input)?;
-        self.check_mode().await?;
-        let inserted = self
-            .store
-            .insert_job_at(job_id, job_type, &input, run_at)
-            .await?;
-        let publish = (payload, Priority::Normal);
-        self.publish_unless_waiting(job_id, job_type, inserted, true, publish)
+        let options = EnqueueOptions::default().run_at(run_at);
+        self.enqueue_json_with(job_type, idempotency_key, input, options)
             .await
     }
 
@@ -452,21 +476,19 @@ impl Client {
         input: &J::Input,
         run_at: chrono::DateTime<chrono::Utc>,
     ) -> Result<Enqueued, ClientError> {
+        let options = EnqueueOptions::default().run_at(run_at);
+        self.enqueue_with::<J>(idempotency_key, input, options)
+            .await
+    }
+
+    /// [`ClientError::DelayTooLong`] for a `run_at` further ahead than
+    /// [`Config::max_delay`].
+    fn check_delay(&self, run_at: chrono::DateTime<chrono::Utc>) -> Result<(), ClientError> {
         let ahead = (run_at - chrono::Utc::now()).to_std().unwrap_or_default();
         if ahead > self.max_delay {
             return Err(self.too_long(ahead));
         }
-        let value = input_value::<J>(input)?;
-        let job_id = JobId::from_key(J::NAME, idempotency_key);
-        let payload = self.checked_payload(job_id, J::NAME, &value)?;
-        self.check_mode().await?;
-        let inserted = self
-            .store
-            .insert_defined_job(job_id, J::NAME, &value, Some(run_at), J::STEPS)
-            .await?;
-        let publish = (payload, Priority::Normal);
-        self.publish_unless_waiting(job_id, J::NAME, inserted, true, publish)
-            .await
+        Ok(())
     }
 
     fn too_long(&self, delay: std::time::Duration) -> ClientError {
@@ -499,11 +521,15 @@ impl Client {
                 });
             }
         };
+        let mut priority = priority;
         if (duplicate || delayed)
             && let Some(row) = self.store.job(job_id).await?
-            && (row.status.is_terminal() || row.awaiting_publish)
         {
-            return Ok(Enqueued { job_id, duplicate });
+            if row.status.is_terminal() || row.awaiting_publish {
+                return Ok(Enqueued { job_id, duplicate });
+            }
+            // An existing job keeps the level it was enqueued at.
+            priority = row.priority;
         }
         self.queue
             .publish_job_with_priority(job_id, job_type, payload, priority)
@@ -766,8 +792,9 @@ impl Client {
             job_type: "json",
             source,
         })?;
+        let job = (job_id, row.job_type.as_str(), row.priority);
         self.queue
-            .publish_retry_now(job_id, &row.job_type, payload.into(), attempts)
+            .publish_retry_now(job, payload.into(), attempts)
             .await?;
         Ok(())
     }
@@ -830,7 +857,7 @@ impl Client {
             source,
         })?;
         self.queue
-            .publish_redrive(row.id, &row.job_type, payload.into())
+            .publish_redrive((row.id, &row.job_type, row.priority), payload.into())
             .await?;
         Ok(())
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tenure::blocks::fence::JobStatus;
 use tenure::testing::TestEnv;
-use tenure::{Client, Config, DeadJob, JobId, StepCtx, StepError, Worker};
+use tenure::{Client, Config, DeadJob, JobId, Priority, StepCtx, StepError, Worker};
 use tenure_tests::wait_until;
 
 /// How many times each job's `on_dead` hook ran (tests share the process).
@@ -562,7 +562,7 @@ async fn two_messages_of_one_job_in_one_fetch_are_absorbed(env: TestEnv) {
     let payload = serde_json::to_vec(&5).unwrap();
     client
         .queue()
-        .publish_redrive(e.job_id, "ops.pay", payload.into())
+        .publish_redrive((e.job_id, "ops.pay", Priority::Normal), payload.into())
         .await
         .unwrap();
     let w = pay_worker(env).await;

@@ -9,6 +9,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use tenure::blocks::queue::QueueNames;
 use tenure::testing::TestEnv;
 use tenure::{Config, EnqueueOptions, JobId, JobStatus, Priority, StepCtx, StepError, Worker};
 use tenure_tests::{all_done, wait_until};
@@ -141,4 +142,83 @@ async fn high_jobs_overtake_a_backlog_of_low_ones(env: TestEnv) {
 #[tenure::test(ttl_secs = 3, partitions = 4)]
 async fn high_jobs_overtake_a_backlog_of_low_ones_in_partition_mode(env: TestEnv) {
     highs_overtake_a_backlog_of_lows(env).await;
+}
+
+/// A type no worker of these tests runs: its messages stay in the stream.
+const UNSERVED: &str = "test.unserved";
+
+/// The `Nats-Msg-Id` of the last message on job `id`'s subject at `level`.
+async fn last_msg_id(env: &TestEnv, id: JobId, level: Priority) -> Option<String> {
+    let subject = env
+        .client()
+        .queue()
+        .job_subject_with_priority(UNSERVED, id, level);
+    let nats = async_nats::connect(env.stack().nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let stream = QueueNames::new(env.namespace()).stream;
+    let stream = js.get_stream(stream).await.unwrap();
+    let last = stream
+        .get_last_raw_message_by_subject(&subject)
+        .await
+        .ok()?;
+    last.headers.get("Nats-Msg-Id").map(ToString::to_string)
+}
+
+/// The level is the job's, not only its first message's (the row records
+/// it): the scheduler leader publishes a delayed high job on the high
+/// subject, and a redrive of a low job goes to the low subject.
+async fn later_messages_keep_the_level(env: TestEnv) {
+    tenure_tests::init_logs();
+    // The scheduler leader; it does not run `UNSERVED`.
+    let w = worker(&env).await;
+    let client = env.client();
+    let soon = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let high = EnqueueOptions::default()
+        .priority(Priority::High)
+        .run_at(soon);
+    let input = serde_json::json!({});
+    let enqueue = client.enqueue_json_with(UNSERVED, "delayed", input.clone(), high);
+    let delayed = enqueue.await.unwrap().job_id;
+    let low = EnqueueOptions::default().priority(Priority::Low);
+    let enqueue = client.enqueue_json_with(UNSERVED, "redriven", input, low);
+    let redriven = enqueue.await.unwrap().job_id;
+    assert_eq!(client.redrive(redriven).await.unwrap(), 1);
+    let published = wait_until(WAIT, || async {
+        let row = client.job(delayed).await.unwrap().unwrap();
+        !row.awaiting_publish
+    });
+    assert!(
+        published.await,
+        "the leader did not publish the delayed job"
+    );
+
+    let rows = (client.job(delayed).await, client.job(redriven).await);
+    let levels = (
+        rows.0.unwrap().unwrap().priority,
+        rows.1.unwrap().unwrap().priority,
+    );
+    assert_eq!(levels, (Priority::High, Priority::Low), "the rows' levels");
+    let on_high = last_msg_id(&env, delayed, Priority::High).await;
+    assert_eq!(
+        on_high,
+        Some(delayed.to_string()),
+        "the delayed job's message"
+    );
+    let on_low = last_msg_id(&env, redriven, Priority::Low).await;
+    let on_low = on_low.expect("no message on the low subject");
+    assert!(
+        on_low.starts_with(&format!("{redriven}/redrive/")),
+        "{on_low}"
+    );
+    w.shutdown().await.unwrap();
+}
+
+#[tenure::test(ttl_secs = 3)]
+async fn later_messages_of_a_job_keep_its_level(env: TestEnv) {
+    later_messages_keep_the_level(env).await;
+}
+
+#[tenure::test(ttl_secs = 3, partitions = 4)]
+async fn later_messages_of_a_job_keep_its_level_in_partition_mode(env: TestEnv) {
+    later_messages_keep_the_level(env).await;
 }

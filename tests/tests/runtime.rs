@@ -8,7 +8,7 @@ use std::time::Duration;
 use tenure::blocks::fence::JobStatus;
 use tenure::blocks::lease::{Acquire, Session};
 use tenure::testing::{FaultPlan, TestEnv};
-use tenure::{Cancelled, Client, Config, FencingToken, JobId, StepIndex};
+use tenure::{Cancelled, Client, Config, FencingToken, JobId, Priority, StepIndex};
 use tenure::{Worker, WorkerObserver};
 use tenure_tests::metered::cancellable_worker;
 use tenure_tests::{
@@ -521,6 +521,11 @@ async fn graceful_shutdown_releases_jobs_without_counting_takeovers(env: TestEnv
         })
         .await
     );
+    // Step 0 committed; a second on, slow step 1 has begun (it takes 3 s).
+    // Without the wait, a shutdown between step 0's commit and step 1's
+    // start released the job at step 1 (a correct release; seen once under
+    // make test's load).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     first.shutdown().await.unwrap();
     let row = client.job(job_id).await.unwrap().unwrap();
     assert_eq!(
@@ -673,7 +678,7 @@ async fn admission_acks_finished_jobs_and_dead_letters_rowless_and_unknown_types
     // run, and a new job.
     let queue = client.queue();
     queue
-        .publish_redrive(done, "test.three_step", "{}".into())
+        .publish_redrive((done, "test.three_step", Priority::Normal), "{}".into())
         .await
         .unwrap();
     let rowless = JobId::from_key("test.three_step", "admit-rowless");

@@ -875,6 +875,7 @@ fn report(worker: &str, health: &'static str) -> tenure::blocks::fence::WorkerRe
         lease_ttl: Duration::from_secs(3),
         started_at: chrono::Utc::now(),
         job_types: vec!["sec.t".into()],
+        type_limits: std::collections::BTreeMap::new(),
     }
 }
 

@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
-use tenure::blocks::fence::{JobEvent, PartitionOwner};
+use tenure::blocks::fence::{JobEvent, LimitsSeen, PartitionOwner};
 
 use crate::data::{
     DeadLetterView, JobDetail, JobView, JobsPage, OverviewView, PausedView, ScheduleView,
@@ -324,6 +324,7 @@ pub fn job(d: &JobDetail, flash: Option<&str>, viewer: &Viewer) -> Markup {
             tr { th { "fence" } td { (j.fence) } th { "step" } td { (j.step) } }
             tr { th { "takeovers" } td #takeovers { (j.takeovers) } th { "attempts" } td { (j.attempts) } }
             tr { th { "created" } td { (time(&j.created_at)) } th { "updated" } td { (time(&j.updated_at)) } }
+            tr { th { "priority" } td #priority colspan="3" { (j.priority) } }
             tr { th { "owners" } td #owners colspan="3" { (owners.join(" → ")) } }
             tr { th { "last error" } td colspan="3" { (opt(j.last_error.as_deref())) } }
             tr { th { "steps" } td #step-names colspan="3" { (opt(d.step_names.as_ref().map(|n| n.join(" → ")))) } }
@@ -486,8 +487,33 @@ pub fn workers(ws: &[WorkerView], viewer: &Viewer) -> Markup {
             }
         }
         (partition_owners(ws))
+        (type_limits(ws))
     };
     layout("Workers", viewer, body)
+}
+
+/// Each worker's limits for each type that has some, as its last report
+/// says (the fleet limit itself is kept in etcd).
+fn type_limits(ws: &[WorkerView]) -> Markup {
+    let mut limits: Vec<&LimitsSeen> = ws.iter().flat_map(|v| &v.limits).collect();
+    limits.sort_by(|a, b| (&a.job_type, &a.worker).cmp(&(&b.job_type, &b.worker)));
+    html! {
+        @if !limits.is_empty() {
+            h2 { "Limits per type" }
+            p.note { "Each worker's own limits for the type, from its last report: max in flight (this worker), fleet max (all workers together, kept in etcd), rate (deliveries this worker takes per period)." }
+            table #type-limits {
+                tr { th { "type" } th { "worker" } th { "max in flight" } th { "fleet max" } th { "rate" } }
+                @for l in &limits {
+                    tr data-type=(l.job_type) data-worker=(l.worker) {
+                        td { (l.job_type) } td { (l.worker) }
+                        td.max-in-flight { (opt(l.limits.max_in_flight)) }
+                        td.fleet-max { (opt(l.limits.fleet_max)) }
+                        td.rate { (crate::render::rate_of(&l.limits)) }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Partition mode: which worker owns which partition of which type, since
@@ -629,6 +655,7 @@ mod tests {
             waiting: None,
             run_at: None,
             awaiting_publish: false,
+            priority: tenure::Priority::Normal,
         };
         let page = JobsPage {
             jobs: vec![view],

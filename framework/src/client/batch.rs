@@ -211,7 +211,7 @@ impl Client {
             Vec::new()
         } else {
             self.store()
-                .insert_jobs(&rows, Some(steps), all_or_nothing)
+                .insert_jobs(&rows, Some(steps), priority, all_or_nothing)
                 .await?
         };
         let rolled_back = all_or_nothing && found.contains(&BatchInserted::Conflict);

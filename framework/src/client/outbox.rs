@@ -106,9 +106,11 @@ impl Client {
             // after the commit), invisible on the pool.
             crate::fence::Inserted::Existing => {
                 let row = self.store().job_on(conn, job_id).await?;
-                let waiting = row.is_none_or(|r| r.status.is_terminal() || r.awaiting_publish);
-                if !waiting {
-                    self.queue().publish_job(job_id, job_type, payload).await?;
+                let live = row.filter(|r| !r.status.is_terminal() && !r.awaiting_publish);
+                if let Some(row) = live {
+                    self.queue()
+                        .publish_job_with_priority(job_id, job_type, payload, row.priority)
+                        .await?;
                 }
                 Ok(Enqueued {
                     job_id,

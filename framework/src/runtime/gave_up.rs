@@ -101,7 +101,7 @@ async fn republish_for_compensation(shared: &Shared, job_id: crate::JobId) {
     let payload = serde_json::to_vec(&row.input).unwrap_or_default();
     let published = shared
         .queue
-        .publish_redrive(job_id, &row.job_type, payload.into())
+        .publish_redrive((job_id, &row.job_type, row.priority), payload.into())
         .await;
     if let Err(e) = published {
         tracing::warn!(%job_id, error = %e, "publishing the compensation message failed; its on_dead hook waits for a redrive");

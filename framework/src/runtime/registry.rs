@@ -1,10 +1,11 @@
 //! The job types a worker runs, type-erased.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::routes::Route;
 use crate::StepIndex;
+use crate::fence::ReportedLimits;
 use crate::job::{BoxFuture, DeadJob, Job, StepCtx, StepError, StepInfo, StepTimeout};
 
 /// A [`Job`] behind a trait object (the runtime holds many job types at once).
@@ -183,6 +184,24 @@ impl Registry {
             .collect();
         out.sort_unstable_by_key(|r| r.0);
         out
+    }
+
+    /// The limits of every type that has some, as the worker reports them.
+    pub(crate) fn reported_limits(&self) -> BTreeMap<String, ReportedLimits> {
+        let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.limits
+            .iter()
+            .filter(|(_, l)| l.max_in_flight.is_some() || l.fleet_max.is_some() || l.rate.is_some())
+            .map(|(name, l)| {
+                let reported = ReportedLimits {
+                    max_in_flight: l.max_in_flight.map(|n| n as u64),
+                    fleet_max: l.fleet_max,
+                    rate: l.rate.map(|r| r.0),
+                    rate_per_ms: l.rate.map(|r| millis(r.1)),
+                };
+                ((*name).to_string(), reported)
+            })
+            .collect()
     }
 
     /// Every type's name, sorted.

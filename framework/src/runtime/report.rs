@@ -93,6 +93,7 @@ impl Reporter {
             lease_ttl: cfg.lease_ttl,
             started_at: self.started_at,
             job_types: self.shared.registry.names(),
+            type_limits: self.shared.registry.reported_limits(),
         };
         let write = self.shared.store.report_worker(&report);
         match tokio::time::timeout(cfg.lease_ttl / 2, write).await {

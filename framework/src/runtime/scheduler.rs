@@ -476,7 +476,7 @@ impl Scheduler {
         let sent = self
             .shared
             .queue
-            .publish_job(job.id, &job.job_type, payload.into())
+            .publish_job_with_priority(job.id, &job.job_type, payload.into(), job.priority)
             .instrument(span)
             .await;
         match sent {

@@ -16,8 +16,8 @@ use super::guard;
 use super::{FenceError, FenceStore};
 
 /// The columns an enqueue writes; every other column takes its default.
-pub(crate) const INSERT_COLUMNS: &str =
-    "id, job_type, input, run_at, awaiting_publish, step_names, steps_fingerprint, trace_context";
+pub(crate) const INSERT_COLUMNS: &str = "id, job_type, input, run_at, awaiting_publish, step_names, steps_fingerprint, trace_context, \
+     priority";
 
 /// What every role of the schema may read and call to enqueue.
 const PRODUCER_FUNCTIONS: &[&str] = &["tenure_hand_to_publisher(uuid[])"];
@@ -44,7 +44,7 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "tenure_advance_schedule(text, bigint, text, timestamptz, timestamptz, bigint, bigint)",
     "tenure_claim_partition(text, integer, bigint, text)",
     "tenure_record_refusal(uuid, bigint, bigint, integer, text)",
-    "tenure_report_worker(text, bigint, text, integer, integer, integer, timestamptz, text[])",
+    "tenure_report_worker(text, bigint, text, integer, integer, integer, timestamptz, text[], jsonb)",
     "tenure_prune_jobs(text, double precision, integer)",
     "tenure_prune_tombstones(double precision, integer)",
 ];

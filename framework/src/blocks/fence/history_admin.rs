@@ -9,7 +9,10 @@
 //! loses its timelines and rates. Refused stale writes are still noted (they
 //! are written by `fence`, not by the trigger).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::{FenceError, FenceStore};
 
@@ -85,6 +88,37 @@ pub struct WorkerReport {
     pub started_at: chrono::DateTime<chrono::Utc>,
     /// The job types it registered (the only ones it receives).
     pub job_types: Vec<String>,
+    /// The limits it runs its types with, by type (only types with some
+    /// limit; migration 0022).
+    pub type_limits: BTreeMap<String, ReportedLimits>,
+}
+
+/// The limits a worker runs one job type with, as it reports them
+/// (`JobLimits`, in milliseconds where a duration): for operators only, the
+/// fleet limit itself is kept in etcd.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportedLimits {
+    /// `JobLimits::max_in_flight`: this worker's deliveries in hand at once.
+    pub max_in_flight: Option<u64>,
+    /// `JobLimits::fleet_max`: jobs of the type running fleet-wide at once.
+    pub fleet_max: Option<u32>,
+    /// `JobLimits::rate`: deliveries this worker takes per `rate_per_ms`.
+    pub rate: Option<u32>,
+    /// The rate's period, in milliseconds.
+    pub rate_per_ms: Option<u64>,
+}
+
+/// One worker's limits for one type, from its last report
+/// ([`FenceStore::type_limits`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LimitsSeen {
+    /// The worker.
+    pub worker: String,
+    /// The job type.
+    pub job_type: String,
+    /// Its limits.
+    #[serde(flatten)]
+    pub limits: ReportedLimits,
 }
 
 impl FenceStore {
@@ -97,7 +131,7 @@ impl FenceStore {
         let int = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
         let ttl_ms = i32::try_from(report.lease_ttl.as_millis()).unwrap_or(i32::MAX);
         let sql = format!(
-            "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8)",
+            "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             self.table("tenure_report_worker")
         );
         sqlx::query(&sql)
@@ -109,6 +143,7 @@ impl FenceStore {
             .bind(ttl_ms)
             .bind(report.started_at)
             .bind(&report.job_types)
+            .bind(sqlx::types::Json(&report.type_limits))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -132,5 +167,28 @@ impl FenceStore {
         );
         let types: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&self.pool).await?;
         Ok(types.into_iter().collect())
+    }
+
+    /// Each worker's limits for each of its types with some limit, as its
+    /// last report says, by type then worker.
+    ///
+    /// # Errors
+    /// [`FenceError::Db`].
+    pub async fn type_limits(&self) -> Result<Vec<LimitsSeen>, FenceError> {
+        let sql = format!(
+            "SELECT r.worker, l.key, l.value FROM {} r, jsonb_each(r.type_limits) l \
+              ORDER BY l.key, r.worker",
+            self.table("worker_reports")
+        );
+        let rows: Vec<(String, String, sqlx::types::Json<ReportedLimits>)> =
+            sqlx::query_as(&sql).fetch_all(&self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(worker, job_type, limits)| LimitsSeen {
+                worker,
+                job_type,
+                limits: limits.0,
+            })
+            .collect())
     }
 }

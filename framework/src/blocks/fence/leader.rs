@@ -12,7 +12,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{Postgres, Row, Transaction};
 
-use crate::types::{FencingToken, JobId, ObservedFence};
+use crate::types::{FencingToken, JobId, ObservedFence, Priority};
 
 use super::{FenceError, FenceStore};
 
@@ -29,6 +29,8 @@ pub(crate) struct DueJob {
     pub(crate) run_at: DateTime<Utc>,
     /// The producer's trace context (`telemetry::propagation`), if it had one.
     pub(crate) trace_context: Option<serde_json::Value>,
+    /// Its priority level (migration 0021).
+    pub(crate) priority: Priority,
 }
 
 /// The most due jobs one [`FenceStore::lock_due`] locks (`tenure_lock_due`'s
@@ -95,6 +97,10 @@ fn due_job(r: &sqlx::postgres::PgRow) -> Result<DueJob, sqlx::Error> {
         input: r.try_get("input")?,
         run_at: r.try_get("run_at")?,
         trace_context: r.try_get("trace_context")?,
+        priority: r
+            .try_get::<&str, _>("priority")?
+            .parse()
+            .map_err(|e: crate::types::UnknownPriority| sqlx::Error::Decode(Box::new(e)))?,
     })
 }
 
@@ -221,9 +227,14 @@ impl FenceStore {
     /// # Errors
     /// [`FenceError::Db`].
     pub(crate) async fn lock_due(&self, limit: usize) -> Result<DueBatch, FenceError> {
+        // The level from the row: `tenure_lock_due` (0019) predates it, and
+        // the worker may read `jobs`.
         let sql = format!(
-            "SELECT id, job_type, input, run_at, trace_context FROM {}($1)",
-            self.table("tenure_lock_due")
+            "SELECT d.id, d.job_type, d.input, d.run_at, d.trace_context, j.priority \
+               FROM {}($1) d JOIN {} j ON j.id = d.id \
+              ORDER BY d.run_at, d.id",
+            self.table("tenure_lock_due"),
+            self.table("jobs")
         );
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(&sql)

@@ -115,7 +115,7 @@ pub use history::{
     JobCursor, JobEvent, JobFilter, MAX_JOB_EVENTS, Overview, TypeStatusCount, WindowCounts,
     WorkerSeen,
 };
-pub use history_admin::WorkerReport;
+pub use history_admin::{LimitsSeen, ReportedLimits, WorkerReport};
 pub(crate) use leader::DueJob;
 pub use leader::LeaderRow;
 pub use outbox::{BatchInserted, NewJob, OutboxListener};

@@ -14,7 +14,7 @@ use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, Row};
 
 use crate::steps::{self as step_list, StepInfo};
-use crate::types::JobId;
+use crate::types::{JobId, Priority};
 
 use super::claims::CLAIM_RETRIES;
 use super::{FenceError, FenceStore, Inserted};
@@ -151,7 +151,7 @@ impl FenceStore {
     /// `Conflict`. With `all_or_nothing`, a `Conflict` anywhere rolls the whole
     /// batch back: every item is then reported, and nothing was inserted.
     /// `steps` (the batch's one typed definition) are recorded as each new
-    /// row's step list.
+    /// row's step list, `priority` as each new row's level.
     ///
     /// # Errors
     /// [`FenceError::Db`] (nothing inserted).
@@ -159,8 +159,10 @@ impl FenceStore {
         &self,
         jobs: &[NewJob<'_>],
         steps: Option<&[StepInfo]>,
+        priority: Priority,
         all_or_nothing: bool,
     ) -> Result<Vec<BatchInserted>, FenceError> {
+        let steps = (steps, priority);
         let mut tx = self.pool.begin().await?;
         let mut found = self.insert_batch(&mut tx, jobs, steps).await?;
         // A row that conflicted but was not in the statement's snapshot was
@@ -192,7 +194,7 @@ impl FenceStore {
         &self,
         conn: &mut PgConnection,
         jobs: &[NewJob<'_>],
-        steps: Option<&[StepInfo]>,
+        (steps, priority): (Option<&[StepInfo]>, Priority),
     ) -> Result<Vec<Option<BatchInserted>>, FenceError> {
         let t = self.table("jobs");
         let k = self.table("job_tombstones");
@@ -200,8 +202,9 @@ impl FenceStore {
             "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::jsonb[]) \
                         WITH ORDINALITY AS b(id, job_type, input, ord)), \
              ins AS (INSERT INTO {t} (id, job_type, input, step_names, steps_fingerprint, \
-                                      trace_context) \
-                     SELECT DISTINCT ON (id) id, job_type, input, $4::text[], $5::text, $6::jsonb \
+                                      trace_context, priority) \
+                     SELECT DISTINCT ON (id) id, job_type, input, $4::text[], $5::text, $6::jsonb, \
+                            $7::text \
                        FROM b WHERE NOT EXISTS (SELECT 1 FROM {k} k WHERE k.id = b.id) \
                       ORDER BY id, ord \
                      ON CONFLICT (id) DO NOTHING RETURNING id) \
@@ -225,6 +228,7 @@ impl FenceStore {
             .bind(&names)
             .bind(&fingerprint)
             .bind(crate::telemetry::propagation::current_row_value())
+            .bind(priority.as_str())
             .fetch_all(&mut *conn)
             .await?;
         rows.iter()

@@ -6,7 +6,7 @@ use tracing::Instrument;
 
 use crate::steps as step_list;
 use crate::steps::StepInfo;
-use crate::types::JobId;
+use crate::types::{JobId, Priority};
 
 use super::FenceStore;
 use super::claims::CLAIM_RETRIES;
@@ -28,7 +28,8 @@ impl FenceStore {
         job_type: &str,
         input: &serde_json::Value,
     ) -> Result<Inserted, FenceError> {
-        self.insert_row(id, job_type, input, None, None).await
+        self.insert_row(id, job_type, input, (None, None), Priority::Normal)
+            .await
     }
 
     /// Inserts a delayed job row: due at `run_at`. A `run_at` in the future
@@ -49,7 +50,7 @@ impl FenceStore {
         input: &serde_json::Value,
         run_at: chrono::DateTime<chrono::Utc>,
     ) -> Result<Inserted, FenceError> {
-        self.insert_row(id, job_type, input, Some(run_at), None)
+        self.insert_row(id, job_type, input, (Some(run_at), None), Priority::Normal)
             .await
     }
 
@@ -70,17 +71,21 @@ impl FenceStore {
         run_at: Option<chrono::DateTime<chrono::Utc>>,
         steps: &[StepInfo],
     ) -> Result<Inserted, FenceError> {
-        self.insert_row(id, job_type, input, run_at, Some(steps))
+        self.insert_row(id, job_type, input, (run_at, Some(steps)), Priority::Normal)
             .await
     }
 
-    async fn insert_row(
+    /// The one insert of a job row behind the three above (and the client's
+    /// enqueues): due at `run_at` (`None`: now), with the definition's
+    /// `steps` if typed, at `priority` (recorded for the job's later
+    /// messages).
+    pub(crate) async fn insert_row(
         &self,
         id: JobId,
         job_type: &str,
         input: &serde_json::Value,
-        run_at: Option<chrono::DateTime<chrono::Utc>>,
-        steps: Option<&[StepInfo]>,
+        (run_at, steps): (Option<chrono::DateTime<chrono::Utc>>, Option<&[StepInfo]>),
+        priority: Priority,
     ) -> Result<Inserted, FenceError> {
         let names = steps.map(step_list::names);
         let fingerprint = names.as_deref().map(step_list::fingerprint);
@@ -95,6 +100,7 @@ impl FenceStore {
                     .bind(&names)
                     .bind(&fingerprint)
                     .bind(crate::telemetry::propagation::current_row_value())
+                    .bind(priority.as_str())
                     .execute(&self.pool)
                     .await;
                 // A prune committed while the insert waited: look again.

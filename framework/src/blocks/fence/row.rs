@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use crate::types::{JobId, ObservedFence, StepIndex};
+use crate::types::{JobId, ObservedFence, Priority, StepIndex, UnknownPriority};
 
 use super::error::FenceError;
 use super::status::{JobStatus, UnknownStatus};
@@ -59,6 +59,9 @@ pub struct JobRow {
     /// A dead job whose `on_dead` hook has not committed yet (migration
     /// 0011): a worker runs it before the job is dead-lettered.
     pub compensation_pending: bool,
+    /// The job's priority level, recorded at enqueue (migration 0021): every
+    /// later message of the job goes to this level's subject.
+    pub priority: Priority,
 }
 
 /// What a cancel did ([`FenceStore::cancel_job`](super::FenceStore::cancel_job),
@@ -137,6 +140,7 @@ pub(crate) fn job_row(row: &PgRow) -> Result<JobRow, FenceError> {
         steps_fingerprint: row.try_get("steps_fingerprint")?,
         incompatible_since: row.try_get("incompatible_since")?,
         compensation_pending: row.try_get::<String, _>("compensation")? == "pending",
+        priority: priority_from(id, row.try_get::<&str, _>("priority")?)?,
     })
 }
 
@@ -200,6 +204,14 @@ fn count_from(id: JobId, what: &str, raw: i32) -> Result<u32, FenceError> {
         job_id: id,
         reason: format!("negative {what} {raw}"),
     })
+}
+
+fn priority_from(id: JobId, raw: &str) -> Result<Priority, FenceError> {
+    raw.parse()
+        .map_err(|e: UnknownPriority| FenceError::Corrupt {
+            job_id: id,
+            reason: e.to_string(),
+        })
 }
 
 fn status_from(id: JobId, raw: &str) -> Result<JobStatus, FenceError> {

@@ -4,7 +4,7 @@
 /// Columns of a full [`JobRow`](super::JobRow).
 pub(crate) const ROW_COLUMNS: &str = "id, job_type, input, fence, step, checkpoint, status, released, \
                            takeovers, attempts, last_error, cancel_reason, created_at, updated_at, run_at, awaiting_publish, \
-                           step_names, steps_fingerprint, incompatible_since, compensation";
+                           step_names, steps_fingerprint, incompatible_since, compensation, priority";
 
 /// Columns a claim returns.
 #[cfg(feature = "testing")]
@@ -149,8 +149,8 @@ impl Sql {
             partitioned: false,
             insert: format!(
                 "INSERT INTO {t} (id, job_type, input, run_at, awaiting_publish, step_names, \
-                                  steps_fingerprint, trace_context) \
-                 SELECT $1, $2, $3, $4, coalesce($4 > clock_timestamp(), false), $5, $6, $7 \
+                                  steps_fingerprint, trace_context, priority) \
+                 SELECT $1, $2, $3, $4, coalesce($4 > clock_timestamp(), false), $5, $6, $7, $8 \
                   WHERE NOT EXISTS (SELECT 1 FROM {k} WHERE id = $1) \
                  ON CONFLICT (id) DO NOTHING"
             ),

@@ -313,24 +313,24 @@ impl Queue {
     }
 
     /// Publishes a job message afresh for an operator's redrive of a job whose
-    /// DLQ entry is gone: the message id is `<job_id>/redrive/<random>`, so the
-    /// duplicate window does not drop it.
+    /// DLQ entry is gone, at the job's priority level: the message id is
+    /// `<job_id>/redrive/<random>`, so the duplicate window does not drop it.
     ///
     /// # Errors
     /// As [`Queue::publish_job`].
     pub async fn publish_redrive(
         &self,
-        job_id: JobId,
-        job_type: &str,
+        (job_id, job_type, priority): (JobId, &str, Priority),
         payload: bytes::Bytes,
     ) -> Result<Published, QueueError> {
         let msg_id = format!("{job_id}/redrive/{}", uuid::Uuid::new_v4());
-        self.publish_with_msg_id(job_id, (job_type, Priority::Normal), payload, msg_id)
+        self.publish_with_msg_id(job_id, (job_type, priority), payload, msg_id)
             .await
     }
 
-    /// Publishes one more message of job `job_id` for an operator's
-    /// retry-now of the job's `attempts`-th wait: the message id is
+    /// Publishes one more message of job `job_id` (at its priority level)
+    /// for an operator's retry-now of the job's `attempts`-th wait: the
+    /// message id is
     /// `<job_id>/retry-now/<attempts>`, so a repeated retry-now of the same
     /// wait stores one message (inside the duplicate window). A worker admits,
     /// locks and claims it as any other message of the job.
@@ -339,13 +339,12 @@ impl Queue {
     /// As [`Queue::publish_job`].
     pub async fn publish_retry_now(
         &self,
-        job_id: JobId,
-        job_type: &str,
+        (job_id, job_type, priority): (JobId, &str, Priority),
         payload: bytes::Bytes,
         attempts: u32,
     ) -> Result<Published, QueueError> {
         let msg_id = format!("{job_id}/retry-now/{attempts}");
-        self.publish_with_msg_id(job_id, (job_type, Priority::Normal), payload, msg_id)
+        self.publish_with_msg_id(job_id, (job_type, priority), payload, msg_id)
             .await
     }
 
