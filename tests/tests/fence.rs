@@ -1533,3 +1533,53 @@ async fn job_history_switches_off_and_on_and_prunes_by_age() {
     );
     assert_eq!(s.job_events(loud).await.unwrap(), vec![]);
 }
+
+/// A fenced transaction whose begin is abandoned half way (the caller's
+/// future dropped once sqlx has queued or sent the `BEGIN`, before the
+/// answer: a step cancelled at shutdown, a leader stepping down) must not
+/// go back to the pool inside a transaction. Every autocommit write on that
+/// connection after it (a release, a failure record) would be held in that
+/// transaction and lost when the pool closes it: sqlx 0.8.6 counts a
+/// transaction only once the server answered its `BEGIN`, so its own
+/// rollback guard does nothing then. Found as a graceful shutdown's
+/// release that never landed (`versions.rs`, about 1 run in 30 under load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_abandoned_half_way_leaves_no_connection_in_a_transaction() {
+    use std::str::FromStr;
+    let app = format!("abandoned-begin-{}", std::process::id());
+    let url = database_stack(false).database_url();
+    let options = sqlx::postgres::PgConnectOptions::from_str(&url)
+        .unwrap()
+        .application_name(&app);
+    let pooled = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = FenceStore::new(pooled, &DevStack::unique_namespace("abandon")).unwrap();
+    store.migrate().await.unwrap();
+    let id = new_job(&store, "abandoned").await;
+    store.claim(id, tok(5)).await.unwrap();
+    let observer = pool(1).await;
+    let mut stuck_seen = 0;
+    for i in 0..200u64 {
+        let begin = store.begin_step(id, tok(5), step(0));
+        let _ = tokio::time::timeout(Duration::from_micros(i % 50 * 20), begin).await;
+        // Dropped transactions and connections go back to the pool in tasks.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let stuck: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+              WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+        )
+        .bind(&app)
+        .fetch_one(&observer)
+        .await
+        .unwrap();
+        stuck_seen += stuck;
+    }
+    let stuck = stuck_seen;
+    assert_eq!(
+        stuck, 0,
+        "pooled connections seen left inside a transaction"
+    );
+}

@@ -40,7 +40,7 @@ impl FenceStore {
     /// # Errors
     /// [`FenceError::Db`] on a database error.
     pub async fn cancel_key(&self, job_id: JobId) -> Result<CancelKey, FenceError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
             .bind(CANCEL_KEY_CLASS)
             .bind(self.key_text(job_id))

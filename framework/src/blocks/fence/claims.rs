@@ -92,7 +92,7 @@ impl FenceStore {
         let span =
             tracing::info_span!("tenure.fence.claim_and_begin", job_id = %id, token = %token);
         async {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin().await?;
             let row = sqlx::query(&self.sql.claim_and_begin)
                 .bind(id.as_uuid())
                 .bind(token.get())
@@ -147,7 +147,7 @@ impl FenceStore {
         );
         async {
             let step_sql = step_to_sql(id, step)?;
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin().await?;
             let admitted = sqlx::query(&self.sql.admit)
                 .bind(id.as_uuid())
                 .bind(token.get())

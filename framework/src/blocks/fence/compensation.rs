@@ -118,7 +118,7 @@ impl FenceStore {
         let span =
             tracing::info_span!("tenure.fence.begin_compensation", job_id = %id, token = %token);
         async {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin().await?;
             let admitted = sqlx::query(&self.sql.admit_compensation)
                 .bind(id.as_uuid())
                 .bind(token.get())

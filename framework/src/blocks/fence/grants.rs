@@ -178,7 +178,7 @@ impl FenceStore {
     }
 
     async fn run_grants(&self, stmts: &[String]) -> Result<(), FenceError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         for stmt in stmts {
             tx.execute(stmt.as_str()).await?;
         }

@@ -59,7 +59,7 @@ impl FenceStore {
         let span = tracing::info_span!("tenure.fence.install_guard", table);
         async {
             let quoted = guard::quote_table(table)?;
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin().await?;
             let (kind, partition): (String, bool) = sqlx::query_as(
                 "SELECT relkind::text, relispartition FROM pg_class WHERE oid = $1::regclass",
             )

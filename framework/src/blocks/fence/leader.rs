@@ -164,7 +164,7 @@ impl FenceStore {
             "SELECT * FROM {}($1, $2)",
             self.table("tenure_admit_leader")
         );
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let admitted = sqlx::query(&sql)
             .bind(role)
             .bind(token.get())
@@ -236,7 +236,7 @@ impl FenceStore {
             self.table("tenure_lock_due"),
             self.table("jobs")
         );
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let rows = sqlx::query(&sql)
             .bind(i32::try_from(limit.min(MAX_DUE_BATCH)).unwrap_or(1))
             .fetch_all(&mut *tx)

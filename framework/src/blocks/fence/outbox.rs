@@ -163,7 +163,7 @@ impl FenceStore {
         all_or_nothing: bool,
     ) -> Result<Vec<BatchInserted>, FenceError> {
         let steps = (steps, priority);
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let mut found = self.insert_batch(&mut tx, jobs, steps).await?;
         // A row that conflicted but was not in the statement's snapshot was
         // committed by another inserter meanwhile: look again (rare).

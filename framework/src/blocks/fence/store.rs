@@ -7,6 +7,7 @@ use std::sync::Arc;
 use sqlx::migrate::{Migrate, MigrateError};
 use sqlx::postgres::PgPool;
 use sqlx::{Connection, Executor, PgConnection};
+use sqlx::{Postgres, Transaction};
 use tracing::Instrument;
 
 use crate::config::Config;
@@ -111,6 +112,27 @@ impl FenceStore {
     /// The schema holding the job rows.
     pub fn schema(&self) -> &str {
         &self.schema
+    }
+
+    /// A transaction on a pooled connection, begun to the end even when the
+    /// caller's future is dropped half way.
+    ///
+    /// sqlx 0.8.6 counts a transaction only once the server has answered its
+    /// `BEGIN`: a `pool.begin()` dropped in between (a step cancelled at
+    /// shutdown, a leader stepping down) puts its connection back in the pool
+    /// inside a transaction sqlx does not know of, and every autocommit
+    /// statement on that connection afterwards (a release, a failure record)
+    /// is held there, then lost when the pool closes it. Begun in a task of
+    /// its own, the `BEGIN` always completes; if the caller went away, the
+    /// transaction is dropped there and sqlx sends its rollback.
+    pub(super) async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        let pool = self.pool.clone();
+        match tokio::spawn(async move { pool.begin().await }).await {
+            Ok(begun) => begun,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => Err(sqlx::Error::PoolClosed),
+        }
     }
 
     /// Applies the embedded migrations (`framework/migrations/`) to this store's
