@@ -695,3 +695,60 @@ async fn a_killed_leaders_gap_runs_once_each_with_default_settings(env: TestEnv)
         (elected - killed).num_milliseconds()
     );
 }
+
+/// Scans of the schema's `jobs` table so far (PostgreSQL's statistics,
+/// flushed by each backend at least once a second while it works).
+async fn job_scans(env: &TestEnv) -> i64 {
+    let sql = "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_user_tables \
+                WHERE schemaname = $1 AND relname = 'jobs'";
+    let scans: Option<i64> = sqlx::query_scalar(sql)
+        .bind(env.schema())
+        .fetch_optional(env.pool())
+        .await
+        .unwrap();
+    scans.unwrap_or(0)
+}
+
+/// With no delayed job, the leader's publisher sleeps `Tuning::due_poll`
+/// between rounds: `next_due_in` is `None` when nothing awaits publication.
+/// It was zero (`greatest(NULL, 0)` is 0 in PostgreSQL), so the publisher
+/// of a namespace without delayed jobs ran a round (a locked read and a
+/// scan of `jobs`) about every 2 ms, forever.
+#[tenure::test]
+async fn with_nothing_delayed_the_publisher_waits_between_rounds(env: TestEnv) {
+    let (ns, cfg, client) = on_kit(&env).await;
+    let w = three_step_worker(&cfg, &ns, "w").await;
+    let led = wait_until(Duration::from_secs(20), || async {
+        leader(&client).await.is_some()
+    });
+    assert!(led.await, "no scheduler leader");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = job_scans(&env).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let scans = job_scans(&env).await - before;
+    // About 8 a second at `due_poll` = 250 ms (two statements a round).
+    eprintln!("scans of jobs in 3 s with nothing to publish: {scans}");
+    assert!(
+        scans < 200,
+        "{scans} scans of jobs in 3 s with nothing to publish"
+    );
+    assert_eq!(client.store().next_due_in().await.unwrap(), None);
+    let in_an_hour = Utc::now() + chrono::Duration::hours(1);
+    client
+        .enqueue_json_at(
+            "test.three_step",
+            "later",
+            serde_json::json!({"n": 1}),
+            in_an_hour,
+        )
+        .await
+        .unwrap();
+    let due_in = client
+        .store()
+        .next_due_in()
+        .await
+        .unwrap()
+        .expect("one waits");
+    assert!(due_in > Duration::from_secs(3500), "{due_in:?}");
+    w.shutdown().await.unwrap();
+}

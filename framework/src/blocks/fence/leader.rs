@@ -256,7 +256,9 @@ impl FenceStore {
     /// [`FenceError::Db`].
     pub async fn next_due_in(&self) -> Result<Option<std::time::Duration>, FenceError> {
         let sql = format!(
-            "SELECT greatest(extract(epoch FROM min(run_at) - clock_timestamp()), 0)::float8 \
+            // NULL when none waits (not `greatest(.., 0)`: GREATEST skips a
+            // NULL, so an idle namespace read as "due now"); clamped below.
+            "SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 \
              FROM {} WHERE awaiting_publish",
             self.table("jobs")
         );
