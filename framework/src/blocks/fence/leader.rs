@@ -14,6 +14,7 @@ use sqlx::{Postgres, Row, Transaction};
 
 use crate::types::{FencingToken, JobId, ObservedFence, Priority};
 
+use super::row::priority_from;
 use super::{FenceError, FenceStore};
 
 /// A delayed job that is due and not yet published.
@@ -89,18 +90,16 @@ impl DueBatch {
     }
 }
 
-/// A due job from a row of `due_jobs` or `tenure_lock_due`.
-fn due_job(r: &sqlx::postgres::PgRow) -> Result<DueJob, sqlx::Error> {
+/// A due job from a row of `tenure_lock_due` joined with its level.
+fn due_job(r: &sqlx::postgres::PgRow) -> Result<DueJob, FenceError> {
+    let id = JobId::from_uuid(r.try_get("id")?);
     Ok(DueJob {
-        id: JobId::from_uuid(r.try_get("id")?),
+        id,
         job_type: r.try_get("job_type")?,
         input: r.try_get("input")?,
         run_at: r.try_get("run_at")?,
         trace_context: r.try_get("trace_context")?,
-        priority: r
-            .try_get::<&str, _>("priority")?
-            .parse()
-            .map_err(|e: crate::types::UnknownPriority| sqlx::Error::Decode(Box::new(e)))?,
+        priority: priority_from(id, r.try_get("priority")?)?,
     })
 }
 

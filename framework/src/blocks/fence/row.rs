@@ -206,7 +206,9 @@ fn count_from(id: JobId, what: &str, raw: i32) -> Result<u32, FenceError> {
     })
 }
 
-fn priority_from(id: JobId, raw: &str) -> Result<Priority, FenceError> {
+/// A row's `priority` column (`FenceError::Corrupt` for a level no
+/// migration allows).
+pub(super) fn priority_from(id: JobId, raw: &str) -> Result<Priority, FenceError> {
     raw.parse()
         .map_err(|e: UnknownPriority| FenceError::Corrupt {
             job_id: id,
