@@ -25,7 +25,7 @@ impl Plain {
     }
 }
 
-fn main() {
+pub fn main() {
     assert!(<Transfer as Job>::ON_DEAD);
     assert!(!<Plain as Job>::ON_DEAD);
 }

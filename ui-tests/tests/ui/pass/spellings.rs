@@ -41,7 +41,7 @@ impl Spellings {
     }
 
     #[::tenure::step]
-    async fn custom(&self, _ctx: &mut tenure::StepCtx, r: crate::Hold) -> core::result::Result<Vec<(u8, String)>, std::num::ParseIntError> {
+    async fn custom(&self, _ctx: &mut tenure::StepCtx, r: self::Hold) -> core::result::Result<Vec<(u8, String)>, std::num::ParseIntError> {
         let n: u8 = "1".parse()?;
         Ok(vec![(n, r.0.to_string())])
     }
@@ -73,7 +73,7 @@ impl One {
 
 fn assert_job<J: Job<Input = I, Output = O>, I, O>() {}
 
-fn main() {
+pub fn main() {
     assert_job::<Spellings, (), Out>();
     assert_job::<One, String, String>();
     let names: Vec<_> = Spellings::STEPS.iter().map(|s| s.name).collect();

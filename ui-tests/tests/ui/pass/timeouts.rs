@@ -38,7 +38,7 @@ impl NoTimeouts {
     }
 }
 
-fn main() {
+pub fn main() {
     let t = <Provision as Job>::STEP_TIMEOUTS;
     assert_eq!(t[0], Some(StepTimeout::retryable(Duration::from_millis(500))));
     assert_eq!(t[1], Some(StepTimeout::retryable(Duration::from_secs(120))));

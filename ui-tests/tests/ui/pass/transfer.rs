@@ -46,7 +46,7 @@ impl Transfer {
 
 fn assert_job<J: Job<Input = TransferReq, Output = ()>>() {}
 
-fn main() {
+pub fn main() {
     assert_job::<Transfer>();
     assert_eq!(Transfer::NAME, "ledger.transfer");
     let names: Vec<_> = Transfer::STEPS.iter().map(|s| s.name).collect();

@@ -1,0 +1,34 @@
+//! `ui/pass/*.rs`: every accepted way of writing a job compiles (without a
+//! warning: each file denies them) and runs. Built by the workspace's own test
+//! build rather than by trybuild: with compile-fail cases only, trybuild checks
+//! its copy of the dependencies (`cargo check`) instead of building and
+//! linking them, which was the longest cold step of `make test`.
+
+#[path = "ui/pass/on_dead.rs"]
+mod on_dead;
+#[path = "ui/pass/spellings.rs"]
+mod spellings;
+#[path = "ui/pass/timeouts.rs"]
+mod timeouts;
+#[path = "ui/pass/transfer.rs"]
+mod transfer;
+
+#[test]
+fn on_dead_hooks() {
+    on_dead::main();
+}
+
+#[test]
+fn spellings_accepted() {
+    spellings::main();
+}
+
+#[test]
+fn timeouts_accepted() {
+    timeouts::main();
+}
+
+#[test]
+fn transfer_runs() {
+    transfer::main();
+}
