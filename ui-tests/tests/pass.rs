@@ -4,8 +4,12 @@
 //! its copy of the dependencies (`cargo check`) instead of building and
 //! linking them, which was the longest cold step of `make test`.
 
+// `ON_DEAD` is a constant: the point is which value the macro gave it.
+#[allow(clippy::assertions_on_constants)]
 #[path = "ui/pass/on_dead.rs"]
 mod on_dead;
+// Deliberate spellings the macro must accept (`self: &Self`, a named lifetime).
+#[allow(clippy::needless_arbitrary_self_type, clippy::needless_lifetimes)]
 #[path = "ui/pass/spellings.rs"]
 mod spellings;
 #[path = "ui/pass/timeouts.rs"]

@@ -28,7 +28,11 @@ impl Spellings {
     /// Doc comments and other attributes on steps are kept.
     #[tenure::step]
     #[inline]
-    pub async fn r#type(&self, ctx: &mut tenure::job::StepCtx, input: ()) -> std::result::Result<Reserved, tenure::StepError> {
+    pub async fn r#type(
+        &self,
+        ctx: &mut tenure::job::StepCtx,
+        input: (),
+    ) -> std::result::Result<Reserved, tenure::StepError> {
         let _ = (input, ctx.step());
         self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(Reserved(1))
@@ -36,18 +40,30 @@ impl Spellings {
 
     // Same type, spelled differently: checked by rustc, accepted.
     #[step]
-    async fn io<'c>(self: &Self, _: &'c mut tenure::StepCtx, Reserved(n): model::Reserved) -> Result<Hold, std::io::Error> {
+    async fn io<'c>(
+        self: &Self,
+        _: &'c mut tenure::StepCtx,
+        Reserved(n): model::Reserved,
+    ) -> Result<Hold, std::io::Error> {
         Ok(Reserved(n + 1))
     }
 
     #[::tenure::step]
-    async fn custom(&self, _ctx: &mut tenure::StepCtx, r: self::Hold) -> core::result::Result<Vec<(u8, String)>, std::num::ParseIntError> {
+    async fn custom(
+        &self,
+        _ctx: &mut tenure::StepCtx,
+        r: self::Hold,
+    ) -> core::result::Result<Vec<(u8, String)>, std::num::ParseIntError> {
         let n: u8 = "1".parse()?;
         Ok(vec![(n, r.0.to_string())])
     }
 
     #[step]
-    async fn last(&self, _ctx: &mut tenure::StepCtx, v: Vec<(u8, String)>) -> Result<Out, tenure::StepError> {
+    async fn last(
+        &self,
+        _ctx: &mut tenure::StepCtx,
+        v: Vec<(u8, String)>,
+    ) -> Result<Out, tenure::StepError> {
         Ok(Out { n: v.len() })
     }
 
@@ -66,7 +82,11 @@ pub struct One;
 #[tenure::job(name = "t.one", retries = 0)]
 impl One {
     #[step]
-    async fn only(&self, _ctx: &mut tenure::StepCtx, input: String) -> Result<String, tenure::StepError> {
+    async fn only(
+        &self,
+        _ctx: &mut tenure::StepCtx,
+        input: String,
+    ) -> Result<String, tenure::StepError> {
         Ok(input)
     }
 }
@@ -80,5 +100,11 @@ pub fn main() {
     assert_eq!(names, ["type", "io", "custom", "last"]);
     assert_eq!(One::RETRIES, Some(0));
     assert_eq!(One::MAX_TAKEOVERS, None);
-    assert_eq!(Spellings { calls: AtomicU32::new(0) }.helper(), 0);
+    assert_eq!(
+        Spellings {
+            calls: AtomicU32::new(0)
+        }
+        .helper(),
+        0
+    );
 }

@@ -40,7 +40,10 @@ impl NoTimeouts {
 
 pub fn main() {
     let t = <Provision as Job>::STEP_TIMEOUTS;
-    assert_eq!(t[0], Some(StepTimeout::retryable(Duration::from_millis(500))));
+    assert_eq!(
+        t[0],
+        Some(StepTimeout::retryable(Duration::from_millis(500)))
+    );
     assert_eq!(t[1], Some(StepTimeout::retryable(Duration::from_secs(120))));
     assert_eq!(t[2].map(|t| t.on_timeout), Some(OnTimeout::Permanent));
     assert!(<NoTimeouts as Job>::STEP_TIMEOUTS.is_empty());

@@ -29,7 +29,9 @@ pub struct Transfer {
 impl Transfer {
     #[step]
     async fn reserve(&self, _ctx: &mut StepCtx, input: TransferReq) -> Result<Reserved, StepError> {
-        Ok(Reserved { hold: input.cents + self.fee })
+        Ok(Reserved {
+            hold: input.cents + self.fee,
+        })
     }
     #[step]
     async fn debit(&self, _ctx: &mut StepCtx, r: Reserved) -> Result<Debited, StepError> {
