@@ -26,7 +26,7 @@ struct Summary {
 }
 
 /// At most two runs at a time, whatever `RUST_TEST_THREADS` says
-/// (`.cargo/config.toml` sets 4, for the suites that mostly wait): each run
+/// (`make test` sets at least 4, for the suites that mostly wait): each run
 /// is a cluster of its own (three etcd members, NATS, PostgreSQL, three
 /// workers) that keeps a core busy.
 const MAX_RUNS: usize = 2;
