@@ -1,8 +1,9 @@
 //! `ui/pass/*.rs`: every accepted way of writing a job compiles (without a
-//! warning: each file denies them) and runs. Built by the workspace's own test
-//! build rather than by trybuild: with compile-fail cases only, trybuild checks
-//! its copy of the dependencies (`cargo check`) instead of building and
-//! linking them, which was the longest cold step of `make test`.
+//! warning: `make lint` denies them, and three of the files themselves) and
+//! runs. Built by the workspace's own test build rather than by trybuild:
+//! with compile-fail cases only, trybuild checks its copy of the dependencies
+//! (`cargo check`) instead of building and linking them, which was the
+//! longest cold step of `make test`.
 
 // `ON_DEAD` is a constant: the point is which value the macro gave it.
 #[allow(clippy::assertions_on_constants)]
