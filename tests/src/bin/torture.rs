@@ -185,9 +185,15 @@ impl PauseArm {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
     }
 
-    fn stop_here_if_armed(&self) {
+    /// Stops the process here if armed, first telling the parent (a line
+    /// `PAUSED <job> <step>` on standard output) which job it stops in, so the
+    /// parent can hold it until that job was taken over.
+    fn stop_here_if_armed(&self, job: sqlx::types::Uuid, step: i64) {
         let armed = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
         if armed.is_some_and(|at| at.elapsed() < Self::VALID) {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "PAUSED {job} {step}").and_then(|()| out.flush());
+            drop(out);
             let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
         }
     }
@@ -205,7 +211,8 @@ impl Transfer {
         // and the process carries on when it wakes, like after a GC pause.
         let ms = rand::rng().random_range(0..=x.delay_ms);
         tokio::time::sleep(Duration::from_millis(ms)).await;
-        self.pause.stop_here_if_armed();
+        self.pause
+            .stop_here_if_armed(ctx.job_id().as_uuid(), i64::from(ctx.step().get()));
         if let Some(bank) = &self.mariadb {
             return resource::apply_mariadb(ctx, bank, &self.worker, account, delta).await;
         }
@@ -1033,6 +1040,8 @@ struct Slot {
     child: Option<Child>,
     stdin: Option<ChildStdin>,
     ready: Arc<AtomicBool>,
+    /// Where the worker last stopped itself (`worker_sigstop`): its job and step.
+    paused_at: PausedAt,
     proxy: Proxy,
     /// The worker's PostgreSQL and NATS links (`worker_cut_from_*`), and the
     /// URLs that go through them.
@@ -1040,6 +1049,23 @@ struct Slot {
     pg_url: String,
     nats_proxy: Proxy,
     nats_url: String,
+}
+
+/// The job and step a worker stopped itself in (its `PAUSED` line).
+#[derive(Clone, Default)]
+struct PausedAt(Arc<Mutex<Option<(sqlx::types::Uuid, i64)>>>);
+
+impl PausedAt {
+    fn record(&self, line: &str) {
+        let mut parts = line.split_whitespace();
+        let job = parts.next().and_then(|j| j.parse().ok());
+        let step = parts.next().and_then(|k| k.parse().ok());
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = job.zip(step);
+    }
+
+    fn take(&self) -> Option<(sqlx::types::Uuid, i64)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 impl Slot {
@@ -1148,11 +1174,13 @@ impl Run {
             .context("spawn worker (setpriv)")?;
         let ready = Arc::new(AtomicBool::new(false));
         if let Some(out) = child.stdout.take() {
-            let ready = ready.clone();
+            let (ready, paused_at) = (ready.clone(), slot.paused_at.clone());
             std::thread::spawn(move || {
                 for line in BufReader::new(out).lines().map_while(Result::ok) {
                     if line.starts_with("READY") {
                         ready.store(true, Ordering::SeqCst);
+                    } else if let Some(at) = line.strip_prefix("PAUSED ") {
+                        paused_at.record(at);
                     }
                 }
             });
@@ -1252,29 +1280,95 @@ impl Run {
         r.context("dev stack not ready after a fault")
     }
 
-    /// Stops worker `w` at its next write (it stops itself once armed; after
-    /// 5 s without a write the parent stops it wherever it is), holds it for
-    /// `hold`, then lets it go on.
+    /// Stops a worker at its next write, holds it for `hold` and then until
+    /// the job it stopped in was taken over (at most 30 s more), then lets it
+    /// go on: it wakes up a stale owner with a write to make. Worker `w` is
+    /// armed first; one that reaches no write within 5 s (it runs no job: in
+    /// partition mode a worker that just joined may own nothing) passes the
+    /// arm to the next running worker, and if none stops itself the parent
+    /// stops `w` wherever it is.
     async fn pause_before_write(&mut self, w: usize, hold: Duration) {
-        let Some(pid) = self.slots[w].pid() else {
+        let n = self.slots.len();
+        let mut armed = Vec::new();
+        let mut stopped = None;
+        for i in (0..n).map(|i| (w + i) % n) {
+            if self.slots[i].active && self.arm_pause(i) {
+                armed.push(i);
+                if self.stopped_within(i, Duration::from_secs(5)).await {
+                    stopped = Some(i);
+                    break;
+                }
+            }
+        }
+        let (v, at) = match stopped {
+            Some(i) => (i, self.slots[i].paused_at.take()),
+            None => (w, None),
+        };
+        let Some(pid) = self.slots[v].pid() else {
             return;
         };
-        let armed = match self.slots[w].stdin.as_mut() {
-            Some(s) => s
-                .write_all(b"pause-before-write\n")
+        signal(pid, "STOP");
+        tokio::time::sleep(hold).await;
+        match at {
+            Some((job, step)) => self.wait_taken_over(v, job, step).await,
+            None => eprintln!("torture: worker_sigstop: {v} stopped by the parent, no job known"),
+        }
+        signal(pid, "CONT");
+        // An arm read late may have stopped a worker after its 5 s.
+        for i in armed {
+            if let Some(pid) = self.slots[i].pid() {
+                signal(pid, "CONT");
+            }
+        }
+    }
+
+    /// Arms worker `i` to stop itself at its next write.
+    fn arm_pause(&mut self, i: usize) -> bool {
+        let slot = &mut self.slots[i];
+        slot.paused_at.take();
+        slot.stdin.as_mut().is_some_and(|s| {
+            s.write_all(b"pause-before-write\n")
                 .and_then(|()| s.flush())
-                .is_ok(),
-            None => false,
+                .is_ok()
+        })
+    }
+
+    async fn stopped_within(&self, i: usize, limit: Duration) -> bool {
+        let Some(pid) = self.slots[i].pid() else {
+            return false;
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while armed && !is_stopped(pid) && Instant::now() < deadline {
+        let deadline = Instant::now() + limit;
+        while !is_stopped(pid) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if !is_stopped(pid) {
-            signal(pid, "STOP");
+        is_stopped(pid)
+    }
+
+    /// Waits (at most 30 s) until another worker committed `step` of `job`
+    /// or the job ended, so the stopped worker wakes up stale for sure.
+    async fn wait_taken_over(&self, v: usize, job: sqlx::types::Uuid, step: i64) {
+        let started = Instant::now();
+        let sql = format!(
+            "SELECT step > $2 OR status NOT IN ('pending', 'running') FROM {}.jobs WHERE id = $1",
+            self.ns
+        );
+        let pool = self.client.store().pool();
+        while started.elapsed() < Duration::from_secs(30) {
+            let moved: Result<Option<bool>, _> = sqlx::query_scalar(&sql)
+                .bind(job)
+                .bind(i32::try_from(step).unwrap_or(i32::MAX))
+                .fetch_optional(pool)
+                .await;
+            if moved.is_ok_and(|m| m == Some(true)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(hold).await;
-        signal(pid, "CONT");
+        eprintln!(
+            "torture: worker_sigstop: {v} stopped in job {job} step {step}; \
+             taken over (or 30 s) {:.1}s after the hold",
+            started.elapsed().as_secs_f64()
+        );
     }
 
     /// The coordinator's server faults in redis-lock mode, where Redis is the
@@ -1966,6 +2060,7 @@ async fn worker_slots(args: &Args, stack: &DevStack) -> anyhow::Result<Vec<Slot>
             child: None,
             stdin: None,
             ready: Arc::new(AtomicBool::new(false)),
+            paused_at: PausedAt::default(),
             proxy: Proxy::start(&coordinator).await?,
             pg_proxy,
             pg_url,
