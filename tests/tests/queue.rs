@@ -1192,3 +1192,54 @@ async fn each_job_type_is_fetched_from_its_own_consumer() {
     );
     late.pop().expect("one").ack().await.expect("ack");
 }
+
+/// A work stream created before the doorbell (`queue/ring.rs`), without its
+/// `RePublish`: nats-server 2.9 refuses to add one to an existing stream
+/// (error 10052), so provisioning never tries and the stream keeps working
+/// at the poll period; a new namespace's stream has the doorbell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_stream_from_before_the_doorbell_is_provisioned_and_works() {
+    use async_nats::jetstream::{self, stream};
+    let stack = nats();
+    let cfg = config(stack, "q_no_ring", 5);
+    let names = tenure::blocks::queue::QueueNames::new(&cfg.namespace);
+    let client = tenure::blocks::queue::nats_client(&cfg)
+        .await
+        .expect("nats");
+    let js = jetstream::new(client);
+    js.create_stream(stream::Config {
+        name: names.stream.clone(),
+        subjects: vec![format!("{}>", names.subject_prefix)],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: stream::StorageType::File,
+        allow_direct: true,
+        duplicate_window: cfg.duplicate_window,
+        ..Default::default()
+    })
+    .await
+    .expect("the stream as an earlier Tenure created it");
+    let queue = Queue::provision(&cfg)
+        .await
+        .expect("provisions a stream without the doorbell");
+    queue
+        .publish_job(job(1), "test.job", "x".into())
+        .await
+        .expect("publish");
+    let d = fetch_one(&queue, Duration::from_secs(5)).await;
+    d.expect("fetched at the poll period")
+        .ack()
+        .await
+        .expect("ack");
+    let info = js.get_stream(&names.stream).await.expect("stream");
+    assert!(info.cached_info().config.republish.is_none());
+
+    let fresh = config(stack, "q_ring", 5);
+    Queue::provision(&fresh).await.expect("provision");
+    let fresh_names = tenure::blocks::queue::QueueNames::new(&fresh.namespace);
+    let info = js.get_stream(&fresh_names.stream).await.expect("stream");
+    let ring = info.cached_info().config.republish.clone();
+    assert_eq!(
+        ring.map(|r| (r.destination, r.headers_only)),
+        Some((format!("{}>", fresh_names.ring_subject_prefix), true))
+    );
+}

@@ -357,6 +357,38 @@ async fn a_worker_cannot_read_another_namespaces_jobs_or_dlq() {
         .await;
 }
 
+/// A worker hears its own namespace's doorbell (`queue/ring.rs`) and never
+/// another's: a ring carries a job's id (`Nats-Msg-Id`) and subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_hears_its_own_doorbell_and_not_another_namespaces() {
+    init_logs();
+    deployed().await;
+    let spy = raw_as(&user(NatsRole::Worker, false)).await;
+    let mut own = spy.client.subscribe(format!("{NS}.ring.>")).await.unwrap();
+    let theirs_subject = format!("{}.ring.>", other_ns());
+    let mut theirs = spy.client.subscribe(theirs_subject.clone()).await.unwrap();
+    spy.client.flush().await.unwrap();
+    let admin = admin().await;
+    let js = jetstream::new(admin.client.clone());
+    for ns in [NS.to_string(), other_ns()] {
+        // A type no worker registers: the message stays and harms nobody.
+        js.publish(format!("{ns}.jobs.nobody.rings"), "x".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    let heard = tokio::time::timeout(Duration::from_secs(5), own.next()).await;
+    assert!(matches!(heard, Ok(Some(_))), "no ring of its own namespace");
+    let overheard = tokio::time::timeout(Duration::from_millis(500), theirs.next()).await;
+    assert!(
+        !matches!(overheard, Ok(Some(_))),
+        "heard another namespace's ring"
+    );
+    spy.assert_refused("another namespace's doorbell", &theirs_subject)
+        .await;
+}
+
 /// A worker reads the age of its own work stream's oldest message
 /// (`tenure.queue.oldest_age`): its role may get messages of that stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -47,9 +47,11 @@ pub struct Tuning {
     /// first message of any of them (default 100 ms). No pull request waits
     /// at the server (nats-server 2.9 loses a redelivery that comes due as a
     /// waiting request expires, until `AckWait`): the worker asks, the server
-    /// answers at once, and a message that arrives while an idle worker waits
-    /// is taken within about this (measured at the default: 49-62 ms at the
-    /// median, at most 129 ms; `BENCHMARKS.md`). The round ends when every
+    /// answers at once. A new job rings the work stream's doorbell
+    /// (`queue/ring.rs`) and is asked for at once; a retry coming due after
+    /// its backoff, or a job on a stream without the doorbell, is taken
+    /// within about this (measured at the default: 49-62 ms at the median,
+    /// at most 129 ms; `BENCHMARKS.md`). The round ends when every
     /// type's fetch has: a burst of one type is fetched past its first
     /// messages only after this. The cost of shorter: an idle worker asks
     /// about each of its types (each partition it owns) more often, ten times

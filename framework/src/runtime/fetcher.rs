@@ -120,6 +120,9 @@ impl Actor for Fetcher {
                 () = sh.owning.wait_for_sources(&st.args.routes, idle_wait) => {}
             }
         } else {
+            // Taken before the round's asks: a message stored after them rings.
+            let mut rings = sh.queue.rings();
+            let sources: Vec<_> = round.iter().map(|s| (s.job_type, s.partition)).collect();
             tokio::select! {
                 () = sh.draining.cancelled() => return Ok(()),
                 busy = st.round(round, holds, &taken) => st.busy = busy,
@@ -127,9 +130,10 @@ impl Actor for Fetcher {
             // Slots the round did not use go back now, not after the pause.
             drop(taken);
             if !st.busy {
+                let pause = sh.cfg.tuning.fetch_wait_several;
                 tokio::select! {
                     () = sh.draining.cancelled() => return Ok(()),
-                    () = sh.owning.after_idle_round(sh.cfg.tuning.fetch_wait_several) => {}
+                    () = sh.owning.after_idle_round(pause, rings.rang(&sources)) => {}
                 }
             }
         }

@@ -102,6 +102,7 @@ impl Lifecycle {
         // Subscribed before the first fetch: a cancel notice for any job this
         // worker runs finds the subscription in place.
         spawn_cancel_listener(&shared, stop_all, &mut tasks).await?;
+        spawn_ring_listener(&shared, stop_all, &mut tasks).await?;
         let args = SupervisorArgs {
             shared: shared.clone(),
             slots: slots.clone(),
@@ -180,6 +181,24 @@ impl Drop for Lifecycle {
             self.supervisor.kill();
         }
     }
+}
+
+/// The worker's one subscription to the doorbell (`queue/ring.rs`): idle
+/// fetches ask at once when a job for them is stored.
+async fn spawn_ring_listener(
+    shared: &Arc<Shared>,
+    stop_all: &CancellationToken,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), WorkerError> {
+    let rings = shared.queue.listen_for_rings().await?;
+    let stop = stop_all.clone();
+    tasks.spawn(async move {
+        tokio::select! {
+            () = rings => {}
+            () = stop.cancelled() => {}
+        }
+    });
+    Ok(())
 }
 
 /// The worker's one subscription to operator cancel notices.

@@ -143,11 +143,14 @@ impl Owning {
     }
 
     /// After a round that delivered nothing: partition fetches ask once, so
-    /// the pause between idle rounds is their wait (`pause`); a type's fetch
-    /// has waited already.
-    pub(super) async fn after_idle_round(&self, pause: Duration) {
+    /// the pause between idle rounds is their wait (`pause`, cut short when
+    /// one of the round's sources `rang`); a type's fetch has waited already.
+    pub(super) async fn after_idle_round(&self, pause: Duration, rang: impl Future<Output = ()>) {
         if let Owning::Partitions(_) = self {
-            tokio::time::sleep(pause).await;
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = rang => {}
+            }
         }
     }
 

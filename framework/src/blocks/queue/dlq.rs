@@ -678,7 +678,7 @@ impl Queue {
         let batch = self
             .poll(
                 &self.inner.advisories,
-                &self.inner.names.advisory_consumer,
+                (&self.inner.names.advisory_consumer, None),
                 16,
                 wait,
             )

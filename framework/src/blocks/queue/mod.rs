@@ -75,6 +75,7 @@ mod names;
 mod permissions;
 mod provision;
 mod pull;
+mod ring;
 mod routes;
 mod setup;
 mod stall;
@@ -206,6 +207,7 @@ struct Inner {
     dlq_stream: stream::Stream<()>,
     advisories: consumer::PullConsumer,
     connected: watch::Receiver<bool>,
+    doorbell: ring::Doorbell,
     settings: Settings,
 }
 
@@ -515,7 +517,7 @@ impl Queue {
         let name = &consumer.cached_info().name;
         let messages = async {
             if partition.is_none() {
-                return self.poll(consumer, name, max, wait).await;
+                return self.poll(consumer, (name, Some(job_type)), max, wait).await;
             }
             self.wait_connected(wait).await?;
             let quiet = wait.max(self.inner.settings.poll_period);

@@ -15,6 +15,7 @@ use crate::{JobId, Priority};
 /// assert_eq!(n.dlq_stream, "TENURE_PAYMENTS_DLQ");
 /// assert_eq!(n.dlq_subject_prefix, "payments.dlq.");
 /// assert_eq!(n.finished_subject_prefix, "payments.finished.");
+/// assert_eq!(n.ring_subject_prefix, "payments.ring.");
 /// assert_eq!(
 ///     n.advisory_subject,
 ///     "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TENURE_PAYMENTS_JOBS.*"
@@ -50,6 +51,10 @@ pub struct QueueNames {
     pub cancel_subject_prefix: String,
     /// Completion notices (core NATS, no stream) are `<ns>.finished.<job_id>`.
     pub finished_subject_prefix: String,
+    /// The doorbell: the work stream republishes the headers of each message
+    /// it stores from `<ns>.jobs.<tail>` to `<ns>.ring.<tail>`, and idle
+    /// workers listening there ask for it at once (`queue/ring.rs`).
+    pub ring_subject_prefix: String,
     /// The inbox prefix of every NATS connection Tenure makes for the
     /// namespace, `_INBOX_<ns>`: replies and pull deliveries come to
     /// `_INBOX_<ns>.<id>`, and a namespace's users may subscribe to their own
@@ -86,6 +91,7 @@ impl QueueNames {
             advisory_consumer: format!("{namespace}_advisories"),
             cancel_subject_prefix: format!("{namespace}.cancel."),
             finished_subject_prefix: format!("{namespace}.finished."),
+            ring_subject_prefix: format!("{namespace}.ring."),
             inbox_prefix: format!("_INBOX_{namespace}"),
         }
     }

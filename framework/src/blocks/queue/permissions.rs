@@ -64,7 +64,8 @@ impl NatsPermissions {
     ///   advisory streams; remove the legacy consumer; read the DLQ by
     ///   subject and the work stream's messages (the oldest one's age, a
     ///   given-up message, a stalled consumer's entries);
-    ///   subscribe to cancel and completion notices. No stream
+    ///   subscribe to cancel and completion notices and to the doorbell
+    ///   (`<ns>.ring.>`, the work stream's republished headers). No stream
     ///   create, update, delete or purge, no cancel notices;
     /// - the producer: publish work and cancel notices, subscribe to
     ///   completion notices;
@@ -111,7 +112,7 @@ impl NatsPermissions {
                     format!("$JS.API.DIRECT.GET.{}", n.stream),
                     format!("$JS.API.DIRECT.GET.{}.>", n.stream),
                 ]);
-                subscribe.extend([own("cancel.*"), own("finished.>")]);
+                subscribe.extend([own("cancel.*"), own("finished.>"), own("ring.>")]);
             }
         }
         NatsPermissions {

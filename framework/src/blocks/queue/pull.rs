@@ -4,9 +4,10 @@
 //! at once: `404 No Messages` when nothing is ready for the consumer, else
 //! what is ready (up to the batch), ended by a `408` or by the batch filling
 //! up. A fetch that may wait ([`Queue::fetch`], the max-deliveries listener)
-//! asks again every poll period (`Tuning::fetch_wait_several`) until a
-//! request delivers something or its wait has passed: the waiting is the
-//! client's, and no request is left at the server when the call returns.
+//! asks again every poll period (`Tuning::fetch_wait_several`), and at once
+//! when the doorbell rings for its job type (`ring.rs`), until a request
+//! delivers something or its wait has passed: the waiting is the client's,
+//! and no request is left at the server when the call returns.
 //!
 //! Why: a request that waits at the server (`expires`) and expires within
 //! about a millisecond of a redelivery becoming due (a nak delay ending) is
@@ -150,9 +151,11 @@ impl Reading {
 }
 
 impl Queue {
-    /// Pulls every poll period until a request delivers something or `wait`
-    /// has passed: what the first such request delivered (at most `max`), or
-    /// an empty `Vec` at `wait`.
+    /// Pulls every poll period, and at once when the doorbell rings for
+    /// `job_type` (`ring.rs`; `None`: the advisory stream, which has none),
+    /// until a request delivers something or `wait` has passed: what the
+    /// first such request delivered (at most `max`), or an empty `Vec` at
+    /// `wait`.
     ///
     /// # Errors
     /// [`QueueError::Disconnected`] when NATS stays down for the rest of
@@ -160,13 +163,18 @@ impl Queue {
     pub(super) async fn poll(
         &self,
         consumer: &consumer::PullConsumer,
-        name: &str,
+        (name, job_type): (&str, Option<&str>),
         max: usize,
         wait: Duration,
     ) -> Result<Vec<jetstream::Message>, QueueError> {
         let period = self.inner.settings.poll_period;
         let until = Instant::now() + wait;
         let mut ask_at = Instant::now();
+        let mut rings = self.rings();
+        let ringing: &[(&str, Option<u32>)] = match &job_type {
+            Some(t) => &[(t, None)],
+            None => &[],
+        };
         loop {
             let left = until.saturating_duration_since(Instant::now());
             self.wait_connected(left).await?;
@@ -175,11 +183,15 @@ impl Queue {
             if !got.is_empty() {
                 return Ok(got);
             }
-            if ask_at >= until {
-                tokio::time::sleep_until(until).await;
-                return Ok(got);
+            let next = ask_at.min(until);
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {
+                    if next >= until {
+                        return Ok(got);
+                    }
+                }
+                () = rings.rang(ringing), if !ringing.is_empty() => ask_at = Instant::now(),
             }
-            tokio::time::sleep_until(ask_at).await;
         }
     }
 

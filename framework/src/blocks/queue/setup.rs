@@ -104,6 +104,7 @@ impl Queue {
                 dlq_stream,
                 advisories,
                 connected,
+                doorbell: super::ring::Doorbell::default(),
                 settings: Settings {
                     request_timeout: cfg.nats_request_timeout,
                     poll_period: cfg.tuning.fetch_wait_several,
@@ -200,6 +201,12 @@ fn stream_configs(cfg: &Config, names: &QueueNames) -> [stream::Config; 3] {
             subjects: vec![format!("{}>", names.subject_prefix)],
             retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: cfg.duplicate_window,
+            // The doorbell (`ring.rs`): each stored message's headers, once more.
+            republish: Some(stream::Republish {
+                source: format!("{}>", names.subject_prefix),
+                destination: format!("{}>", names.ring_subject_prefix),
+                headers_only: true,
+            }),
             ..common.clone()
         },
         stream::Config {
@@ -272,7 +279,16 @@ async fn apply_stream(js: &jetstream::Context, spec: stream::Config) -> Result<(
     let name = spec.name.clone();
     let (verb, changes) = match js.get_stream(&name).await {
         Ok(stream) => {
-            let changes = differing(&spec, &stream.cached_info().config);
+            let have = &stream.cached_info().config;
+            if spec.republish.is_some() && have.republish.is_none() {
+                tracing::warn!(
+                    stream = %name,
+                    "the work stream has no doorbell (it was created before Tenure rang one, \
+                     and nats-server 2.9 cannot add a RePublish to a stream): idle workers \
+                     find new jobs at their poll period (Tuning::fetch_wait_several)"
+                );
+            }
+            let changes = differing(&spec, have);
             if changes.is_empty() {
                 return Ok(());
             }
@@ -299,7 +315,10 @@ async fn apply_stream(js: &jetstream::Context, spec: stream::Config) -> Result<(
 
 /// The settings Tenure sets on a stream (`stream_configs`) in which `have`
 /// is not `want`, by name. The description and the settings Tenure leaves
-/// at the server's default are not compared (an operator may tune them).
+/// at the server's default are not compared (an operator may tune them),
+/// nor is the work stream's doorbell (`republish`, `ring.rs`): nats-server
+/// 2.9 refuses to change it on an existing stream (error 10052), and a
+/// stream without it works, at the poll period.
 fn differing(want: &stream::Config, have: &stream::Config) -> Vec<&'static str> {
     let mut subjects = (want.subjects.clone(), have.subjects.clone());
     subjects.0.sort();
