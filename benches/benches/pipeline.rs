@@ -10,7 +10,7 @@
 //! * `TENURE_BENCH_JOBS=N`: jobs per throughput run.
 //! * `TENURE_BENCH_TTL_MS=N`: lease TTL of the takeover trials (default 5000).
 //! * `TENURE_BENCH_TRIALS=N`: takeover trials (default 24, at least 20 in a full run).
-//! * `TENURE_BENCH_ONLY=throughput,enqueue,acquire,takeover,rss,partitions,scale`: run only these parts
+//! * `TENURE_BENCH_ONLY=throughput,enqueue,acquire,takeover,rss,partitions,scale,pickup`: run only these parts
 //!   (the last line then reports NaN for what did not run).
 //! * `TENURE_BENCH_PREFETCH=N`: the fenced worker's `Config::prefetch` (default:
 //!   the `Config` default).
@@ -22,6 +22,10 @@
 //! * `TENURE_BENCH_SCALE=1,2,4`: worker process counts of the scale-out part;
 //!   `TENURE_BENCH_SCALE_LOCKS=1`: scale out in one-lock-per-job mode instead.
 //! * `RUST_LOG=...`: logs of the in-process workers (and the worker children) to stderr.
+//!
+//! The `pickup` part (`pipeline/pickup.rs`) measures how soon an idle worker
+//! starts a job, in both modes (line `pipeline.pickup`, `TENURE_BENCH_PICKUPS=N`
+//! samples, default 30 quick, 100 full).
 //!
 //! The `enqueue` part measures enqueue throughput with no worker running:
 //! `Client::enqueue` with 64 in flight, and `Client::enqueue_many` one batch at a
@@ -59,6 +63,8 @@ use tenure_benches::{BenchInput, BenchJob, JOB_TYPE, create_table_sql, insert_sq
 
 #[path = "pipeline/partitions.rs"]
 mod partitions;
+#[path = "pipeline/pickup.rs"]
+mod pickup;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -1144,6 +1150,7 @@ struct Results {
     partition_crash: Value,
     partition_join: Value,
     scale: Vec<(usize, f64)>,
+    pickup: Value,
 }
 
 impl Results {
@@ -1156,6 +1163,12 @@ impl Results {
         let (rss, partition_rss) = rss_part(stack, opts).await?;
         let (partition_crash, partition_join) = partition_moves_part(stack, opts).await?;
         let scale = scale_part(stack, opts).await?;
+        let pickup = if opts.runs("pickup") {
+            let n = env_or("TENURE_BENCH_PICKUPS", if opts.quick { 30 } else { 100 });
+            pickup::part(stack, n, opts.partitions).await?
+        } else {
+            json!({})
+        };
         Ok(Results {
             throughput,
             headline,
@@ -1168,6 +1181,7 @@ impl Results {
             partition_crash,
             partition_join,
             scale,
+            pickup,
         })
     }
 
@@ -1199,6 +1213,7 @@ impl Results {
                     .map(|(k, v)| (k.to_string(), json!(round1(*v))))
                     .collect::<serde_json::Map<String, Value>>(),
             },
+            "pickup": self.pickup,
             "wall_secs": round1(wall.elapsed().as_secs_f64()),
         })
     }
