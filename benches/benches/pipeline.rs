@@ -10,7 +10,7 @@
 //! * `TENURE_BENCH_JOBS=N`: jobs per throughput run.
 //! * `TENURE_BENCH_TTL_MS=N`: lease TTL of the takeover trials (default 5000).
 //! * `TENURE_BENCH_TRIALS=N`: takeover trials (default 24, at least 20 in a full run).
-//! * `TENURE_BENCH_ONLY=throughput,enqueue,acquire,takeover,rss,partitions,scale,pickup`: run only these parts
+//! * `TENURE_BENCH_ONLY=throughput,enqueue,acquire,takeover,rss,partitions,scale,pickup,million`: run only these parts
 //!   (the last line then reports NaN for what did not run).
 //! * `TENURE_BENCH_PREFETCH=N`: the fenced worker's `Config::prefetch` (default:
 //!   the `Config` default).
@@ -26,6 +26,11 @@
 //! The `pickup` part (`pipeline/pickup.rs`) measures how soon an idle worker
 //! starts a job, in both modes (line `pipeline.pickup`, `TENURE_BENCH_PICKUPS=N`
 //! samples, default 30 quick, 100 full).
+//!
+//! The `million` part (`pipeline/million.rs`) measures throughput with a
+//! million finished jobs and their history in the tables
+//! (`TENURE_BENCH_PREFILL=N`), against empty ones, in both modes (line
+//! `pipeline.million`).
 //!
 //! The `enqueue` part measures enqueue throughput with no worker running:
 //! `Client::enqueue` with 64 in flight, and `Client::enqueue_many` one batch at a
@@ -61,6 +66,8 @@ use tenure::{Client, Config, FencingToken, JobId, StepIndex};
 use tenure::{Worker, WorkerObserver};
 use tenure_benches::{BenchInput, BenchJob, JOB_TYPE, create_table_sql, insert_sql};
 
+#[path = "pipeline/million.rs"]
+mod million;
 #[path = "pipeline/partitions.rs"]
 mod partitions;
 #[path = "pipeline/pickup.rs"]
@@ -442,12 +449,27 @@ impl Cpu {
 /// Fenced: one Tenure worker with `max_in_flight = c` drains `n` pre-enqueued
 /// jobs (in partition mode with `partitions`: timed once it owns them all).
 async fn fenced_run(stack: &DevStack, c: usize, n: usize, partitions: Option<u32>) -> Result<Run> {
+    fenced_run_with(stack, c, n, partitions, 0).await
+}
+
+/// [`fenced_run`] in a namespace holding `prefill` finished jobs and their
+/// history first (`pipeline/million.rs`).
+async fn fenced_run_with(
+    stack: &DevStack,
+    c: usize,
+    n: usize,
+    partitions: Option<u32>,
+    prefill: i64,
+) -> Result<Run> {
     let prefix = if partitions.is_some() {
         "bench_part"
     } else {
         "bench_fenced"
     };
     let (ns, client) = namespace_with(stack, prefix, partitions).await?;
+    if prefill > 0 {
+        million::prefill(&client, &ns, prefill).await?;
+    }
     let enqueue_per_s = enqueue(&client, n, |i| BenchInput {
         n: i,
         ..BenchInput::default()
@@ -489,8 +511,10 @@ async fn fenced_run(stack: &DevStack, c: usize, n: usize, partitions: Option<u32
     ))
     .fetch_one(client.store().pool())
     .await?;
-    if rows != n as i64 {
-        bail!("fenced run: {rows} of {n} job rows done");
+    // The prefilled jobs: one in ten dead, the rest done.
+    let prefilled_done = prefill - prefill / 10;
+    if rows != n as i64 + prefilled_done {
+        bail!("fenced run: {rows} of {n} job rows done (+{prefilled_done} prefilled)");
     }
     Ok(Run {
         jobs_per_s: n as f64 / secs,
@@ -1151,6 +1175,7 @@ struct Results {
     partition_join: Value,
     scale: Vec<(usize, f64)>,
     pickup: Value,
+    million: Value,
 }
 
 impl Results {
@@ -1169,6 +1194,13 @@ impl Results {
         } else {
             json!({})
         };
+        let million = if opts.runs("million") {
+            let rows = env_or("TENURE_BENCH_PREFILL", 1_000_000);
+            let c = *opts.concurrency.first().context("no concurrency")?;
+            million::part(stack, c, opts.jobs, rows, opts.partitions).await?
+        } else {
+            json!({})
+        };
         Ok(Results {
             throughput,
             headline,
@@ -1182,6 +1214,7 @@ impl Results {
             partition_join,
             scale,
             pickup,
+            million,
         })
     }
 
@@ -1214,6 +1247,7 @@ impl Results {
                     .collect::<serde_json::Map<String, Value>>(),
             },
             "pickup": self.pickup,
+            "million": self.million,
             "wall_secs": round1(wall.elapsed().as_secs_f64()),
         })
     }

@@ -1,0 +1,70 @@
+//! The `million` part of the pipeline benchmark (issue 33, item 6): does a
+//! job cost more when the tables already hold a million finished jobs and
+//! their history? Per mode: a run on empty tables, a run on tables
+//! prefilled with `TENURE_BENCH_PREFILL` finished jobs (default 1,000,000,
+//! one in ten dead) and six history events each (enqueued, claimed, three
+//! steps, the end: what a three-step job leaves), and the empty run again.
+//! Target: the prefilled run within 15% of the empty ones.
+
+use anyhow::Result;
+use serde_json::{Value, json};
+use tenure::Client;
+use tenure::devstack::DevStack;
+use tenure_benches::JOB_TYPE;
+use tokio::time::Instant;
+
+use super::fenced_run_with;
+
+/// `n` finished jobs of the bench type in namespace `ns`, with their history.
+pub(super) async fn prefill(client: &Client, ns: &str, n: i64) -> Result<()> {
+    let started = Instant::now();
+    // One `enqueued` event each comes from the history trigger.
+    client.store().insert_synthetic_jobs(JOB_TYPE, n).await?;
+    let pool = client.store().pool();
+    sqlx::query(&format!(
+        "INSERT INTO {ns}.job_events (job_id, at, kind, token, step, worker) \
+         SELECT j.id, j.created_at, k.kind, j.fence, k.step, 'prefill' \
+           FROM {ns}.jobs j \
+          CROSS JOIN (VALUES ('claimed', NULL::int), ('step', 0), ('step', 1), ('step', 2), \
+                             ('done', NULL)) AS k(kind, step)"
+    ))
+    .execute(pool)
+    .await?;
+    sqlx::query(&format!("ANALYZE {ns}.job_events"))
+        .execute(pool)
+        .await?;
+    let events: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {ns}.job_events"))
+        .fetch_one(pool)
+        .await?;
+    println!(
+        "pipeline.million prefill jobs={n} events={events} secs={:.0}",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Both modes at concurrency `c`, `jobs` jobs a run; prints `pipeline.million`.
+pub(super) async fn part(
+    stack: &DevStack,
+    c: usize,
+    jobs: usize,
+    rows: i64,
+    partitions: u32,
+) -> Result<Value> {
+    let mut out = serde_json::Map::new();
+    for (mode, p) in [("locks", None), ("partitions", Some(partitions))] {
+        let empty_a = fenced_run_with(stack, c, jobs, p, 0).await?.jobs_per_s;
+        let full = fenced_run_with(stack, c, jobs, p, rows).await?.jobs_per_s;
+        let empty_b = fenced_run_with(stack, c, jobs, p, 0).await?.jobs_per_s;
+        let ratio = full / ((empty_a + empty_b) / 2.0);
+        println!(
+            "pipeline.million mode={mode} c={c} jobs={jobs} prefilled_rows={rows} \
+             empty_jobs_per_s={empty_a:.0},{empty_b:.0} prefilled_jobs_per_s={full:.0} ratio={ratio:.2}"
+        );
+        out.insert(
+            mode.into(),
+            json!({"empty": [empty_a, empty_b], "prefilled": full, "ratio": ratio}),
+        );
+    }
+    Ok(Value::Object(out))
+}
