@@ -30,7 +30,9 @@
 //! The `million` part (`pipeline/million.rs`) measures throughput with a
 //! million finished jobs and their history in the tables
 //! (`TENURE_BENCH_PREFILL=N`), against empty ones, in both modes (line
-//! `pipeline.million`).
+//! `pipeline.million`); with `TENURE_BENCH_STATIO=1` every fenced run also
+//! prints its buffer reads and hits per table and index and its HOT updates
+//! (`pipeline.statio`).
 //!
 //! The `enqueue` part measures enqueue throughput with no worker running:
 //! `Client::enqueue` with 64 in flight, and `Client::enqueue_many` one batch at a
@@ -486,6 +488,7 @@ async fn fenced_run_with(
     if let Some(p) = partitions {
         partitions::wait_owned(&cfg, p as usize, 1).await?;
     }
+    let io0 = million::Io::now(client.store().pool(), &ns).await?;
     let multixact0 = partitions::next_multixact(client.store().pool()).await?;
     let etcd0 = stack.etcd_unary_requests().await?;
     let waits = partitions::LockWaits::start(client.store().pool().clone());
@@ -506,6 +509,12 @@ async fn fenced_run_with(
         }
     );
     worker.shutdown().await?;
+    if std::env::var("TENURE_BENCH_STATIO").is_ok_and(|v| v == "1") {
+        // The workers' last statistics reach the views as their connections close.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let io = million::Io::now(client.store().pool(), &ns).await?;
+        io.print_since(&io0, &format!("prefill={prefill}"), n);
+    }
     let rows: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM {ns}.jobs WHERE status = 'done'"
     ))

@@ -6,8 +6,11 @@
 //! steps, the end: what a three-step job leaves), and the empty run again.
 //! Target: the prefilled run within 15% of the empty ones.
 
+use std::collections::BTreeMap;
+
 use anyhow::Result;
 use serde_json::{Value, json};
+use sqlx::PgPool;
 use tenure::Client;
 use tenure::devstack::DevStack;
 use tenure_benches::JOB_TYPE;
@@ -74,4 +77,63 @@ pub(super) async fn part(
         );
     }
     Ok(Value::Object(out))
+}
+
+/// Buffer reads and hits per table and index of one schema, and the
+/// `jobs` table's updates (all, HOT), from PostgreSQL's statistics views.
+pub(super) struct Io {
+    blocks: BTreeMap<String, (i64, i64)>,
+    updates: (i64, i64),
+}
+
+impl Io {
+    pub(super) async fn now(pool: &PgPool, ns: &str) -> Result<Io> {
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT relname::text, coalesce(heap_blks_read, 0), coalesce(heap_blks_hit, 0) \
+               FROM pg_statio_user_tables WHERE schemaname = $1 \
+             UNION ALL \
+             SELECT indexrelname::text, coalesce(idx_blks_read, 0), coalesce(idx_blks_hit, 0) \
+               FROM pg_statio_user_indexes WHERE schemaname = $1",
+        )
+        .bind(ns)
+        .fetch_all(pool)
+        .await?;
+        let updates: (i64, i64) = sqlx::query_as(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
+              WHERE schemaname = $1 AND relname = 'jobs'",
+        )
+        .bind(ns)
+        .fetch_one(pool)
+        .await?;
+        let blocks = rows
+            .into_iter()
+            .map(|(r, read, hit)| (r, (read, hit)))
+            .collect();
+        Ok(Io { blocks, updates })
+    }
+
+    /// Prints, per relation with any block touched since `before`, the
+    /// blocks read (not in shared buffers) and hit per job.
+    pub(super) fn print_since(&self, before: &Io, label: &str, jobs: usize) {
+        let per_job = |x: i64| x as f64 / jobs as f64;
+        for (rel, (read, hit)) in &self.blocks {
+            let (r0, h0) = before.blocks.get(rel).copied().unwrap_or_default();
+            if read - r0 + hit - h0 > 0 {
+                println!(
+                    "pipeline.statio {label} rel={rel} read_per_job={:.2} hit_per_job={:.2}",
+                    per_job(read - r0),
+                    per_job(hit - h0)
+                );
+            }
+        }
+        let (u, hot) = (
+            self.updates.0 - before.updates.0,
+            self.updates.1 - before.updates.1,
+        );
+        println!(
+            "pipeline.statio {label} jobs_updates_per_job={:.2} hot_updates_per_job={:.2}",
+            per_job(u),
+            per_job(hot)
+        );
+    }
 }
