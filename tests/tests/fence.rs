@@ -1583,3 +1583,69 @@ async fn a_begin_abandoned_half_way_leaves_no_connection_in_a_transaction() {
         "pooled connections seen left inside a transaction"
     );
 }
+
+/// Statistics that saw no live job (a table of finished jobs, analysed in a
+/// quiet moment) make `status = 'running'` look as selective as the primary
+/// key: the admission's, the step CAS's and the claim's lookups of a live
+/// job by id must still take the primary key (migration 0023), not a status
+/// index whose `running` entries they would all read (issue 33.6: 77 more
+/// buffer hits per job with a million finished rows). Generic plans, as the
+/// definer functions' cached ones.
+#[tenure::test]
+async fn a_live_jobs_lookups_by_id_take_the_primary_key_whatever_the_statistics(
+    env: tenure::testing::TestEnv,
+) {
+    let store = env.client().store();
+    store
+        .insert_synthetic_jobs("t.finished", 5000)
+        .await
+        .expect("finished rows");
+    let t = format!("\"{}\".jobs", env.namespace());
+    let mut conn = store.pool().acquire().await.expect("conn");
+    for sql in [
+        format!("ANALYZE {t}"),
+        "SET plan_cache_mode = force_generic_plan".to_string(),
+        format!(
+            "PREPARE admission(uuid, bigint, int) AS SELECT 1 FROM {t} WHERE id = $1 \
+             AND fence = $2 AND step = $3 AND status = 'running' AND NOT released FOR UPDATE"
+        ),
+        format!(
+            "PREPARE step_cas(uuid, bigint, int) AS UPDATE {t} SET step = step + 1 \
+             WHERE id = $1 AND fence = $2 AND step = $3 AND status = 'running' AND NOT released"
+        ),
+        format!(
+            "PREPARE claim(uuid, bigint, int) AS SELECT 1 FROM {t} WHERE id = $1 \
+             AND fence < $2 AND step >= $3 AND status IN ('pending', 'running') FOR UPDATE"
+        ),
+        // Retention's pick (`tenure_prune_jobs`) keeps an index to walk.
+        format!(
+            "PREPARE prune(text, timestamptz, int) AS SELECT id FROM {t} \
+             WHERE status IN ('done', 'dead', 'cancelled') AND status = $1 \
+               AND created_at < $2 AND updated_at < $2 AND compensation <> 'pending' \
+             ORDER BY status, created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED"
+        ),
+    ] {
+        sqlx::query(&sql).execute(&mut *conn).await.expect(&sql);
+    }
+    let plan: Vec<String> =
+        sqlx::query_scalar("EXPLAIN (COSTS OFF) EXECUTE prune('done', now(), 100)")
+            .fetch_all(&mut *conn)
+            .await
+            .expect("explain");
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Seq Scan"), "prune:\n{plan}");
+    for name in ["admission", "step_cas", "claim"] {
+        let plan: Vec<String> = sqlx::query_scalar(&format!(
+            "EXPLAIN (COSTS OFF) EXECUTE {name}('{}', 1, 0)",
+            sqlx::types::Uuid::nil()
+        ))
+        .fetch_all(&mut *conn)
+        .await
+        .expect("explain");
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("jobs_pkey") && !plan.contains("status_created"),
+            "{name}:\n{plan}"
+        );
+    }
+}

@@ -18,7 +18,8 @@ impl FenceStore {
     /// [`FenceError::Db`].
     pub async fn prunable(&self, status: JobStatus, age: Duration) -> Result<u64, FenceError> {
         let sql = format!(
-            "SELECT count(*) FROM {} WHERE status = $1 \
+            "SELECT count(*) FROM {} WHERE status IN ('done', 'dead', 'cancelled') \
+               AND status = $1 \
                AND created_at < clock_timestamp() - make_interval(secs => $2) \
                AND updated_at < clock_timestamp() - make_interval(secs => $2)",
             self.table("jobs")
