@@ -1284,20 +1284,29 @@ impl Run {
     /// the job it stopped in was taken over (at most 30 s more), then lets it
     /// go on: it wakes up a stale owner with a write to make. Worker `w` is
     /// armed first; one that reaches no write within 5 s (it runs no job: in
-    /// partition mode a worker that just joined may own nothing) passes the
-    /// arm to the next running worker, and if none stops itself the parent
-    /// stops `w` wherever it is.
+    /// partition mode a worker that just joined may own nothing; after an
+    /// etcd restore none may run any) passes the arm to the next running
+    /// worker, round after round, and if none stops itself within 40 s the
+    /// parent stops `w` wherever it is.
     async fn pause_before_write(&mut self, w: usize, hold: Duration) {
         let n = self.slots.len();
         let mut armed = Vec::new();
         let mut stopped = None;
-        for i in (0..n).map(|i| (w + i) % n) {
+        // Round after round while the workers run no job (an etcd restore
+        // just cut them off: seen in `make test`), for up to 40 s.
+        let give_up = Instant::now() + Duration::from_secs(40);
+        for i in (0..).map(|k| (w + k) % n) {
+            if Instant::now() >= give_up {
+                break;
+            }
             if self.slots[i].active && self.arm_pause(i) {
                 armed.push(i);
                 if self.stopped_within(i, Duration::from_secs(5)).await {
                     stopped = Some(i);
                     break;
                 }
+            } else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
         let (v, at) = match stopped {
