@@ -285,8 +285,7 @@ impl FenceStore {
         }
         if let Some(s) = filter.status {
             if s.is_terminal() {
-                // The partial index's predicate, spelled out for a generic plan.
-                q.push(" AND status IN ('done', 'dead', 'cancelled')");
+                q.push(" AND ").push(super::status::FINISHED_SQL);
             }
             q.push(" AND status = ").push_bind(s.as_str());
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::types::FencingToken;
 
+use super::status::FINISHED_SQL;
 use super::{FenceError, FenceStore, JobStatus};
 
 impl FenceStore {
@@ -18,8 +19,7 @@ impl FenceStore {
     /// [`FenceError::Db`].
     pub async fn prunable(&self, status: JobStatus, age: Duration) -> Result<u64, FenceError> {
         let sql = format!(
-            "SELECT count(*) FROM {} WHERE status IN ('done', 'dead', 'cancelled') \
-               AND status = $1 \
+            "SELECT count(*) FROM {} WHERE {FINISHED_SQL} AND status = $1 \
                AND created_at < clock_timestamp() - make_interval(secs => $2) \
                AND updated_at < clock_timestamp() - make_interval(secs => $2)",
             self.table("jobs")

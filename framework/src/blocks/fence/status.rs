@@ -4,6 +4,12 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// The terminal statuses ([`JobStatus::is_terminal`]) as an SQL condition:
+/// the predicate of the partial index `jobs_finished_created_idx`
+/// (migration 0023), spelled out beside `status = $n` so a generic plan
+/// can still use the index.
+pub(crate) const FINISHED_SQL: &str = "status IN ('done', 'dead', 'cancelled')";
+
 /// A job's status.
 ///
 /// `pending` (no live owner), `running` (a generation has claimed it and not

@@ -15,8 +15,8 @@
 //! the message; a ring that is lost (the worker not subscribed yet, a NATS
 //! user without the `<ns>.ring.>` grant, a work stream created before the
 //! doorbell, to which nats-server 2.9 cannot add one (error 10052), a slow
-//! subscriber's dropped messages) leaves the poll as it was. A retry due after its backoff stores nothing and
-//! rings nothing: the poll finds it.
+//! subscriber's dropped messages) leaves the poll as it was. A retry due
+//! after its backoff stores nothing and rings nothing: the poll finds it.
 
 use std::sync::Arc;
 
