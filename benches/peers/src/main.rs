@@ -8,7 +8,10 @@
 //! ```
 //!
 //! Knobs: `PEERS_JOBS` (5000), `PEERS_CONCURRENCY` (`8,32`), `PEERS_PARTITIONS`
-//! (8), `PEERS_STATEMENTS=1` (statements per job: `statements.rs`). One line
+//! (8), `PEERS_STATEMENTS=1` (statements per job: `statements.rs`),
+//! `PEERS_PHASES=1` (Tenure's enqueue time, insert and publish apart:
+//! `tenure_run::Phases`), `PEERS_SYSTEMS` (a comma list of `apalis`,
+//! `tenure_locks`, `tenure_partitions`; all by default). One line
 //! per concurrency:
 //! `peers: c=C apalis_jobs_per_s=A tenure_locks_jobs_per_s=L tenure_partitions_jobs_per_s=P ratio_partitions_vs_apalis=R`.
 
@@ -17,6 +20,8 @@ mod shape;
 mod statements;
 mod tenure_run;
 mod trips;
+
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use tenure::devstack::DevStack;
@@ -28,6 +33,8 @@ struct Opts {
     concurrency: Vec<usize>,
     partitions: u32,
     statements: bool,
+    phases: bool,
+    systems: Vec<String>,
 }
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
@@ -55,8 +62,17 @@ fn opts() -> Result<Opts> {
         concurrency,
         partitions: env("PEERS_PARTITIONS", 8)?,
         statements: std::env::var("PEERS_STATEMENTS").is_ok_and(|v| v == "1"),
+        phases: std::env::var("PEERS_PHASES").is_ok_and(|v| v == "1"),
+        systems: std::env::var("PEERS_SYSTEMS")
+            .unwrap_or_else(|_| SYSTEMS.join(","))
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .collect(),
     })
 }
+
+/// Every system, in the order a concurrency's runs go.
+const SYSTEMS: [&str; 3] = ["apalis", "tenure_locks", "tenure_partitions"];
 
 fn line(system: &str, c: usize, f: Figure) {
     println!(
@@ -84,6 +100,7 @@ async fn measured(s: &Servers<'_>, o: &Opts, system: &str, c: usize) -> Result<F
     }
     let partitions = (system == "tenure_partitions").then_some(o.partitions);
     let db = &s.db;
+    let phases = o.phases.then(|| Arc::new(tenure_run::Phases::default()));
     let figure = match system {
         "apalis" => apalis_run::run(db, &ns, c, n).await?,
         _ => {
@@ -94,11 +111,15 @@ async fn measured(s: &Servers<'_>, o: &Opts, system: &str, c: usize) -> Result<F
                 c,
                 n,
                 partitions,
+                phases: phases.clone(),
             })
             .await?
         }
     };
     line(system, c, figure);
+    if let Some(phases) = phases {
+        println!("peers.enqueue_phases system={system} c={c} {}", phases.line());
+    }
     if let Some(proxy) = &s.proxy {
         let trips = proxy.take() as f64 / n as f64;
         println!("peers.round_trips system={system} c={c} per_job={trips:.2}");
@@ -142,6 +163,22 @@ impl<'a> Servers<'a> {
     }
 }
 
+/// The run's line at concurrency `c`, from each of [`SYSTEMS`]' jobs/s
+/// (`None`: not run, printed as `-`).
+fn summary(c: usize, f: &[Option<f64>]) -> String {
+    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    let ratio = match (f[0], f[2]) {
+        (Some(a), Some(p)) => format!("{:.2}", p / a),
+        _ => "-".to_string(),
+    };
+    format!(
+        "peers: c={c} apalis_jobs_per_s={} tenure_locks_jobs_per_s={} tenure_partitions_jobs_per_s={} ratio_partitions_vs_apalis={ratio}",
+        show(f[0]),
+        show(f[1]),
+        show(f[2])
+    )
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let o = opts()?;
@@ -149,16 +186,15 @@ async fn main() -> Result<()> {
     let mut lines = Vec::new();
     let servers = Servers::new(&stack, o.statements).await?;
     for &c in &o.concurrency {
-        let apalis = measured(&servers, &o, "apalis", c).await?;
-        let locks = measured(&servers, &o, "tenure_locks", c).await?;
-        let parts = measured(&servers, &o, "tenure_partitions", c).await?;
-        lines.push(format!(
-            "peers: c={c} apalis_jobs_per_s={:.0} tenure_locks_jobs_per_s={:.0} tenure_partitions_jobs_per_s={:.0} ratio_partitions_vs_apalis={:.2}",
-            apalis.jobs_per_s,
-            locks.jobs_per_s,
-            parts.jobs_per_s,
-            parts.jobs_per_s / apalis.jobs_per_s
-        ));
+        let mut figures = Vec::new();
+        for system in SYSTEMS {
+            if o.systems.iter().any(|s| s == system) {
+                figures.push(Some(measured(&servers, &o, system, c).await?.jobs_per_s));
+            } else {
+                figures.push(None);
+            }
+        }
+        lines.push(summary(c, &figures));
     }
     for l in lines {
         println!("{l}");

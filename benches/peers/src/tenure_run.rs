@@ -3,6 +3,7 @@
 //! (`ctx.db()`), the default `Config` with `max_in_flight = c`, history on.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Result, bail};
@@ -84,6 +85,48 @@ pub struct Run<'a> {
     pub n: usize,
     /// Partition mode with that many partitions; `None`: one lock per job.
     pub partitions: Option<u32>,
+    /// Time the enqueue's two writes apart (`PEERS_PHASES=1`, [`Phases`]).
+    pub phases: Option<Arc<Phases>>,
+}
+
+/// Where the producers' enqueue time goes (`PEERS_PHASES=1`): each enqueue
+/// made as its two writes, the row's insert (`FenceStore::insert_job`, its
+/// history trigger included) and the confirmed publish
+/// (`Queue::publish_job`), each timed.
+#[derive(Default)]
+pub struct Phases {
+    insert_ns: AtomicU64,
+    publish_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Phases {
+    async fn enqueue(&self, client: &Client, id: i64) -> Result<()> {
+        let job_id = JobId::from_key(JOB_TYPE, &format!("row-{id}"));
+        let input = serde_json::json!(id);
+        let t0 = Instant::now();
+        client.store().insert_job(job_id, JOB_TYPE, &input).await?;
+        let t1 = Instant::now();
+        let payload = serde_json::to_vec(&input)?.into();
+        client.queue().publish_job(job_id, JOB_TYPE, payload).await?;
+        let t2 = Instant::now();
+        let ns = |d: Duration| d.as_nanos() as u64;
+        self.insert_ns.fetch_add(ns(t1 - t0), Ordering::Relaxed);
+        self.publish_ns.fetch_add(ns(t2 - t1), Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `insert_ms=.. publish_ms=..`: the mean of each write per enqueue.
+    pub fn line(&self) -> String {
+        let n = self.count.load(Ordering::Relaxed).max(1) as f64;
+        let ms = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / n / 1e6;
+        format!(
+            "insert_ms={:.2} publish_ms={:.2}",
+            ms(&self.insert_ns),
+            ms(&self.publish_ns)
+        )
+    }
 }
 
 /// One Tenure run.
@@ -95,6 +138,7 @@ pub async fn run(r: Run<'_>) -> Result<Figure> {
         c,
         n,
         partitions,
+        phases,
     } = r;
     let cfg = config(stack, db, ns, partitions);
     let client = Client::connect(&cfg).await?;
@@ -119,9 +163,15 @@ pub async fn run(r: Run<'_>) -> Result<Figure> {
     let producers = (0..PRODUCERS)
         .map(|p| {
             let client = client.clone();
+            let phases = phases.clone();
             tokio::spawn(async move {
                 for id in shape::share(p, n) {
-                    client.enqueue::<PeerJob>(&format!("row-{id}"), &id).await?;
+                    match &phases {
+                        Some(phases) => phases.enqueue(&client, id).await?,
+                        None => {
+                            client.enqueue::<PeerJob>(&format!("row-{id}"), &id).await?;
+                        }
+                    }
                 }
                 Ok(())
             })
