@@ -292,3 +292,52 @@ async fn run_step_commits_one_step_in_a_real_fenced_transaction(env: TestEnv) {
     env.check().await.unwrap().assert_clean();
     w.shutdown().await.unwrap();
 }
+
+/// Ends every PostgreSQL session of application `app` (what a server restart
+/// or an operator's `pg_terminate_backend` does to a client's idle pooled
+/// connections): each gets `57P01`.
+async fn terminate_sessions(env: &TestEnv, app: &str) -> i64 {
+    let sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+               WHERE application_name = $1 AND pid <> pg_backend_pid()";
+    let (ended,): (i64,) = sqlx::query_as(sql)
+        .bind(app)
+        .fetch_one(env.pool())
+        .await
+        .unwrap();
+    ended
+}
+
+/// A checkout pings only a connection idle for a while (the round trip a
+/// busy pool saves, BENCHMARKS.md): an enqueue and a read on a connection
+/// whose session the server ended a moment after its last use go through,
+/// on a fresh one, and the enqueue is not mistaken for a duplicate.
+#[tenure::test]
+async fn an_enqueue_right_after_the_server_ended_its_sessions_goes_through(env: TestEnv) {
+    let app = format!("{}-terminated", env.namespace());
+    let client = tenure::Client::connect(&env.config().clone().with_worker_id(app.clone()))
+        .await
+        .unwrap();
+    for round in 0..3 {
+        // Several connections in the pool, each used a moment ago.
+        let before = (0..6).map(|i| {
+            let key = format!("before-{round}-{i}");
+            let client = client.clone();
+            async move { client.enqueue::<Tally>(&key, &Count { n: 1 }).await }
+        });
+        for done in futures::future::join_all(before).await {
+            done.unwrap();
+        }
+        assert!(terminate_sessions(&env, &app).await >= 2);
+        let key = format!("after-{round}");
+        let after = client.enqueue::<Tally>(&key, &Count { n: 1 }).await;
+        let after = after.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(!after.duplicate, "round {round}: {after:?}");
+        assert!(terminate_sessions(&env, &app).await >= 1);
+        let reads = (0..6).map(|_| client.job(after.job_id));
+        futures::future::join_all(reads).await;
+        assert!(terminate_sessions(&env, &app).await >= 1);
+        let read = client.job(after.job_id).await;
+        let read = read.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(read.map(|r| r.status), Some(tenure::JobStatus::Pending));
+    }
+}

@@ -39,6 +39,26 @@ pub(super) fn is_tombstoned(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(e) if e.code().as_deref() == Some(TOMBSTONED_SQLSTATE))
 }
 
+/// Whether `err` says the statement's session was gone before the statement
+/// could run: the server ended it (`57P01` an operator's
+/// `pg_terminate_backend` or a shutdown, `57P02` a crash of another backend),
+/// or the socket was closed or reset under it. A pooled connection is pinged
+/// only after sitting idle for a while ([`PING_IDLE`](super::access)), so a
+/// restart a moment after its last use shows up here, at its next statement;
+/// the idempotent paths (a row's insert, a read) run it once more on a fresh
+/// connection.
+pub(super) fn is_session_ended(err: &sqlx::Error) -> bool {
+    use std::io::ErrorKind as K;
+    match err {
+        sqlx::Error::Database(d) => matches!(d.code().as_deref(), Some("57P01" | "57P02")),
+        sqlx::Error::Io(e) => matches!(
+            e.kind(),
+            K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof
+        ),
+        _ => false,
+    }
+}
+
 /// The SQLSTATE a Tenure function raises for arguments outside what its
 /// caller may ask (migration 0016): a prune age below the schema's
 /// `prune_floor`, a batch outside 1 to [`MAX_PRUNE_BATCH`](crate::config::MAX_PRUNE_BATCH),

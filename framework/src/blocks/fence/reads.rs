@@ -14,6 +14,32 @@ use super::error::FenceError;
 use super::row::{Diag, Inserted, JobRow, diag_from, job_row};
 use super::status::JobStatus;
 
+/// Runs the idempotent `statement` on `pool`, and again on a fresh
+/// connection each time its session was gone before it ran
+/// ([`is_session_ended`](super::error::is_session_ended): a checkout pings
+/// only a connection idle for a while, so every pooled connection a restart
+/// or an operator ended can fail once): at most once per pooled connection,
+/// plus one.
+pub(super) async fn on_live_session<T, F, Fut>(
+    pool: &sqlx::PgPool,
+    statement: F,
+) -> Result<T, sqlx::Error>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut left = pool.size() + 1;
+    loop {
+        match statement().await {
+            Err(e) if left > 0 && super::error::is_session_ended(&e) => {
+                tracing::debug!(error = %e, "the pooled session was gone; again on a fresh one");
+                left -= 1;
+            }
+            done => return done,
+        }
+    }
+}
+
 impl FenceStore {
     /// Inserts a `pending` job row. Idempotent: the same id with the same job type and
     /// input (compared as `jsonb`, so key order does not matter) is
@@ -91,20 +117,22 @@ impl FenceStore {
         let fingerprint = names.as_deref().map(step_list::fingerprint);
         let span = tracing::info_span!("tenure.fence.insert_job", job_id = %id, job_type);
         async {
+            let trace = crate::telemetry::propagation::current_row_value();
             for _ in 0..CLAIM_RETRIES {
-                let done = sqlx::query(&self.sql.insert)
-                    .bind(id.as_uuid())
-                    .bind(job_type)
-                    .bind(input)
-                    .bind(run_at)
-                    .bind(&names)
-                    .bind(&fingerprint)
-                    .bind(crate::telemetry::propagation::current_row_value())
-                    .bind(priority.as_str())
-                    .execute(&self.pool)
-                    .await;
+                let insert = || {
+                    sqlx::query(&self.sql.insert)
+                        .bind(id.as_uuid())
+                        .bind(job_type)
+                        .bind(input)
+                        .bind(run_at)
+                        .bind(&names)
+                        .bind(&fingerprint)
+                        .bind(&trace)
+                        .bind(priority.as_str())
+                        .execute(&self.pool)
+                };
                 // A prune committed while the insert waited: look again.
-                let done = match done {
+                let done = match on_live_session(&self.pool, insert).await {
                     Err(e) if super::error::is_tombstoned(&e) => continue,
                     done => done?,
                 };
@@ -170,10 +198,12 @@ impl FenceStore {
     /// # Errors
     /// [`FenceError::Db`], [`FenceError::Corrupt`].
     pub async fn job(&self, id: JobId) -> Result<Option<JobRow>, FenceError> {
-        let row = sqlx::query(&self.sql.job)
-            .bind(id.as_uuid())
-            .fetch_optional(&self.pool)
-            .await?;
+        let read = || {
+            sqlx::query(&self.sql.job)
+                .bind(id.as_uuid())
+                .fetch_optional(&self.pool)
+        };
+        let row = on_live_session(&self.pool, read).await?;
         row.as_ref().map(job_row).transpose()
     }
 
@@ -201,7 +231,10 @@ impl FenceStore {
     /// # Errors
     /// [`FenceError::Db`].
     pub async fn ping(&self) -> Result<(), FenceError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        // A pooled session the server ended says nothing about the server
+        // now: ask on a fresh one.
+        let ask = || sqlx::query("SELECT 1").execute(&self.pool);
+        on_live_session(&self.pool, ask).await?;
         Ok(())
     }
 
@@ -212,10 +245,8 @@ impl FenceStore {
     /// [`FenceError::Db`], [`FenceError::Corrupt`].
     pub async fn jobs(&self, ids: &[JobId]) -> Result<Vec<JobRow>, FenceError> {
         let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
-        let rows = sqlx::query(&self.sql.jobs)
-            .bind(ids)
-            .fetch_all(&self.pool)
-            .await?;
+        let read = || sqlx::query(&self.sql.jobs).bind(&ids).fetch_all(&self.pool);
+        let rows = on_live_session(&self.pool, read).await?;
         rows.iter().map(job_row).collect()
     }
 
