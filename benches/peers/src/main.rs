@@ -11,7 +11,10 @@
 //! (8), `PEERS_STATEMENTS=1` (statements per job: `statements.rs`),
 //! `PEERS_PHASES=1` (Tenure's enqueue time, insert and publish apart:
 //! `tenure_run::Phases`), `PEERS_SYSTEMS` (a comma list of `apalis`,
-//! `tenure_locks`, `tenure_partitions`; all by default). One line
+//! `tenure_locks`, `tenure_partitions`; all by default),
+//! `PEERS_PRODUCERS_APART=1` (Tenure's producers on a runtime and a client of
+//! their own, on their own threads, as a service beside the worker would be).
+//! One line
 //! per concurrency:
 //! `peers: c=C apalis_jobs_per_s=A tenure_locks_jobs_per_s=L tenure_partitions_jobs_per_s=P ratio_partitions_vs_apalis=R`.
 

@@ -159,6 +159,15 @@ pub async fn run(r: Run<'_>) -> Result<Figure> {
     if let Some(p) = partitions {
         owned(&wcfg, p as usize).await?;
     }
+    if std::env::var("PEERS_PRODUCERS_APART").is_ok_and(|v| v == "1") {
+        let started = Instant::now();
+        let enqueued = apart(cfg.clone(), n, phases).await?;
+        done.wait_for(n as u64, Duration::from_secs(900)).await?;
+        let figure = Figure::of(n, started, enqueued, Instant::now());
+        worker.shutdown().await?;
+        check(&client, ns, n).await?;
+        return Ok(figure);
+    }
     let started = Instant::now();
     let producers = (0..PRODUCERS)
         .map(|p| {
@@ -214,4 +223,43 @@ async fn check(client: &Client, ns: &str, n: usize) -> Result<()> {
         .fetch_one(client.store().pool())
         .await?;
     shape::verdict("tenure", n, three, more)
+}
+
+/// The producers on a runtime (and a client) of their own, on their own
+/// threads: what a service that enqueues looks like beside a worker
+/// (`PEERS_PRODUCERS_APART=1`). Returns when the last enqueue returned.
+async fn apart(cfg: Config, n: usize, phases: Option<Arc<Phases>>) -> Result<Instant> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build();
+        let done = match rt {
+            Ok(rt) => rt.block_on(async move {
+                let client = Client::connect(&cfg).await?;
+                let producers = (0..PRODUCERS)
+                    .map(|p| {
+                        let client = client.clone();
+                        let phases = phases.clone();
+                        tokio::spawn(async move {
+                            for id in shape::share(p, n) {
+                                match &phases {
+                                    Some(phases) => phases.enqueue(&client, id).await?,
+                                    None => {
+                                        client.enqueue::<PeerJob>(&format!("row-{id}"), &id).await?;
+                                    }
+                                }
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                joined(producers).await
+            }),
+            Err(e) => Err(e.into()),
+        };
+        let _ = tx.send(done);
+    });
+    rx.await?
 }
