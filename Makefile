@@ -33,8 +33,10 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
+# The pipeline benchmark, then Tenure next to apalis (benches/peers), then
+# both summary lines together (scripts/bench.sh).
 bench: setup
-	cargo bench -p tenure-benches --bench pipeline
+	bash scripts/bench.sh
 
 torture: setup
 	cargo run --release -p tenure-tests --features harness --bin torture -- --jobs 2000 --workers 3 --faults 100 --seed 1
