@@ -77,7 +77,9 @@ impl Actor for JobActor {
                 me: myself.get_cell(),
                 slots: hold.slots().clone(),
             };
-            run.run(delivery, admitted).await;
+            // Boxed: ractor keeps the handler's future inside the actor's
+            // loop future, itself allocated for the actor's whole life.
+            Box::pin(run.run(delivery, admitted)).await;
             shared.metrics.in_flight(-1);
             drop(hold);
         }
@@ -111,8 +113,8 @@ impl JobRun {
                 let seq = attempt.delivery().stream_sequence();
                 tracing::warn!(seq, %reason, "dead-lettering");
                 let code = DeadCode::BadMessage;
-                self.settle(attempt, Outcome::DeadLetter { code, reason })
-                    .await;
+                let outcome = Outcome::DeadLetter { code, reason };
+                Box::pin(self.settle(attempt, outcome)).await;
                 return;
             }
         };
@@ -132,15 +134,19 @@ impl JobRun {
         // The producer's trace (every delivery, a takeover's too, carries it).
         let parent = propagation::from_headers(attempt.delivery().headers());
         propagation::set_parent(&span, parent);
+        // Each phase's future is boxed (here and in `phases`, `run_steps`,
+        // `run_step`, `drive_stage`): a job's future is allocated once per job
+        // in flight at the size of its largest state, so inline it would
+        // carry the claim's, the commit's and the settling's futures through
+        // every step it waits on (11 KB; BENCHMARKS.md, worker RSS). Boxed,
+        // only the phase that runs is allocated.
         async move {
-            let outcome = match self
-                .phases(&mut attempt, job_id, header_type, admitted)
-                .await
-            {
+            let phases = Box::pin(self.phases(&mut attempt, job_id, header_type, admitted));
+            let outcome = match phases.await {
                 Ok(()) => Outcome::Done,
                 Err(outcome) => outcome,
             };
-            self.settle(attempt, outcome).await;
+            Box::pin(self.settle(attempt, outcome)).await;
         }
         .instrument(span)
         .await;
@@ -177,19 +183,19 @@ impl JobRun {
         // Admission lets a dead row through only when its compensation is
         // pending: the hook runs under our lock, then the job is dead-lettered.
         let compensating = a.row.as_ref().is_some_and(|r| r.status == JobStatus::Dead);
-        self.hold_while_paused(a).await?;
+        Box::pin(self.hold_while_paused(a)).await?;
         self.acquire(a, job_id, coming).await?;
-        self.wait_run_slot(a).await?;
+        Box::pin(self.wait_run_slot(a)).await?;
         if compensating {
-            return Err(self.compensate_dead(a, &job).await);
+            return Err(Box::pin(self.compensate_dead(a, &job)).await);
         }
-        let (claim, claim_tx) = self.claim(a, job).await?;
+        let (claim, claim_tx) = Box::pin(self.claim(a, job)).await?;
         let Held::Claim(owned) = &a.held else {
             unreachable!("a successful claim leaves the attempt holding its claim")
         };
         let claim_tx = self.poison_check(owned, &claim, claim_tx).await?;
-        let claim_tx = self.step_list_check(owned, &claim, claim_tx).await?;
-        self.run_steps(owned, a.delivery(), claim, claim_tx).await
+        let claim_tx = Box::pin(self.step_list_check(owned, &claim, claim_tx)).await?;
+        Box::pin(self.run_steps(owned, a.delivery(), claim, claim_tx)).await
     }
 
     /// Phase 1, admission: the job row (usually read with the delivery's fetch

@@ -84,7 +84,7 @@ impl JobRun {
                 if let Some(tx) = open_tx.take() {
                     let _ = tx.rollback().await;
                 }
-                self.wait_between_steps(owned, delivery).await?;
+                Box::pin(self.wait_between_steps(owned, delivery)).await?;
             }
             let step = StepAt {
                 index: StepIndex::new(k),
@@ -145,7 +145,7 @@ impl JobRun {
             // An operator's cancel notice stopped the step: nothing of it
             // commits, whatever it returned.
             rollback_all(desk.offer, outcome.ctx.as_mut()).await;
-            return Err(self.cancel_asked(owned).await);
+            return Err(Box::pin(self.cancel_asked(owned)).await);
         }
         // The transaction opened for this step, if the step did not take it:
         // the checkpoint's commit uses it.
@@ -159,9 +159,9 @@ impl JobRun {
             }
         }
         match (outcome.result, outcome.ctx) {
-            (Ok(out), Some(ctx)) => self.commit(owned, ctx, step, out, started).await,
+            (Ok(out), Some(ctx)) => Box::pin(self.commit(owned, ctx, step, out, started)).await,
             (Ok(_), None) => Err(Outcome::fail("step lost its context".into())),
-            (Err(err), ctx) => Err(self.step_failed(owned, ctx, step, err).await),
+            (Err(err), ctx) => Err(Box::pin(self.step_failed(owned, ctx, step, err)).await),
         }
     }
 
@@ -332,8 +332,13 @@ impl JobRun {
         input: serde_json::Value,
         desk: &mut Desk,
     ) -> StageOutcome {
-        let stage = run_stage(self.me.clone(), owned.job.clone(), step, ctx, input);
-        tokio::pin!(stage);
+        let mut stage = Box::pin(run_stage(
+            self.me.clone(),
+            owned.job.clone(),
+            step,
+            ctx,
+            input,
+        ));
         let period =
             (self.shared.cfg.ack_wait() / 3).max(self.shared.cfg.tuning.progress_min_period);
         let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
@@ -350,7 +355,7 @@ impl JobRun {
                     }
                 }
                 () = tokio::time::sleep_until(window.unwrap_or_else(Instant::now)), if window.is_some() => {
-                    end_untaken(desk).await;
+                    Box::pin(end_untaken(desk)).await;
                 }
                 () = owned.cancel.cancelled(), if !cancel_seen => {
                     cancel_seen = true;
@@ -364,7 +369,7 @@ impl JobRun {
                 }
                 _ = ticker.tick() => {
                     if owned.session.health() == Health::Healthy
-                        && let Err(e) = delivery.progress().await
+                        && let Err(e) = Box::pin(delivery.progress()).await
                     {
                         tracing::debug!(error = %e, "progress ack failed");
                     }
