@@ -159,17 +159,27 @@ pub async fn run(r: Run<'_>) -> Result<Figure> {
     if let Some(p) = partitions {
         owned(&wcfg, p as usize).await?;
     }
-    if std::env::var("PEERS_PRODUCERS_APART").is_ok_and(|v| v == "1") {
-        let started = Instant::now();
-        let enqueued = apart(cfg.clone(), n, phases).await?;
-        done.wait_for(n as u64, Duration::from_secs(900)).await?;
-        let figure = Figure::of(n, started, enqueued, Instant::now());
-        worker.shutdown().await?;
-        check(&client, ns, n).await?;
-        return Ok(figure);
-    }
     let started = Instant::now();
-    let producers = (0..PRODUCERS)
+    let enqueued = if std::env::var("PEERS_PRODUCERS_APART").is_ok_and(|v| v == "1") {
+        apart(cfg.clone(), n, phases).await?
+    } else {
+        joined(producers(&client, n, phases)).await?
+    };
+    done.wait_for(n as u64, Duration::from_secs(900)).await?;
+    let figure = Figure::of(n, started, enqueued, Instant::now());
+    worker.shutdown().await?;
+    check(&client, ns, n).await?;
+    Ok(figure)
+}
+
+/// The four producer tasks, each enqueueing its share of the `n` jobs (each
+/// enqueue timed apart with `phases`).
+fn producers(
+    client: &Client,
+    n: usize,
+    phases: Option<Arc<Phases>>,
+) -> Vec<tokio::task::JoinHandle<Result<()>>> {
+    (0..PRODUCERS)
         .map(|p| {
             let client = client.clone();
             let phases = phases.clone();
@@ -185,13 +195,7 @@ pub async fn run(r: Run<'_>) -> Result<Figure> {
                 Ok(())
             })
         })
-        .collect();
-    let enqueued = joined(producers).await?;
-    done.wait_for(n as u64, Duration::from_secs(900)).await?;
-    let figure = Figure::of(n, started, enqueued, Instant::now());
-    worker.shutdown().await?;
-    check(&client, ns, n).await?;
-    Ok(figure)
+        .collect()
 }
 
 /// Waits until the worker owns all `p` partitions of the job type.
@@ -238,24 +242,7 @@ async fn apart(cfg: Config, n: usize, phases: Option<Arc<Phases>>) -> Result<Ins
         let done = match rt {
             Ok(rt) => rt.block_on(async move {
                 let client = Client::connect(&cfg).await?;
-                let producers = (0..PRODUCERS)
-                    .map(|p| {
-                        let client = client.clone();
-                        let phases = phases.clone();
-                        tokio::spawn(async move {
-                            for id in shape::share(p, n) {
-                                match &phases {
-                                    Some(phases) => phases.enqueue(&client, id).await?,
-                                    None => {
-                                        client.enqueue::<PeerJob>(&format!("row-{id}"), &id).await?;
-                                    }
-                                }
-                            }
-                            Ok(())
-                        })
-                    })
-                    .collect();
-                joined(producers).await
+                joined(producers(&client, n, phases)).await
             }),
             Err(e) => Err(e.into()),
         };
