@@ -269,6 +269,44 @@ async fn an_etcd_restore_moves_revisions_back_and_a_bump_moves_them_past() {
     );
 }
 
+/// A bump right after a restore meets a cluster still electing (the torture
+/// run of 2026-12-07 failed its `etcd_restore_bumped` fault on "etcdserver:
+/// request timed out"): the bump rides out etcd's transient refusals until it
+/// is past the revision, here two of three members stopped for 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_bump_waits_out_a_cluster_without_quorum() {
+    let stack = DevStack::start_with(DevStackOptions {
+        nats: false,
+        postgres: false,
+        ..DevStackOptions::default()
+    })
+    .await
+    .expect("etcd");
+    let mut c = etcd_client::Client::connect(stack.etcd_endpoints(), None)
+        .await
+        .unwrap();
+    let past = c
+        .put("before", "v", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision()
+        + 5;
+    for i in 1..3 {
+        stack.etcd_member(i).pause().expect("pause");
+    }
+    let resume = async {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        for i in 1..3 {
+            stack.etcd_member(i).resume().expect("resume");
+        }
+    };
+    let (bumped, ()) = tokio::join!(stack.etcd_bump_revision(past), resume);
+    let bumped = bumped.expect("the bump waits for the cluster");
+    assert!(bumped > past, "{bumped} vs {past}");
+}
+
 /// An etcd member replaced on a stack with TLS and authentication (issue 36):
 /// the fresh member gets the server certificate and the cluster's users, so
 /// Tenure's limited etcd user holds a session and a lock through it alone.

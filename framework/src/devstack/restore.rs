@@ -90,37 +90,66 @@ impl DevStack {
     /// `--bump-revision` would have done, so that every later lock gets a larger
     /// revision than any handed out before the restore. Several writers at once.
     ///
+    /// etcd's refusals (a cluster just restored may still be electing) are
+    /// tried again for up to a minute.
+    ///
     /// # Errors
-    /// [`DevStackError::NotReady`] if etcd stops answering.
+    /// [`DevStackError::NotReady`] if etcd refuses or does not answer for a
+    /// minute.
     pub async fn etcd_bump_revision(&self, past: i64) -> Result<i64, DevStackError> {
         let endpoints = self.etcd_endpoints();
-        let unreachable = |e: etcd_client::Error| DevStackError::NotReady {
+        let deadline = tokio::time::Instant::now() + BUMP_TIMEOUT;
+        let unreachable = |last_error: String| DevStackError::NotReady {
             server: "etcd".into(),
-            timeout: Duration::ZERO,
-            last_error: e.to_string(),
+            timeout: BUMP_TIMEOUT,
+            last_error,
             log: self.dir().join("etcd0.log").display().to_string(),
             log_tail: String::new(),
         };
         let client = etcd_client::Client::connect(&endpoints, None)
             .await
-            .map_err(unreachable)?;
+            .map_err(|e| unreachable(e.to_string()))?;
         let writers = (0..8).map(|w| {
-            let mut kv = client.kv_client();
-            async move {
-                let key = format!("__tenure_devstack_bump_{w}");
-                loop {
-                    let put = kv.put(key.as_str(), "", None).await?;
-                    let revision = put.header().map_or(0, |h| h.revision());
-                    if revision > past {
-                        return Ok::<i64, etcd_client::Error>(revision);
-                    }
-                }
-            }
+            let kv = client.kv_client();
+            bump_writer(kv, format!("__tenure_devstack_bump_{w}"), past, deadline)
         });
         let reached = futures::future::try_join_all(writers)
             .await
             .map_err(unreachable)?;
         Ok(reached.into_iter().max().unwrap_or(past))
+    }
+}
+
+/// How long [`DevStack::etcd_bump_revision`] rides out etcd's refusals (a
+/// cluster just restored may still be electing its leader).
+const BUMP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Puts `key` until a put's revision is past `past`; a refused or unanswered
+/// put (no quorum yet: "request timed out", "no leader", a member that does
+/// not answer within 5 s) is tried again every 200 ms until `deadline`.
+async fn bump_writer(
+    mut kv: etcd_client::KvClient,
+    key: String,
+    past: i64,
+    deadline: tokio::time::Instant,
+) -> Result<i64, String> {
+    loop {
+        let put = tokio::time::timeout(Duration::from_secs(5), kv.put(key.as_str(), "", None));
+        let error = match put.await {
+            Ok(Ok(put)) => {
+                let revision = put.header().map_or(0, |h| h.revision());
+                if revision > past {
+                    return Ok(revision);
+                }
+                continue;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer within 5 s".to_string(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(error);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
