@@ -38,15 +38,6 @@ pub fn connect_options(cfg: &Config) -> Result<PgConnectOptions, super::FenceErr
     )?)
 }
 
-/// How long a pooled connection may sit idle before a checkout pings it
-/// (HikariCP's `aliveBypassWindowMs` is the same idea, at the same 500 ms):
-/// a connection used since was alive then, and the release of every
-/// connection to the pool pings it already (sqlx). A session the server ended
-/// within the window fails its next statement instead
-/// ([`is_session_ended`](super::error)); the idempotent paths run that
-/// statement again on a fresh connection.
-pub(super) const PING_IDLE: Duration = Duration::from_millis(500);
-
 /// Pool options with Tenure's per-connection settings applied in `after_connect`:
 /// `idle_in_transaction_session_timeout` = [`Config::idle_in_transaction_timeout`]
 /// and `lock_timeout` = [`Config::lock_timeout`], and `max_in_flight + 4`
@@ -67,20 +58,6 @@ pub fn pool_options(cfg: &Config) -> PgPoolOptions {
         + &application_name(&cfg.worker_id);
     PgPoolOptions::new()
         .max_connections(max)
-        // A checkout pings (one round trip) only a connection idle for
-        // `PING_IDLE` or more: one in steady use is known alive, and a
-        // ping per checkout was a round trip on the path of every enqueue,
-        // claim and fresh step transaction (BENCHMARKS.md, "Where an
-        // enqueue's time goes").
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for >= PING_IDLE {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
-            })
-        })
         .after_connect(move |conn, _meta| {
             let settings = settings.clone();
             Box::pin(async move {

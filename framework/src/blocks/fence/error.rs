@@ -42,11 +42,10 @@ pub(super) fn is_tombstoned(err: &sqlx::Error) -> bool {
 /// Whether `err` says the statement's session was gone before the statement
 /// could run: the server ended it (`57P01` an operator's
 /// `pg_terminate_backend` or a shutdown, `57P02` a crash of another backend),
-/// or the socket was closed or reset under it. A pooled connection is pinged
-/// only after sitting idle for a while ([`PING_IDLE`](super::access)), so a
-/// restart a moment after its last use shows up here, at its next statement;
-/// the idempotent paths (a row's insert, a read) run it once more on a fresh
-/// connection.
+/// or the socket was closed or reset under it. The checkout's ping catches
+/// most such sessions; one ended between the ping and the statement shows up
+/// here, and the idempotent paths (a row's insert, the reads by id, the
+/// probe) run the statement once more on a fresh connection.
 pub(super) fn is_session_ended(err: &sqlx::Error) -> bool {
     use std::io::ErrorKind as K;
     match err {

@@ -16,10 +16,9 @@ use super::status::JobStatus;
 
 /// Runs the idempotent `statement` on `pool`, and again on a fresh
 /// connection each time its session was gone before it ran
-/// ([`is_session_ended`](super::error::is_session_ended): a checkout pings
-/// only a connection idle for a while, so every pooled connection a restart
-/// or an operator ended can fail once): at most once per pooled connection,
-/// plus one.
+/// ([`is_session_ended`](super::error::is_session_ended): a session ended
+/// between the checkout's ping and the statement): at most once per pooled
+/// connection, plus one.
 pub(super) async fn on_live_session<T, F, Fut>(
     pool: &sqlx::PgPool,
     statement: F,
