@@ -19,15 +19,20 @@ async fn etcd_put(endpoints: &[String], key: &str, timeout: Duration) -> Result<
         .map_err(|_| "timed out".to_string())?
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_survives_one_member_loss_and_refuses_writes_without_quorum() {
-    let stack = DevStack::start_with(DevStackOptions {
+/// A dev stack of three etcd members and nothing else.
+async fn etcd_only() -> DevStack {
+    DevStack::start_with(DevStackOptions {
         nats: false,
         postgres: false,
-        ..Default::default()
+        ..DevStackOptions::default()
     })
     .await
-    .expect("stack");
+    .expect("etcd")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_survives_one_member_loss_and_refuses_writes_without_quorum() {
+    let stack = etcd_only().await;
     let eps = stack.etcd_endpoints();
     etcd_put(&eps, "a", Duration::from_secs(5))
         .await
@@ -223,13 +228,7 @@ fn shared_stack_and_namespaces() {
 /// write past every revision handed out before the restore.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_restore_moves_revisions_back_and_a_bump_moves_them_past() {
-    let stack = DevStack::start_with(DevStackOptions {
-        nats: false,
-        postgres: false,
-        ..DevStackOptions::default()
-    })
-    .await
-    .expect("etcd");
+    let stack = etcd_only().await;
     let put = |key: &'static str| {
         let endpoints = stack.etcd_endpoints();
         async move {
@@ -275,13 +274,7 @@ async fn an_etcd_restore_moves_revisions_back_and_a_bump_moves_them_past() {
 /// is past the revision, here two of three members stopped for 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_bump_waits_out_a_cluster_without_quorum() {
-    let stack = DevStack::start_with(DevStackOptions {
-        nats: false,
-        postgres: false,
-        ..DevStackOptions::default()
-    })
-    .await
-    .expect("etcd");
+    let stack = etcd_only().await;
     let mut c = etcd_client::Client::connect(stack.etcd_endpoints(), None)
         .await
         .unwrap();

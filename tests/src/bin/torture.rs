@@ -1299,6 +1299,13 @@ impl Run {
             if Instant::now() >= give_up {
                 break;
             }
+            // Worker `w` was armed before the round's batch went out
+            // (`fault_round`): it may have stopped itself already.
+            if i == w && self.slots[i].pid().is_some_and(is_stopped) {
+                armed.push(i);
+                stopped = Some(i);
+                break;
+            }
             if self.slots[i].active && self.arm_pause(i) {
                 armed.push(i);
                 if self.stopped_within(i, Duration::from_secs(5)).await {
@@ -1310,7 +1317,7 @@ impl Run {
             }
         }
         let (v, at) = match stopped {
-            Some(i) => (i, self.slots[i].paused_at.take()),
+            Some(i) => (i, self.paused_at_within(i, Duration::from_secs(1)).await),
             None => (w, None),
         };
         let Some(pid) = self.slots[v].pid() else {
@@ -1328,6 +1335,23 @@ impl Run {
             if let Some(pid) = self.slots[i].pid() {
                 signal(pid, "CONT");
             }
+        }
+    }
+
+    /// Where stopped worker `i` said it stopped (its `PAUSED` line, read by
+    /// another task a moment after it stopped), waited for up to `limit`.
+    async fn paused_at_within(
+        &self,
+        i: usize,
+        limit: Duration,
+    ) -> Option<(sqlx::types::Uuid, i64)> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let at = self.slots[i].paused_at.take();
+            if at.is_some() || Instant::now() >= deadline {
+                return at;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -2197,6 +2221,12 @@ impl Run {
     ) -> anyhow::Result<()> {
         let w = rng.random_range(0..self.args.workers);
         let armed = fault == Fault::KillAfterCommit && self.arm_crash(w);
+        // A sigstop's worker is armed before its batch goes out, so it meets
+        // a write of the batch (workers that drain a batch before the arm
+        // reach them wait idle: the negative control then caught nothing).
+        if fault == Fault::WorkerPause {
+            self.arm_pause(w);
+        }
         load.enqueue(&self.client, batch, self.args.cancel).await?;
         // Short enough that the batch is still running when the fault lands.
         tokio::time::sleep(ms(
