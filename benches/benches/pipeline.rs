@@ -198,11 +198,7 @@ async fn namespace_with(
         .execute(client.store().pool())
         .await?;
     if std::env::var("TENURE_BENCH_NO_HISTORY").is_ok_and(|v| v == "1") {
-        sqlx::query(&format!(
-            "ALTER TABLE {ns}.jobs DISABLE TRIGGER jobs_history"
-        ))
-        .execute(client.store().pool())
-        .await?;
+        client.set_job_history(false).await?;
     }
     Ok((ns, client))
 }

@@ -34,9 +34,10 @@ pub fn history_table(events: &[JobEvent]) -> String {
     let opt = |o: Option<String>| o.unwrap_or_else(|| "-".into());
     let rows: Vec<Vec<String>> = events
         .iter()
-        .map(|e| {
+        .enumerate()
+        .map(|(i, e)| {
             vec![
-                e.seq.to_string(),
+                (i + 1).to_string(),
                 time(&e.at),
                 e.kind.clone(),
                 opt(e.token.map(|t| t.to_string())),
@@ -53,7 +54,7 @@ pub fn history_table(events: &[JobEvent]) -> String {
         .collect();
     let mut out = table(
         &[
-            "SEQ",
+            "#",
             "AT",
             "EVENT",
             "TOKEN",

@@ -1492,6 +1492,143 @@ async fn a_refused_stale_step_is_recorded_after_its_transaction_ends() {
     assert_eq!(refusals[0].other_token, Some(42));
 }
 
+/// A store on `schema` whose connections are named `worker` (the writer the
+/// history records).
+async fn named_store(schema: &str, worker: &str) -> FenceStore {
+    let opts = database_stack(false)
+        .database_url()
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .unwrap()
+        .application_name(worker);
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(opts)
+        .await
+        .expect("connect");
+    FenceStore::new(pool, schema).unwrap()
+}
+
+/// A job's history rides on its own row (issue 33.3): a job that ran to the
+/// end, with a takeover on the way and a step rolled back, left no
+/// `job_events` row (the trigger used to insert one per event), and its
+/// timeline still tells every event in order with its writer, tokens and
+/// counts; the window counts and the workers page read it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_history_is_kept_on_its_row() {
+    let s = store("trail").await;
+    let (w1, w2) = (
+        named_store(s.schema(), "trail-w1").await,
+        named_store(s.schema(), "trail-w2").await,
+    );
+    let id = new_job(&s, "trail").await;
+    let (_, tx) = w1.claim_and_begin(id, tok(9)).await.unwrap();
+    tx.commit_step(&json!({"k": 0}), false).await.unwrap();
+    let tx = w1.begin_step(id, tok(9), step(1)).await.unwrap();
+    tx.rollback().await.unwrap();
+    let (_, tx) = w2.claim_and_begin(id, tok(10)).await.unwrap();
+    tx.commit_step(&json!({"k": 1}), false).await.unwrap();
+    let tx = w2.begin_step(id, tok(10), step(2)).await.unwrap();
+    tx.commit_step(&json!({"k": 2}), true).await.unwrap();
+
+    let rows: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}.job_events WHERE job_id = $1",
+        s.schema()
+    ))
+    .bind(id.as_uuid())
+    .fetch_one(s.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows, 0, "history rows written beside the job row");
+    let events = s.job_events(id).await.unwrap();
+    type Seen<'a> = (
+        &'a str,
+        Option<i32>,
+        Option<&'a str>,
+        Option<i64>,
+        Option<i32>,
+    );
+    let seen: Vec<Seen<'_>> = events
+        .iter()
+        .map(|e| {
+            (
+                e.kind.as_str(),
+                e.step,
+                e.worker.as_deref(),
+                e.token,
+                e.takeovers,
+            )
+        })
+        .collect();
+    let (one, two) = (Some("trail-w1"), Some("trail-w2"));
+    assert_eq!(
+        seen,
+        [
+            ("enqueued", Some(0), None, Some(0), Some(0)),
+            ("claimed", Some(0), one, Some(9), Some(0)),
+            ("step", Some(0), one, Some(9), Some(0)),
+            ("taken_over", Some(1), two, Some(10), Some(1)),
+            ("step", Some(1), two, Some(10), Some(1)),
+            ("step", Some(2), two, Some(10), Some(1)),
+            ("done", Some(3), two, Some(10), Some(1)),
+        ],
+        "{events:?}"
+    );
+    assert_eq!(
+        events[3].other_token,
+        Some(9),
+        "the takeover's fence before"
+    );
+
+    let recent = s.overview(Duration::from_secs(600)).await.unwrap().recent;
+    assert_eq!((recent.steps, recent.done, recent.takeovers), (3, 1, 1));
+    let workers = s.workers_seen(Duration::from_secs(600)).await.unwrap();
+    let counts: Vec<(&str, i64, i64)> = workers
+        .iter()
+        .filter(|w| w.worker.starts_with("trail-"))
+        .map(|w| (w.worker.as_str(), w.claims, w.steps))
+        .collect();
+    assert_eq!(counts, [("trail-w1", 1, 1), ("trail-w2", 1, 2)]);
+}
+
+/// A job enqueued before migration 0024 keeps its events in `job_events`
+/// and has no trail: its timeline is those rows, then what happened since on
+/// its row, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_from_before_the_trail_keeps_its_earlier_events() {
+    let s = store("trail_legacy").await;
+    let id = new_job(&s, "legacy").await;
+    let ns = s.schema();
+    for sql in [
+        format!("UPDATE {ns}.jobs SET trail = NULL WHERE id = $1"),
+        format!(
+            "INSERT INTO {ns}.job_events (job_id, at, kind, token, step, worker) \
+             VALUES ($1, now() - interval '1 day', 'enqueued', 0, 0, 'old-producer')"
+        ),
+    ] {
+        sqlx::query(&sql)
+            .bind(id.as_uuid())
+            .execute(s.pool())
+            .await
+            .unwrap();
+    }
+    let (_, tx) = s.claim_and_begin(id, tok(3)).await.unwrap();
+    tx.commit_step(&json!({"k": 0}), true).await.unwrap();
+    let kinds: Vec<(String, bool)> = s
+        .job_events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.kind, e.seq.is_some()))
+        .collect();
+    let expect = [
+        ("enqueued", true),
+        ("claimed", false),
+        ("step", false),
+        ("done", false),
+    ];
+    assert_eq!(kinds, expect.map(|(k, row)| (k.to_string(), row)));
+}
+
 /// The job history can be switched off and on for a schema, and pruned: with
 /// the trigger off a claim and a step commit leave no event (the fence works
 /// the same), with it on again they do; pruning by age deletes old events only.

@@ -210,7 +210,7 @@ mod tests {
 
     fn ev(ms: i64, kind: &str, token: i64, worker: &str, step: Option<i32>) -> JobEvent {
         JobEvent {
-            seq: ms,
+            seq: Some(ms),
             at: DateTime::from_timestamp_millis(1_700_000_000_000 + ms).unwrap_or_default(),
             kind: kind.into(),
             token: Some(token),

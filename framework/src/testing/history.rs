@@ -8,6 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::{Client, FencingToken, JobId, StepIndex, WorkerObserver};
 
+/// Sorts a `job_history` row kept on the trail (no `seq`) after every row of
+/// `job_events`: a job's events in written order are `(coalesce(seq, LAST), pos)`.
+const LAST: i64 = i64::MAX;
+
 /// One step of one job under one token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StepRecord {
@@ -222,7 +226,8 @@ impl Facts {
             .map(|(id, st)| (JobId::from_uuid(id), st))
             .collect();
         let steps: Vec<(uuid::Uuid, i32, i64)> = sqlx::query_as(&format!(
-            "SELECT job_id, step, token FROM {s}.job_events WHERE kind = 'step' ORDER BY seq"
+            "SELECT job_id, step, token FROM {s}.job_history WHERE kind = 'step' \
+              ORDER BY job_id, seq, pos"
         ))
         .fetch_all(pool)
         .await?;
@@ -237,12 +242,14 @@ impl Facts {
             let step = StepIndex::new(u32::try_from(step).unwrap_or(u32::MAX));
             commits.push(StepRecord { job, step, token });
         }
-        let judged = judge_commits("job_events", &commits);
+        let judged = judge_commits("job_history", &commits);
         let after: Vec<(uuid::Uuid, i32, i64, i64)> = sqlx::query_as(&format!(
-            "SELECT s.job_id, s.step, s.token, max(c.token) FROM {s}.job_events s
-               JOIN {s}.job_events c ON c.job_id = s.job_id AND c.seq < s.seq
+            "WITH h AS (SELECT job_id, kind, step, token, \
+                      (coalesce(seq, {LAST}), pos) AS o FROM {s}.job_history)
+             SELECT s.job_id, s.step, s.token, max(c.token) FROM h s
+               JOIN h c ON c.job_id = s.job_id AND c.o < s.o
                 AND c.kind IN ('claimed', 'taken_over') AND c.token > s.token
-              WHERE s.kind = 'step' GROUP BY s.seq, s.job_id, s.step, s.token"
+              WHERE s.kind = 'step' GROUP BY s.o, s.job_id, s.step, s.token"
         ))
         .fetch_all(pool)
         .await?;
@@ -377,7 +384,7 @@ fn judge_rows(table: &str, rows: &[Row], facts: &Facts) -> Vec<Violation> {
 pub enum Violation {
     /// A step committed more than once (by different owners).
     DoubleCommit {
-        /// Who saw it: `job_events` or the worker observers.
+        /// Who saw it: `job_history` or the worker observers.
         source: String,
         /// The job.
         job: JobId,

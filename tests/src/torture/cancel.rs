@@ -147,7 +147,7 @@ async fn cancelled_rows(
     let rows: Vec<(Uuid, i32, bool, Option<i64>)> = sqlx::query_as(&format!(
         "SELECT j.id, j.step, e.at IS NOT NULL, {after} \
            FROM {s}.jobs j \
-           LEFT JOIN {s}.job_events e ON e.job_id = j.id AND e.kind = 'cancelled' \
+           LEFT JOIN {s}.job_history e ON e.job_id = j.id AND e.kind = 'cancelled' \
           WHERE j.status = 'cancelled'"
     ))
     .fetch_all(pool)

@@ -132,7 +132,8 @@ impl FenceStore {
         let mut stmts = vec![
             format!("GRANT USAGE ON SCHEMA \"{s}\" TO {quoted}"),
             format!(
-                "GRANT SELECT ON \"{s}\".jobs, \"{s}\".job_events, \"{s}\".job_tombstones, \
+                "GRANT SELECT ON \"{s}\".jobs, \"{s}\".job_events, \"{s}\".job_history, \
+                 \"{s}\".job_tombstones, \
                  \"{s}\".worker_reports, \"{s}\".schedules, \"{s}\".leader_fences, \
                  \"{s}\".partition_fences, \"{s}\".partitioning, \"{s}\".paused_types TO {quoted}"
             ),

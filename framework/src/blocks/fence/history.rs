@@ -1,5 +1,6 @@
-//! Operators' reads of job rows and of their history (`job_events`, migration
-//! 0005): the overview counts, a filtered job list paged by keyset, one job's
+//! Operators' reads of job rows and of their history (the view `job_history`,
+//! migration 0024: the trail on each job row and the rows of `job_events`):
+//! the overview counts, a filtered job list paged by keyset, one job's
 //! timeline, the workers seen writing. Read-only, except
 //! [`FenceStore::record_refusal`] (the fence's own note of a refused stale write).
 //! The CLI (`tenure`) and its web view (`tenure serve`) read through these and
@@ -20,6 +21,14 @@ const RECORD_REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Events read for one job's timeline at most.
 pub const MAX_JOB_EVENTS: i64 = 1000;
+
+/// How much older than an event its job row's `updated_at` may be, for the
+/// reads of recent events (`job_history.row_updated_at`, migration 0024):
+/// the age of the transaction that wrote it. A fenced step's transaction
+/// ends long before this (the watchdog stops work within a lease TTL); an
+/// event written by a transaction open longer is left out of the window
+/// counts, nothing else.
+const TRAIL_SLACK_SECS: f64 = 3600.0;
 
 /// How many job rows have one job type and status.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -124,8 +133,11 @@ impl JobCursor {
 /// One entry of a job's history.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct JobEvent {
-    /// Order of events (global, increasing).
-    pub seq: i64,
+    /// The event's number in `job_events` (global, increasing), for the
+    /// events kept there: refusals, retry-nows, reschedules, and everything
+    /// written before migration 0024. `None` for an event on the job row's
+    /// trail (claims, steps, failures, releases, ends, redrives).
+    pub seq: Option<i64>,
     /// When it was written.
     pub at: DateTime<Utc>,
     /// `enqueued`, `claimed`, `taken_over`, `step`, `failed`, `released`, `done`,
@@ -143,7 +155,9 @@ pub struct JobEvent {
     pub attempts: Option<i32>,
     /// The row's `takeovers` after the event.
     pub takeovers: Option<i32>,
-    /// `step`: the checkpoint; `failed`/`dead`: the error; `stale_refused`: where.
+    /// `failed`/`dead`: the error; `cancelled`: the reason; `stale_refused`:
+    /// where; `step` events written before migration 0024: the checkpoint
+    /// (the trail keeps no step's output: the row has the last one).
     pub detail: Option<serde_json::Value>,
 }
 
@@ -182,6 +196,18 @@ pub struct WorkerSeen {
 impl FenceStore {
     pub(super) fn table(&self, name: &str) -> String {
         format!("\"{}\".{name}", self.schema)
+    }
+
+    /// The history events at or after parameter `$since`, with parameter
+    /// `$since + 1` the slack of [`TRAIL_SLACK_SECS`]: a scan of `jobs` that
+    /// unnests only the trails of rows changed since then.
+    fn history_since(&self, since: usize) -> String {
+        let slack = since + 1;
+        format!(
+            "SELECT kind, at, worker FROM {} WHERE at >= ${since} AND (row_updated_at IS NULL \
+               OR row_updated_at >= ${since} - make_interval(secs => ${slack}))",
+            self.table("job_history")
+        )
     }
 
     /// Rows per type and status, and history counts over the last `window`.
@@ -224,8 +250,8 @@ impl FenceStore {
     async fn window_counts(&self, window: Duration) -> Result<WindowCounts, FenceError> {
         let since = Utc::now() - chrono::Duration::from_std(window).unwrap_or_default();
         let rows = sqlx::query(&format!(
-            "SELECT kind, count(*) AS n FROM {} WHERE kind = ANY($1) AND at >= $2 GROUP BY kind",
-            self.table("job_events")
+            "SELECT kind, count(*) AS n FROM ({}) h WHERE kind = ANY($1) GROUP BY kind",
+            self.history_since(2)
         ))
         .bind(
             [
@@ -239,6 +265,7 @@ impl FenceStore {
             .as_slice(),
         )
         .bind(since)
+        .bind(TRAIL_SLACK_SECS)
         .fetch_all(&self.pool)
         .await?;
         let mut c = WindowCounts {
@@ -316,8 +343,8 @@ impl FenceStore {
     pub async fn job_events(&self, id: JobId) -> Result<Vec<JobEvent>, FenceError> {
         let rows = sqlx::query(&format!(
             "SELECT seq, at, kind, token, other_token, step, worker, attempts, takeovers, detail \
-             FROM {} WHERE job_id = $1 ORDER BY seq LIMIT $2",
-            self.table("job_events")
+             FROM {} WHERE job_id = $1 ORDER BY at, pos, seq LIMIT $2",
+            self.table("job_history")
         ))
         .bind(id.as_uuid())
         .bind(MAX_JOB_EVENTS)
@@ -348,20 +375,20 @@ impl FenceStore {
     /// [`FenceError::Db`].
     pub async fn workers_seen(&self, window: Duration) -> Result<Vec<WorkerSeen>, FenceError> {
         let since = Utc::now() - chrono::Duration::from_std(window).unwrap_or_default();
-        let (jobs, events) = (self.table("jobs"), self.table("job_events"));
-        let reports = self.table("worker_reports");
+        let (jobs, history) = (self.table("jobs"), self.table("job_history"));
+        let (recent, reports) = (self.history_since(1), self.table("worker_reports"));
         let rows = sqlx::query(&format!(
             "WITH seen AS ( \
                SELECT worker, max(at) AS last_at, \
                       count(*) FILTER (WHERE kind IN ('claimed', 'taken_over')) AS claims, \
                       count(*) FILTER (WHERE kind = 'step') AS steps, \
                       count(*) FILTER (WHERE kind = 'stale_refused') AS stale \
-                 FROM {events} WHERE at >= $1 AND worker IS NOT NULL GROUP BY worker), \
+                 FROM ({recent}) h WHERE worker IS NOT NULL GROUP BY worker), \
              flight AS ( \
                SELECT e.worker, count(*) AS n FROM {jobs} j \
-                 CROSS JOIN LATERAL (SELECT worker FROM {events} \
+                 CROSS JOIN LATERAL (SELECT worker FROM {history} \
                    WHERE job_id = j.id AND kind IN ('claimed', 'taken_over') \
-                   ORDER BY seq DESC LIMIT 1) e \
+                   ORDER BY at DESC, pos DESC, seq DESC LIMIT 1) e \
                 WHERE j.status = 'running' GROUP BY e.worker), \
              conns AS ( \
                SELECT application_name AS worker, count(*) AS n FROM pg_stat_activity \
@@ -385,6 +412,7 @@ impl FenceStore {
               WHERE w.worker IS NOT NULL ORDER BY w.worker"
         ))
         .bind(since)
+        .bind(TRAIL_SLACK_SECS)
         .fetch_all(&self.pool)
         .await?;
         let worker = |r: &sqlx::postgres::PgRow| -> Result<WorkerSeen, sqlx::Error> {
@@ -443,20 +471,39 @@ impl FenceStore {
 
     /// Inserts `n` synthetic `done` rows of type `job_type` in one statement
     /// (`INSERT .. SELECT generate_series`), with creation times spread over the
-    /// last `n` seconds, every 10th `dead` and a takeover on every 100th, then
-    /// `ANALYZE`s the table: for benchmarks of the
-    /// operator's reads on large tables. Returns the rows inserted.
+    /// last `n` seconds, every 10th `dead` and a takeover on every 100th, each
+    /// with the history a finished three-step job leaves on its row (enqueued,
+    /// claimed, three steps, the end), then `ANALYZE`s the table: for
+    /// benchmarks of the operator's reads on large tables. Returns the rows
+    /// inserted.
     ///
     /// # Errors
     /// [`FenceError::Db`].
     #[cfg(feature = "testing")]
     pub async fn insert_synthetic_jobs(&self, job_type: &str, n: i64) -> Result<u64, FenceError> {
+        let ev = self.table("tenure_event");
+        let event = |kind: &str, step: &str| {
+            format!(
+                "ROW(at, {kind}, i, NULL, {step}, 'synthetic', 0, (i % 100 = 0)::int, NULL)::{ev}"
+            )
+        };
+        let trail = [
+            event("'enqueued'", "0"),
+            event("'claimed'", "0"),
+            event("'step'", "0"),
+            event("'step'", "1"),
+            event("'step'", "2"),
+            event("status", "3"),
+        ]
+        .join(", ");
         let done = sqlx::query(&format!(
-            "INSERT INTO {} (id, job_type, input, fence, step, status, takeovers, created_at, updated_at) \
-             SELECT gen_random_uuid(), $1, '{{}}'::jsonb, i, 3, \
-                    CASE WHEN i % 10 = 0 THEN 'dead' ELSE 'done' END, \
-                    (i % 100 = 0)::int, now() - make_interval(secs => i), now() \
-               FROM generate_series(1, $2::bigint) AS i",
+            "INSERT INTO {} (id, job_type, input, fence, step, status, takeovers, created_at, \
+                             updated_at, trail) \
+             SELECT gen_random_uuid(), $1, '{{}}'::jsonb, i, 3, status, (i % 100 = 0)::int, at, \
+                    now(), ARRAY[{trail}] \
+               FROM generate_series(1, $2::bigint) AS i, \
+                    LATERAL (SELECT now() - make_interval(secs => i) AS at, \
+                       CASE WHEN i % 10 = 0 THEN 'dead' ELSE 'done' END AS status) v",
             self.table("jobs")
         ))
         .bind(job_type)

@@ -1,13 +1,13 @@
-//! Operating the job history (`job_events`, migration 0005): switching its
-//! trigger off and on, and pruning old events.
+//! Operating the job history (the trail on each job row and `job_events`,
+//! migrations 0005 and 0024): switching it off and on, and pruning old events.
 //!
-//! The history costs every job-row change one insert in the same transaction
-//! (six for a three-step job: enqueued, claimed, three steps, done). The
-//! pipeline benchmark measured it at about 0.7-0.9 ms of PostgreSQL CPU per
-//! three-step job (`BENCHMARKS.md`). Nothing in the protocol reads it: with the
-//! trigger off, the fence holds exactly as before and only the operators' view
-//! loses its timelines and rates. Refused stale writes are still noted (they
-//! are written by `fence`, not by the trigger).
+//! The history appends each change's events to the job row in the same
+//! `UPDATE` (the trigger `jobs_history`; the `enqueued` event is the column's
+//! default): 6.4% of a three-step job's PostgreSQL instructions, where one
+//! `job_events` row per event cost 22% (`BENCHMARKS.md`). Nothing in the
+//! protocol reads it: with it off, the fence holds exactly as before and only
+//! the operators' view loses its timelines and rates. Refused stale writes are
+//! still noted (they are written by `fence`, not by the trigger).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,19 +17,36 @@ use serde::{Deserialize, Serialize};
 use super::{FenceError, FenceStore};
 
 impl FenceStore {
-    /// Switches the job-history trigger of this store's schema on or off, for
-    /// every worker at once (`ALTER TABLE jobs ENABLE|DISABLE TRIGGER`; needs
-    /// the owner of the schema, as migrations do). Idempotent.
+    /// Switches the job history of this store's schema on or off, for every
+    /// worker at once: the trigger that appends to a job row's trail
+    /// (`ALTER TABLE jobs ENABLE|DISABLE TRIGGER jobs_history`) and the
+    /// `enqueued` event a new row's trail begins with (the column's default),
+    /// in one transaction. Needs the owner of the schema, as migrations do.
+    /// Idempotent.
     ///
     /// # Errors
     /// [`FenceError::Db`], e.g. a role that does not own `jobs`.
     pub async fn set_job_history(&self, on: bool) -> Result<(), FenceError> {
-        let verb = if on { "ENABLE" } else { "DISABLE" };
-        let sql = format!(
-            "ALTER TABLE {} {verb} TRIGGER jobs_history",
-            self.table("jobs")
-        );
-        sqlx::query(&sql).execute(&self.pool).await?;
+        let (jobs, event) = (self.table("jobs"), self.table("tenure_event"));
+        let (verb, first) = if on {
+            let enqueued = format!(
+                "ARRAY[ROW(clock_timestamp(), 'enqueued', 0, NULL, 0, \
+                 nullif(current_setting('application_name', true), ''), 0, 0, NULL)::{event}]"
+            );
+            ("ENABLE", enqueued)
+        } else {
+            ("DISABLE", "'{}'".to_string())
+        };
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&format!("ALTER TABLE {jobs} {verb} TRIGGER jobs_history"))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&format!(
+            "ALTER TABLE {jobs} ALTER COLUMN trail SET DEFAULT {first}"
+        ))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         tracing::warn!(schema = %self.schema, on, "job history switched");
         Ok(())
     }
@@ -49,21 +66,40 @@ impl FenceStore {
         Ok(enabled != "D")
     }
 
-    /// Deletes the history events older than `age`; returns how many. The job
-    /// rows themselves are untouched.
+    /// Deletes the history events older than `age`, from `job_events` and
+    /// from the job rows' trails; returns how many. The job rows themselves
+    /// stay. A row locked by a change in progress (a step's transaction) is
+    /// skipped, not waited for: its old events go at the next prune.
     ///
     /// # Errors
     /// [`FenceError::Db`].
     pub async fn prune_job_events(&self, age: Duration) -> Result<u64, FenceError> {
-        let sql = format!(
-            "DELETE FROM {} WHERE at < clock_timestamp() - make_interval(secs => $1)",
+        let cutoff = "clock_timestamp() - make_interval(secs => $1)";
+        let rows = sqlx::query(&format!(
+            "DELETE FROM {} WHERE at < {cutoff}",
             self.table("job_events")
-        );
-        let done = sqlx::query(&sql)
-            .bind(age.as_secs_f64())
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
+        ))
+        .bind(age.as_secs_f64())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        let jobs = self.table("jobs");
+        let trimmed: i64 = sqlx::query_scalar(&format!(
+            "WITH old AS ( \
+               SELECT id, cardinality(trail) AS had FROM {jobs} \
+                WHERE (trail[1]).at < {cutoff} FOR UPDATE SKIP LOCKED), \
+             kept AS ( \
+               UPDATE {jobs} j SET trail = ARRAY( \
+                   SELECT j.trail[i] FROM generate_subscripts(j.trail, 1) AS i \
+                    WHERE (j.trail[i]).at >= {cutoff} ORDER BY i) \
+                 FROM old WHERE j.id = old.id \
+               RETURNING old.had - cardinality(j.trail) AS gone) \
+             SELECT coalesce(sum(gone), 0)::bigint FROM kept"
+        ))
+        .bind(age.as_secs_f64())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(rows + u64::try_from(trimmed).unwrap_or(0))
     }
 }
 
