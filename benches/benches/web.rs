@@ -164,6 +164,7 @@ async fn main() -> Result<()> {
         "/jobs?age=1h".into(),
         format!("/jobs/{job}"),
         "/api/overview".into(),
+        "/workers".into(),
     ] {
         results.push(time_page(&addr, &path, requests)?);
     }

@@ -116,8 +116,9 @@ DROP FUNCTION tenure_job_history();
 -- (`seq` set, `pos` 0) and the trail of its row (`seq` NULL, `pos` its place
 -- in the trail, 1 first). A trail event without a writer (a step, a done)
 -- takes the writer, attempts and takeovers of the nearest event before it
--- that has one. The operators' reads and the checkers read this, never the
--- trail itself; a job's events in order are `ORDER BY at, pos, seq`.
+-- that has one. The operators' reads and the checkers read this (only the
+-- window counts, which need no writer, unnest the trail themselves); a
+-- job's events in order are `ORDER BY at, pos, seq`.
 -- `row_updated_at`: the row's `updated_at` for a trail event (NULL for a
 -- `job_events` row). Every change that writes an event sets `updated_at =
 -- now()`, so a trail event is later than its row's `updated_at` by at most

@@ -24,11 +24,13 @@ pub const MAX_JOB_EVENTS: i64 = 1000;
 
 /// How much older than an event its job row's `updated_at` may be, for the
 /// reads of recent events (`job_history.row_updated_at`, migration 0024):
-/// the age of the transaction that wrote it. A fenced step's transaction
-/// ends long before this (the watchdog stops work within a lease TTL); an
-/// event written by a transaction open longer is left out of the window
-/// counts, nothing else.
-const TRAIL_SLACK_SECS: f64 = 3600.0;
+/// the age of the transaction that wrote it (`updated_at = now()`, its
+/// start). A fenced step's transaction ends long before this (the watchdog
+/// stops work within a lease TTL); an event written by a transaction open
+/// longer is left out of the window counts and the workers page, nothing
+/// else. The reads unnest the trails of rows changed within the window and
+/// this much before it.
+const TRAIL_SLACK_SECS: f64 = 600.0;
 
 /// How many job rows have one job type and status.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -249,9 +251,17 @@ impl FenceStore {
 
     async fn window_counts(&self, window: Duration) -> Result<WindowCounts, FenceError> {
         let since = Utc::now() - chrono::Duration::from_std(window).unwrap_or_default();
+        // The trail itself, not `job_history`: no writer is needed, so no
+        // event pays for carrying one forward.
         let rows = sqlx::query(&format!(
-            "SELECT kind, count(*) AS n FROM ({}) h WHERE kind = ANY($1) GROUP BY kind",
-            self.history_since(2)
+            "SELECT kind, count(*) AS n FROM ( \
+               SELECT kind FROM {} WHERE at >= $2 \
+               UNION ALL \
+               SELECT e.kind FROM {} j, unnest(j.trail) e \
+                WHERE j.updated_at >= $2 - make_interval(secs => $3) AND e.at >= $2) h \
+             WHERE kind = ANY($1) GROUP BY kind",
+            self.table("job_events"),
+            self.table("jobs")
         ))
         .bind(
             [
@@ -471,7 +481,8 @@ impl FenceStore {
 
     /// Inserts `n` synthetic `done` rows of type `job_type` in one statement
     /// (`INSERT .. SELECT generate_series`), with creation times spread over the
-    /// last `n` seconds, every 10th `dead` and a takeover on every 100th, each
+    /// last `n` seconds (each finished a second after it was created), every
+    /// 10th `dead` and a takeover on every 100th, each
     /// with the history a finished three-step job leaves on its row (enqueued,
     /// claimed, three steps, the end), then `ANALYZE`s the table: for
     /// benchmarks of the operator's reads on large tables. Returns the rows
@@ -500,7 +511,7 @@ impl FenceStore {
             "INSERT INTO {} (id, job_type, input, fence, step, status, takeovers, created_at, \
                              updated_at, trail) \
              SELECT gen_random_uuid(), $1, '{{}}'::jsonb, i, 3, status, (i % 100 = 0)::int, at, \
-                    now(), ARRAY[{trail}] \
+                    at + interval '1 second', ARRAY[{trail}] \
                FROM generate_series(1, $2::bigint) AS i, \
                     LATERAL (SELECT now() - make_interval(secs => i) AS at, \
                        CASE WHEN i % 10 = 0 THEN 'dead' ELSE 'done' END AS status) v",
