@@ -130,17 +130,14 @@ SELECT e.job_id, e.seq, 0::bigint AS pos, e.at, e.kind, e.token, e.other_token, 
   FROM job_events e
 UNION ALL
 SELECT j.id, NULL::bigint, t.pos, t.at, t.kind, t.token, t.other_token, t.step,
-       coalesce(t.worker, b.worker), coalesce(t.attempts, b.attempts),
-       coalesce(t.takeovers, b.takeovers), to_jsonb(t.detail), j.updated_at
+       coalesce(t.worker, (j.trail[t.named]).worker), coalesce(t.attempts, (j.trail[t.named]).attempts),
+       coalesce(t.takeovers, (j.trail[t.named]).takeovers), to_jsonb(t.detail), j.updated_at
   FROM jobs j
- CROSS JOIN LATERAL unnest(j.trail) WITH ORDINALITY
-       AS t(at, kind, token, other_token, step, worker, attempts, takeovers, detail, pos)
-  LEFT JOIN LATERAL (
-       SELECT p.worker, p.attempts, p.takeovers
+ CROSS JOIN LATERAL (
+       -- `named`: the place of the latest event so far with a writer.
+       SELECT u.*, max(u.pos) FILTER (WHERE u.worker IS NOT NULL) OVER (ORDER BY u.pos) AS named
          FROM unnest(j.trail) WITH ORDINALITY
-              AS p(at, kind, token, other_token, step, worker, attempts, takeovers, detail, pos)
-        WHERE t.worker IS NULL AND p.pos < t.pos AND p.worker IS NOT NULL
-        ORDER BY p.pos DESC LIMIT 1) b ON true;
+              AS u(at, kind, token, other_token, step, worker, attempts, takeovers, detail, pos)) t;
 
 -- Whoever may read `job_events` (the operators of `FenceStore::grant_operator`)
 -- may read the history as a whole.
