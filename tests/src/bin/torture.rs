@@ -173,28 +173,54 @@ struct Transfer {
 /// The `worker_sigstop` fault, aimed: armed by the parent, the worker stops
 /// itself (SIGSTOP) at the next step that reaches its write (in redis-lock
 /// mode: right after the lock check passed), the moment the seed's paused
-/// holder is in. An arm not used within [`PauseArm::VALID`] lapses (the parent
-/// then stops the worker wherever it is).
+/// holder is in. The parent arms every worker and disarms them once one has
+/// stopped; an arm neither used nor disarmed within [`PauseArm::VALID`]
+/// lapses (a safety net: a parent that died mid-fault).
 #[derive(Debug, Clone, Default)]
 struct PauseArm(Arc<Mutex<Option<std::time::Instant>>>);
 
 impl PauseArm {
-    const VALID: Duration = Duration::from_secs(4);
+    const VALID: Duration = Duration::from_secs(60);
 
     fn arm(&self) {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
     }
 
+    fn disarm(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
     /// Stops the process here if armed, first telling the parent (a line
     /// `PAUSED <job> <step>` on standard output) which job it stops in, so the
     /// parent can hold it until that job was taken over.
-    fn stop_here_if_armed(&self, job: sqlx::types::Uuid, step: i64) {
+    /// Returns whether it stopped.
+    fn stop_here_if_armed(&self, job: sqlx::types::Uuid, step: i64) -> bool {
         let armed = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if armed.is_some_and(|at| at.elapsed() < Self::VALID) {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "PAUSED {job} {step}").and_then(|()| out.flush());
-            drop(out);
-            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+        if !armed.is_some_and(|at| at.elapsed() < Self::VALID) {
+            return false;
+        }
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "PAUSED {job} {step}").and_then(|()| out.flush());
+        drop(out);
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+        true
+    }
+
+    /// The framework's stop: in a step after the first, and a moment's more
+    /// work after waking before the write. Both make the waking owner's
+    /// write certain, so the negative control always has one to catch:
+    /// the transaction the runtime opened for the step before the stop died
+    /// in PostgreSQL's idle-in-transaction timeout (one TTL, shorter than the stop),
+    /// and a step that asked for it at once got that dead connection's error
+    /// and wrote nothing (half of the runs; the moment lets the runtime end
+    /// the expired offer first, so the step opens a transaction of its own);
+    /// in step 0 that transaction carries the claim, whose loss cancels the
+    /// step (`ctx.db()`: no write either). Seen as a negative control that
+    /// caught nothing, 2026-12-07.
+    async fn stop_before_write(&self, ctx: &StepCtx) {
+        let step = ctx.step().get();
+        if step > 0 && self.stop_here_if_armed(ctx.job_id().as_uuid(), i64::from(step)) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
@@ -211,8 +237,7 @@ impl Transfer {
         // and the process carries on when it wakes, like after a GC pause.
         let ms = rand::rng().random_range(0..=x.delay_ms);
         tokio::time::sleep(Duration::from_millis(ms)).await;
-        self.pause
-            .stop_here_if_armed(ctx.job_id().as_uuid(), i64::from(ctx.step().get()));
+        self.pause.stop_before_write(ctx).await;
         if let Some(bank) = &self.mariadb {
             return resource::apply_mariadb(ctx, bank, &self.worker, account, delta).await;
         }
@@ -598,6 +623,7 @@ async fn worker_main(args: &[String]) -> anyhow::Result<()> {
             Ok(_) => match line.trim() {
                 "crash-after-commit" => recorder.crash_armed.store(true, Ordering::SeqCst),
                 "pause-before-write" => pause.arm(),
+                "pause-disarm" => pause.disarm(),
                 // A graceful leave: running steps finish, jobs are released,
                 // the session (and every partition with it) revoked.
                 "leave" => {
@@ -1282,43 +1308,24 @@ impl Run {
 
     /// Stops a worker at its next write, holds it for `hold` and then until
     /// the job it stopped in was taken over (at most 30 s more), then lets it
-    /// go on: it wakes up a stale owner with a write to make. Worker `w` is
-    /// armed first; one that reaches no write within 5 s (it runs no job: in
-    /// partition mode a worker that just joined may own nothing; after an
-    /// etcd restore none may run any) passes the arm to the next running
-    /// worker, round after round, and if none stops itself within 40 s the
-    /// parent stops `w` wherever it is.
+    /// go on: it wakes up a stale owner with a write to make. Every running
+    /// worker was armed before the round's batch went out (`fault_round`):
+    /// the first to reach a write stops itself, the others are disarmed (and
+    /// one that stopped at the same moment let go at once). Waiting on every
+    /// worker makes a stop certain while any job runs (arming one, it could
+    /// meet no job of the batch: after an etcd restore the others drained it
+    /// while it recovered its session, `make test` of 2026-12-07). If none
+    /// stops within 40 s, the parent stops `w` wherever it is.
     async fn pause_before_write(&mut self, w: usize, hold: Duration) {
-        let n = self.slots.len();
-        let mut armed = Vec::new();
-        let mut stopped = None;
-        // Round after round while the workers run no job (an etcd restore
-        // just cut them off: seen in `make test`), for up to 40 s.
-        let give_up = Instant::now() + Duration::from_secs(40);
-        for i in (0..).map(|k| (w + k) % n) {
-            if Instant::now() >= give_up {
-                break;
-            }
-            // Worker `w` was armed before the round's batch went out
-            // (`fault_round`): it may have stopped itself already.
-            if i == w && self.slots[i].pid().is_some_and(is_stopped) {
-                armed.push(i);
-                stopped = Some(i);
-                break;
-            }
-            if self.slots[i].active && self.arm_pause(i) {
-                armed.push(i);
-                if self.stopped_within(i, Duration::from_secs(5)).await {
-                    stopped = Some(i);
-                    break;
-                }
-            } else {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        let (v, at) = match stopped {
-            Some(i) => (i, self.paused_at_within(i, Duration::from_secs(1)).await),
-            None => (w, None),
+        let stopped = self.first_stopped(Duration::from_secs(40)).await;
+        self.disarm_pauses();
+        // A stop already under way when the disarm went out lands now.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let v = stopped.unwrap_or(w);
+        self.let_go_all_but(v);
+        let at = match stopped {
+            Some(i) => self.paused_at_within(i, Duration::from_secs(1)).await,
+            None => None,
         };
         let Some(pid) = self.slots[v].pid() else {
             return;
@@ -1330,9 +1337,35 @@ impl Run {
             None => eprintln!("torture: worker_sigstop: {v} stopped by the parent, no job known"),
         }
         signal(pid, "CONT");
-        // An arm read late may have stopped a worker after its 5 s.
-        for i in armed {
-            if let Some(pid) = self.slots[i].pid() {
+        // A disarm read late may have let another worker stop itself.
+        self.let_go_all_but(usize::MAX);
+    }
+
+    /// The first running worker found stopped (by its own arm), waited for up
+    /// to `limit`.
+    async fn first_stopped(&self, limit: Duration) -> Option<usize> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let found = self
+                .slots
+                .iter()
+                .position(|s| s.active && s.pid().is_some_and(is_stopped));
+            if found.is_some() || Instant::now() >= deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Sends SIGCONT to every worker but `keep` that is stopped, and forgets
+    /// where it stopped.
+    fn let_go_all_but(&self, keep: usize) {
+        for (i, s) in self.slots.iter().enumerate() {
+            if i != keep
+                && let Some(pid) = s.pid()
+                && is_stopped(pid)
+            {
+                s.paused_at.take();
                 signal(pid, "CONT");
             }
         }
@@ -1355,26 +1388,27 @@ impl Run {
         }
     }
 
-    /// Arms worker `i` to stop itself at its next write.
-    fn arm_pause(&mut self, i: usize) -> bool {
-        let slot = &mut self.slots[i];
-        slot.paused_at.take();
-        slot.stdin.as_mut().is_some_and(|s| {
-            s.write_all(b"pause-before-write\n")
-                .and_then(|()| s.flush())
-                .is_ok()
-        })
+    /// Arms every running worker to stop itself at its next write.
+    fn arm_pauses(&mut self) {
+        for s in &self.slots {
+            s.paused_at.take();
+        }
+        self.command_workers(b"pause-before-write\n");
     }
 
-    async fn stopped_within(&self, i: usize, limit: Duration) -> bool {
-        let Some(pid) = self.slots[i].pid() else {
-            return false;
-        };
-        let deadline = Instant::now() + limit;
-        while !is_stopped(pid) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    /// Takes back every arm not used yet.
+    fn disarm_pauses(&mut self) {
+        self.command_workers(b"pause-disarm\n");
+    }
+
+    /// Sends one command line to every running worker (one that cannot take
+    /// it is gone, and is replaced by `reap`).
+    fn command_workers(&mut self, line: &[u8]) {
+        for slot in self.slots.iter_mut().filter(|s| s.active) {
+            if let Some(s) = slot.stdin.as_mut() {
+                let _ = s.write_all(line).and_then(|()| s.flush());
+            }
         }
-        is_stopped(pid)
     }
 
     /// Waits (at most 30 s) until another worker committed `step` of `job`
@@ -2221,11 +2255,11 @@ impl Run {
     ) -> anyhow::Result<()> {
         let w = rng.random_range(0..self.args.workers);
         let armed = fault == Fault::KillAfterCommit && self.arm_crash(w);
-        // A sigstop's worker is armed before its batch goes out, so it meets
-        // a write of the batch (workers that drain a batch before the arm
-        // reach them wait idle: the negative control then caught nothing).
+        // A sigstop's workers are armed before its batch goes out, so one
+        // meets a write of the batch (workers that drain a batch before the
+        // arm reaches them wait idle: the negative control then caught nothing).
         if fault == Fault::WorkerPause {
-            self.arm_pause(w);
+            self.arm_pauses();
         }
         load.enqueue(&self.client, batch, self.args.cancel).await?;
         // Short enough that the batch is still running when the fault lands.

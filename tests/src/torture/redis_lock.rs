@@ -159,7 +159,7 @@ impl LockRunner {
                 anyhow::bail!("lock lost before step {k}");
             }
             // A GC pause or SIGSTOP after the check: the seed's scenario.
-            self.pause.stop_here_if_armed(id, i64::from(k));
+            let _ = self.pause.stop_here_if_armed(id, i64::from(k));
             self.write(id, k, &x).await?;
             self.recorder.committed(id, k);
         }
