@@ -8,7 +8,9 @@
 //! `bisect: label=.. mode=.. jobs_per_s=.. enqueue_per_s=.. cpu_ms_per_job(..)`.
 //!
 //! Written against the oldest API it is built with (`1158656`): the two
-//! features name what moved since.
+//! features name what moved since. The job and the CPU reading repeat
+//! `benches/peers` and the pipeline benchmark's on purpose: this crate is
+//! built in worktrees of commits that predate both, so it can share no code.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

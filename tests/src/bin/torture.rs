@@ -196,7 +196,7 @@ impl PauseArm {
     /// Returns whether it stopped.
     fn stop_here_if_armed(&self, job: sqlx::types::Uuid, step: i64) -> bool {
         let armed = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if !armed.is_some_and(|at| at.elapsed() < Self::VALID) {
+        if armed.is_none_or(|at| at.elapsed() >= Self::VALID) {
             return false;
         }
         let mut out = std::io::stdout().lock();
