@@ -8,7 +8,7 @@
 # Makes a scratch cluster in a temp dir (PostgreSQL 15, as the `postgres` user;
 # a Unix socket only, no TCP), applies framework/migrations to schema `b`, then
 # for "off" (the history switched off, as `set_job_history(false)` does: the
-# trigger disabled and no `enqueued` default), "shipped" and each VARIANT.sql (DDL
+# trigger's 'history_off' argument and no `enqueued` default), "shipped" and each VARIANT.sql (DDL
 # run after the migrations, in a database of its own, with `b` as search_path)
 # runs the job lifecycle N times in a single-user backend under callgrind:
 # the enqueue's INSERT; tenure_claim with step 0's CAS; twice tenure_admit and
@@ -90,7 +90,9 @@ measure() { # name, db
   echo "history_cost: variant=$1 instructions_per_job=$(( (large - small) / 300 ))"
 }
 
-printf "%s\n" "ALTER TABLE jobs DISABLE TRIGGER jobs_history;" "ALTER TABLE jobs ALTER COLUMN trail SET DEFAULT '{}';" > "$work/off.sql"
+printf "%s\n" "DROP TRIGGER jobs_change ON jobs;" \
+  "CREATE TRIGGER jobs_change BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION tenure_job_change('history_off');" \
+  "ALTER TABLE jobs ALTER COLUMN trail SET DEFAULT '{}';" > "$work/off.sql"
 prepare v_off "$work/off.sql"
 measure off v_off
 prepare v_shipped ""

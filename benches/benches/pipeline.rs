@@ -14,9 +14,10 @@
 //!   (the last line then reports NaN for what did not run).
 //! * `TENURE_BENCH_PREFETCH=N`: the fenced worker's `Config::prefetch` (default:
 //!   the `Config` default).
-//! * `TENURE_BENCH_NO_HISTORY=1`: disable the job-history trigger (`jobs_history`,
-//!   migration 0005) in the benchmark's schemas, to measure what it costs (it
-//!   fires for the fenced runs and the unfenced baseline alike).
+//! * `TENURE_BENCH_NO_HISTORY=1`: switch the job history off
+//!   (`FenceStore::set_job_history(false)`) in the benchmark's schemas, to
+//!   measure what it costs (it runs for the fenced runs and the unfenced
+//!   baseline alike).
 //! * `TENURE_BENCH_PARTITIONS=N`: partitions per job type of the partition-mode
 //!   runs (default 16).
 //! * `TENURE_BENCH_SCALE=1,2,4`: worker process counts of the scale-out part;

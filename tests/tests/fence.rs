@@ -1644,6 +1644,15 @@ async fn job_history_switches_off_and_on_and_prunes_by_age() {
     let (_, tx) = s.claim_and_begin(quiet, tok(7)).await.unwrap();
     tx.commit_step(&json!({"k": 0}), false).await.unwrap();
     assert_eq!(s.job_events(quiet).await.unwrap(), vec![]);
+    // The history's switch never takes the update wall with it (one trigger
+    // runs both since migration 0025): a fence still only rises.
+    let lower = format!("UPDATE {}.jobs SET fence = 1 WHERE id = $1", s.schema());
+    let err = sqlx::query(&lower)
+        .bind(quiet.as_uuid())
+        .execute(s.pool())
+        .await;
+    let err = FenceError::from(err.expect_err("a fence lowered by hand"));
+    assert!(matches!(err, FenceError::ProtocolRefused { .. }), "{err:?}");
 
     s.set_job_history(true).await.unwrap();
     assert!(s.job_history().await.unwrap());

@@ -2,8 +2,8 @@
 //! migrations 0005 and 0024): switching it off and on, and pruning old events.
 //!
 //! The history appends each change's events to the job row in the same
-//! `UPDATE` (the trigger `jobs_history`; the `enqueued` event is the column's
-//! default): 6.4% of a three-step job's PostgreSQL instructions, where one
+//! `UPDATE` (the trigger `jobs_change`, migration 0025, after the update
+//! wall's checks; the `enqueued` event is the column's default): 6.4% of a three-step job's PostgreSQL instructions, where one
 //! `job_events` row per event cost 22% (`BENCHMARKS.md`). Nothing in the
 //! protocol reads it: with it off, the fence holds exactly as before and only
 //! the operators' view loses its timelines and rates. Refused stale writes are
@@ -18,29 +18,38 @@ use super::{FenceError, FenceStore};
 
 impl FenceStore {
     /// Switches the job history of this store's schema on or off, for every
-    /// worker at once: the trigger that appends to a job row's trail
-    /// (`ALTER TABLE jobs ENABLE|DISABLE TRIGGER jobs_history`) and the
+    /// worker at once: the argument of the row trigger `jobs_change` (which
+    /// also runs the update wall, so it is re-created with
+    /// `'history_off'` or without, never disabled; migration 0025) and the
     /// `enqueued` event a new row's trail begins with (the column's default),
-    /// in one transaction. Needs the owner of the schema, as migrations do.
-    /// Idempotent.
+    /// in one transaction. Takes `jobs`' exclusive lock for that moment (it
+    /// waits for the transactions writing `jobs` to end). Needs the owner of
+    /// the schema, as migrations do. Idempotent.
     ///
     /// # Errors
     /// [`FenceError::Db`], e.g. a role that does not own `jobs`.
     pub async fn set_job_history(&self, on: bool) -> Result<(), FenceError> {
         let (jobs, event) = (self.table("jobs"), self.table("tenure_event"));
-        let (verb, first) = if on {
+        let (argument, first) = if on {
             let enqueued = format!(
                 "ARRAY[ROW(clock_timestamp(), 'enqueued', 0, NULL, 0, \
                  nullif(current_setting('application_name', true), ''), 0, 0, NULL)::{event}]"
             );
-            ("ENABLE", enqueued)
+            ("", enqueued)
         } else {
-            ("DISABLE", "'{}'".to_string())
+            ("'history_off'", "'{}'".to_string())
         };
+        let function = self.table("tenure_job_change");
         let mut tx = self.pool.begin().await?;
-        sqlx::query(&format!("ALTER TABLE {jobs} {verb} TRIGGER jobs_history"))
+        sqlx::query(&format!("DROP TRIGGER jobs_change ON {jobs}"))
             .execute(&mut *tx)
             .await?;
+        sqlx::query(&format!(
+            "CREATE TRIGGER jobs_change BEFORE UPDATE ON {jobs} \
+             FOR EACH ROW EXECUTE FUNCTION {function}({argument})"
+        ))
+        .execute(&mut *tx)
+        .await?;
         sqlx::query(&format!(
             "ALTER TABLE {jobs} ALTER COLUMN trail SET DEFAULT {first}"
         ))
@@ -51,19 +60,20 @@ impl FenceStore {
         Ok(())
     }
 
-    /// Whether the job-history trigger is on.
+    /// Whether the job history is on (the trigger `jobs_change` has no
+    /// `'history_off'` argument).
     ///
     /// # Errors
     /// [`FenceError::Db`].
     pub async fn job_history(&self) -> Result<bool, FenceError> {
-        let enabled: String = sqlx::query_scalar(
-            "SELECT tgenabled::text FROM pg_trigger \
-             WHERE tgrelid = $1::regclass AND tgname = 'jobs_history'",
+        let arguments: i16 = sqlx::query_scalar(
+            "SELECT tgnargs FROM pg_trigger \
+             WHERE tgrelid = $1::regclass AND tgname = 'jobs_change'",
         )
         .bind(self.table("jobs"))
         .fetch_one(&self.pool)
         .await?;
-        Ok(enabled != "D")
+        Ok(arguments == 0)
     }
 
     /// Deletes the history events older than `age`, from `job_events` and
