@@ -3,8 +3,9 @@
 //!
 //! The history appends each change's events to the job row in the same
 //! `UPDATE` (the trigger `jobs_change`, migration 0025, after the update
-//! wall's checks; the `enqueued` event is the column's default): 6.4% of a three-step job's PostgreSQL instructions, where one
-//! `job_events` row per event cost 22% (`BENCHMARKS.md`). Nothing in the
+//! wall's checks; the `enqueued` event is the column's default): 5.4% of a
+//! three-step job's PostgreSQL instructions, where one `job_events` row per
+//! event cost 22% (`BENCHMARKS.md`). Nothing in the
 //! protocol reads it: with it off, the fence holds exactly as before and only
 //! the operators' view loses its timelines and rates. Refused stale writes are
 //! still noted (they are written by `fence`, not by the trigger).
