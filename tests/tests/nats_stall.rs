@@ -52,34 +52,52 @@ async fn ack_then_kill(stack: &DevStack, stream: &str, consumer: &str) -> u64 {
 /// The server's own behaviour, without Tenure: a message fetched and acked
 /// (the ack confirmed), then a kill: after the restart the consumer still
 /// counts it as pending though the stream does not hold it. (If this fails
-/// after a server upgrade, the clearing may no longer be needed.)
+/// after a server upgrade, the clearing may no longer be needed.) Tried up
+/// to three times, each on a stream of its own: a loaded machine can kill
+/// the server before it wrote the consumer's state at all, which then comes
+/// back empty (`make test`, 2026-12-07: delivered 0, pending 0).
 #[tenure::test(own_stack)]
 async fn nats_2_9_keeps_an_acked_message_pending_across_a_kill(env: TestEnv) {
+    let mut seen = Vec::new();
+    for attempt in 0..3 {
+        let info = acked_then_killed(&env, &format!("STALL{attempt}")).await;
+        if info.num_ack_pending == 1 {
+            return;
+        }
+        seen.push(info);
+    }
+    panic!("never still pending after a kill: {seen:?}");
+}
+
+/// One try of the behaviour above on stream `name`: the consumer's state
+/// after the restart.
+async fn acked_then_killed(env: &TestEnv, name: &str) -> consumer::Info {
     let js = jetstream::new(async_nats::connect(env.stack().nats_url()).await.unwrap());
+    let subject = format!("{}.a", name.to_lowercase());
     let config = stream::Config {
-        name: "STALL".into(),
-        subjects: vec!["stall.>".into()],
+        name: name.into(),
+        subjects: vec![subject.clone()],
         retention: stream::RetentionPolicy::WorkQueue,
         ..Default::default()
     };
     let stream = js.get_or_create_stream(config).await.unwrap();
     let pull = consumer::pull::Config {
         durable_name: Some("c".into()),
-        filter_subject: "stall.a".into(),
+        filter_subject: subject.clone(),
         ..Default::default()
     };
     stream.get_or_create_consumer("c", pull).await.unwrap();
-    js.publish("stall.a", "1".into())
+    js.publish(subject, "1".into())
         .await
         .unwrap()
         .await
         .unwrap();
-    let seq = ack_then_kill(env.stack(), "STALL", "c").await;
+    let seq = ack_then_kill(env.stack(), name, "c").await;
     let js = jetstream::new(async_nats::connect(env.stack().nats_url()).await.unwrap());
-    let stream = js.get_stream("STALL").await.unwrap();
+    let stream = js.get_stream(name).await.unwrap();
     let info = stream.clone().consumer_info("c").await.unwrap();
     assert!(stream.get_raw_message(seq).await.is_err(), "not stored");
-    assert_eq!(info.num_ack_pending, 1, "still pending: {info:?}");
+    info
 }
 
 /// The same state on a worker's consumer, above an older message nobody
