@@ -11,7 +11,7 @@
 -- `IN` lists cost more. A PL/pgSQL trigger's statements keep their plans for
 -- the session. So the same conditions are now tested by the insert wall
 -- (`jobs_insert_wall`, every insert) and by `jobs_change` (every update,
--- before the update wall's checks, whether the history is on or off), for
+-- after the update wall's checks, whether the history is on or off), for
 -- every writer, the owner included; a refusal is SQLSTATE 23514
 -- (check_violation) naming the column's old constraint, as before.
 --
@@ -95,7 +95,7 @@ $fn$, current_schema());
 END
 $do$;
 
--- The update trigger of 0025 with the row's values tested first.
+-- The update trigger of 0025 with the row's values tested after the wall.
 DO $do$
 BEGIN
     EXECUTE format($fn$
@@ -105,21 +105,6 @@ AS $$
 DECLARE
     t timestamptz;
 BEGIN
-    -- The row's values (were CHECK constraints until 0027), whoever writes:
-    -- one test on the common path; a text column is looked at only when it
-    -- changes (the insert checked it).
-    IF NEW.fence OPERATOR(pg_catalog.<) 0 OR NEW.step OPERATOR(pg_catalog.<) 0
-       OR NEW.takeovers OPERATOR(pg_catalog.<) 0 OR NEW.attempts OPERATOR(pg_catalog.<) 0
-       OR (NEW.status OPERATOR(pg_catalog.<>) OLD.status
-           AND NEW.status OPERATOR(pg_catalog.<>) ALL (ARRAY['pending', 'running', 'done', 'dead', 'cancelled']::text[]))
-       OR (NEW.compensation OPERATOR(pg_catalog.<>) OLD.compensation
-           AND NEW.compensation OPERATOR(pg_catalog.<>) ALL (ARRAY['none', 'pending', 'done']::text[]))
-       OR (NEW.priority OPERATOR(pg_catalog.<>) OLD.priority
-           AND NEW.priority OPERATOR(pg_catalog.<>) ALL (ARRAY['high', 'normal', 'low']::text[])) THEN
-        PERFORM %1$I.tenure_job_values_refused(NEW.id, NEW.fence, NEW.step, NEW.status,
-                                               NEW.takeovers, NEW.attempts, NEW.compensation,
-                                               NEW.priority);
-    END IF;
     -- The wall (was tenure_jobs_update_wall, 0015), whoever writes. One test
     -- on the common path (a live row whose fence holds or rises), the
     -- refusals behind it.
@@ -146,6 +131,23 @@ BEGIN
                 MESSAGE = pg_catalog.format('tenure: job %%s refused: a dead job reopens only by an operator''s redrive (tenure_redrive)',
                                  OLD.id);
         END IF;
+    END IF;
+    -- The row's values (were CHECK constraints until 0027), whoever writes,
+    -- after the wall as when they were constraints: one test on the common
+    -- path; a text column is looked at only when it changes (the insert
+    -- checked it), the fence not at all (the wall refused any fence below
+    -- the old one, which is never negative).
+    IF NEW.step OPERATOR(pg_catalog.<) 0
+       OR NEW.takeovers OPERATOR(pg_catalog.<) 0 OR NEW.attempts OPERATOR(pg_catalog.<) 0
+       OR (NEW.status OPERATOR(pg_catalog.<>) OLD.status
+           AND NEW.status OPERATOR(pg_catalog.<>) ALL (ARRAY['pending', 'running', 'done', 'dead', 'cancelled']::text[]))
+       OR (NEW.compensation OPERATOR(pg_catalog.<>) OLD.compensation
+           AND NEW.compensation OPERATOR(pg_catalog.<>) ALL (ARRAY['none', 'pending', 'done']::text[]))
+       OR (NEW.priority OPERATOR(pg_catalog.<>) OLD.priority
+           AND NEW.priority OPERATOR(pg_catalog.<>) ALL (ARRAY['high', 'normal', 'low']::text[])) THEN
+        PERFORM %1$I.tenure_job_values_refused(NEW.id, NEW.fence, NEW.step, NEW.status,
+                                               NEW.takeovers, NEW.attempts, NEW.compensation,
+                                               NEW.priority);
     END IF;
     IF TG_NARGS > 0 THEN
         RETURN NEW; -- 'history_off'

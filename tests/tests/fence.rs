@@ -1866,4 +1866,18 @@ async fn a_job_rows_values_out_of_range_are_refused_for_every_writer() {
     }
     let row = s.job(id).await.unwrap().unwrap();
     assert_eq!((row.step, row.attempts), (step(0), 0), "nothing changed");
+    // The update wall speaks first, as it did while the checks were
+    // constraints (a row trigger runs before them): a fence below the old
+    // one, or a done job set to a bad status, is the protocol's refusal.
+    let (_, tx) = s.claim_and_begin(id, tok(7)).await.unwrap();
+    tx.commit_step(&json!({"k": 0}), true).await.unwrap();
+    for set in ["fence = -1", "status = 'bogus'"] {
+        let sql = format!("UPDATE {}.jobs SET {set} WHERE id = $1", s.schema());
+        let err = sqlx::query(&sql).bind(id.as_uuid()).execute(s.pool()).await;
+        let err = FenceError::from(err.expect_err(set));
+        assert!(
+            matches!(err, FenceError::ProtocolRefused { .. }),
+            "{set}: {err:?}"
+        );
+    }
 }
