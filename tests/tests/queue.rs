@@ -421,8 +421,17 @@ async fn an_idle_fetch_loop_picks_up_a_new_message_within_the_poll_period() {
         "idle pickup over {} messages: p50 {p50:?}, max {max:?}",
         latencies.len()
     );
+    // Not the max: on a loaded machine (make test beside a torture run, load
+    // average 14) one pickup of twenty took 318 ms while the others took
+    // 8-91 ms. A loop that waited out its fetch instead of polling would put
+    // about half of the pickups over the bound, so two of twenty may be.
     let bound = cfg.tuning.fetch_wait_several + Duration::from_millis(150);
-    assert!(max < bound, "pickup {max:?}, over {bound:?}: {latencies:?}");
+    let over = latencies.iter().filter(|l| **l >= bound).count();
+    assert!(
+        over <= 2,
+        "{over} pickups of {} over {bound:?}: {latencies:?}",
+        latencies.len()
+    );
 }
 
 /// A fetch from a NATS that takes requests but answers nothing (paused)
@@ -976,7 +985,8 @@ async fn nats_restart_loses_no_published_message_and_fetch_resumes() {
     // look on (seen in a full `make test`: an earlier job ahead of job 100).
     let mut leftovers = Vec::new();
     let d = loop {
-        let d = fetch_one(&queue, Duration::from_secs(5))
+        // A bound on liveness, not on speed: 5 s ran out once under load.
+        let d = fetch_one(&queue, Duration::from_secs(20))
             .await
             .expect("the retried job");
         if d.job_id() == Ok(job(100)) {
