@@ -8,6 +8,7 @@
 
 pub mod metered;
 mod stacks;
+pub mod trips;
 
 pub use stacks::{database_stack, secured_config, secured_stack};
 

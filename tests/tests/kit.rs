@@ -309,24 +309,14 @@ async fn terminate_sessions(env: &TestEnv, app: &str) -> i64 {
 
 /// An enqueue and a read whose pooled session the server ended a moment
 /// after its last use go through on a fresh one, and the enqueue is not
-/// mistaken for a duplicate. The checkout's ping would replace such a
-/// session first, so the client's pool here does not ping at checkout: what
-/// is tested is the retry of the idempotent statements
-/// (`on_live_session`), which covers a session ended between the ping and
-/// the statement.
+/// mistaken for a duplicate. The idempotent statements skip the checkout's
+/// ping (the next test): what replaces such a session for them is their
+/// retry (`on_live_session`).
 #[tenure::test]
 async fn an_enqueue_right_after_the_server_ended_its_sessions_goes_through(env: TestEnv) {
-    use tenure::blocks::fence::{connect_options, pool_options};
     let app = format!("{}-terminated", env.namespace());
     let cfg = env.config().clone().with_worker_id(app.clone());
-    let pool = pool_options(&cfg)
-        .test_before_acquire(false)
-        .connect_with(connect_options(&cfg).unwrap())
-        .await
-        .unwrap();
-    let client = tenure::Client::connect(&cfg.with_database_pool(pool))
-        .await
-        .unwrap();
+    let client = tenure::Client::connect(&cfg).await.unwrap();
     for round in 0..3 {
         // Several connections in the pool, each used a moment ago.
         let before = (0..6).map(|i| {
@@ -352,4 +342,49 @@ async fn an_enqueue_right_after_the_server_ended_its_sessions_goes_through(env: 
         let read = read.unwrap_or_else(|e| panic!("round {round}: {e}"));
         assert_eq!(read.map(|r| r.status), Some(tenure::JobStatus::Pending));
     }
+}
+
+/// A warm client's enqueue waits for one round trip to PostgreSQL, its row's
+/// insert: the pool's checkout ping is skipped for the idempotent statements
+/// (the test above is what replaces it). Counted on the wire by a proxy in
+/// front of PostgreSQL (`tenure_tests::trips`: each `Query` and `Sync` a
+/// client sends). The other one per enqueue is sqlx's ping of the connection
+/// as it goes back to the pool, in a task of its own that nobody waits for;
+/// a connection the pool opens meanwhile (the last one was still on its way
+/// back) sends two more: its session settings, and the insert's prepare (a
+/// statement's first use on a connection). With the checkout ping, three.
+#[tenure::test]
+async fn a_warm_enqueue_sends_its_insert_without_a_checkout_ping(env: TestEnv) {
+    use tenure_tests::trips::Proxy;
+    let (proxy, url) = Proxy::in_front_of(&env.config().database_url)
+        .await
+        .unwrap();
+    let cfg = env.config().clone().with_database_url(url);
+    let client = tenure::Client::connect(&cfg).await.unwrap();
+    // The connection, and the namespace's way of owning jobs, read once.
+    client
+        .enqueue::<Tally>("warm-0", &Count { n: 1 })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.take();
+    proxy.take_connections();
+    const N: u64 = 20;
+    for i in 1..=N {
+        let key = format!("warm-{i}");
+        let e = client
+            .enqueue::<Tally>(&key, &Count { n: 1 })
+            .await
+            .unwrap();
+        assert!(!e.duplicate, "{key}");
+    }
+    // The last connection's release ping.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (trips, opened) = (proxy.take(), proxy.take_connections());
+    assert!(
+        trips <= 2 * N + 2 * opened,
+        "{trips} round trips to PostgreSQL for {N} enqueues on a warm pool \
+         ({opened} connections opened): more than the insert and the release's ping each"
+    );
+    assert!(trips >= N, "{trips}: the proxy saw fewer than the inserts");
 }

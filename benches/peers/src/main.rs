@@ -22,6 +22,10 @@ mod apalis_run;
 mod shape;
 mod statements;
 mod tenure_run;
+// The wire counter is the integration tests' (`kit.rs` counts an enqueue's
+// round trips with it); shared by path, as this package is outside the
+// workspace.
+#[path = "../../../tests/src/trips.rs"]
 mod trips;
 
 use std::sync::Arc;
@@ -150,14 +154,7 @@ impl<'a> Servers<'a> {
             });
         }
         statements::enable(stack).await?;
-        // postgres://user@host:port/db?..: the host and port sit between '@' and '/'.
-        let at = db.find('@').context("the stack's URL has no user")? + 1;
-        let end = at
-            + db[at..]
-                .find('/')
-                .context("the stack's URL has no database")?;
-        let proxy = trips::Proxy::start(db[at..end].to_string()).await?;
-        let db = format!("{}{}{}", &db[..at], proxy.addr, &db[end..]);
+        let (proxy, db) = trips::Proxy::in_front_of(&db).await?;
         Ok(Servers {
             stack,
             db,

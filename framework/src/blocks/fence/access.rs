@@ -43,6 +43,12 @@ pub fn connect_options(cfg: &Config) -> Result<PgConnectOptions, super::FenceErr
 /// and `lock_timeout` = [`Config::lock_timeout`], and `max_in_flight + 4`
 /// connections. Build the pool you hand to [`Config::with_database_pool`] from it.
 ///
+/// A pooled connection is pinged as it is checked out (a round trip that
+/// replaces a session the server ended), except for Tenure's idempotent
+/// statements (a job row's insert, the reads by id, the probe): they run
+/// again on a fresh connection when the session was gone, so the ping
+/// would only cost them a wait.
+///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let cfg = tenure::Config::from_env()?;
@@ -65,6 +71,32 @@ pub fn pool_options(cfg: &Config) -> PgPoolOptions {
                 Ok(())
             })
         })
+        .test_before_acquire(false)
+        .before_acquire(|conn, _meta| {
+            Box::pin(async move {
+                if UNPINGED.try_with(|()| ()).is_ok() {
+                    return Ok(true);
+                }
+                // As `test_before_acquire` does: a connection that does not
+                // answer is closed, and the checkout takes another.
+                Ok(sqlx::Connection::ping(conn).await.is_ok())
+            })
+        })
+}
+
+tokio::task_local! {
+    /// Set while an idempotent statement checks out its connection.
+    static UNPINGED: ();
+}
+
+/// Runs `statement` with its pool checkouts unpinged (on a pool of
+/// [`pool_options`]; a pool of your own keeps its own setting). Only for a
+/// statement that may run twice and that runs again on a fresh connection
+/// when its session was gone (`reads::on_live_session`): a write whose
+/// failure is bookkept (a step's, an attempt's) needs the ping, because a
+/// dead session found by the statement itself would end the attempt.
+pub(super) async fn unpinged<F: std::future::Future>(statement: F) -> F::Output {
+    UNPINGED.scope((), statement).await
 }
 
 /// `; SET application_name = '<worker id>'`: the job history (`job_events`)

@@ -16,9 +16,10 @@ use super::status::JobStatus;
 
 /// Runs the idempotent `statement` on `pool`, and again on a fresh
 /// connection each time its session was gone before it ran
-/// ([`is_session_ended`](super::error::is_session_ended): a session ended
-/// between the checkout's ping and the statement): at most once per pooled
-/// connection, plus one.
+/// ([`is_session_ended`](super::error::is_session_ended): a session the
+/// server ended while the connection sat in the pool): at most once per
+/// pooled connection, plus one. Its checkouts skip the pool's ping
+/// ([`unpinged`](super::access::unpinged)): this retry does the ping's job.
 pub(super) async fn on_live_session<T, F, Fut>(
     pool: &sqlx::PgPool,
     statement: F,
@@ -29,7 +30,7 @@ where
 {
     let mut left = pool.size() + 1;
     loop {
-        match statement().await {
+        match super::access::unpinged(statement()).await {
             Err(e) if left > 0 && super::error::is_session_ended(&e) => {
                 tracing::debug!(error = %e, "the pooled session was gone; again on a fresh one");
                 left -= 1;

@@ -3,6 +3,9 @@
 //! send and counts each `Query` (a simple query, which may carry several
 //! statements) and each `Sync` (the end of an extended-protocol exchange):
 //! the messages after which a client waits for the server's `ReadyForQuery`.
+//!
+//! Also compiled into `benches/peers` (by path: that package is outside the
+//! workspace), so it uses nothing but tokio and anyhow.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,10 +18,12 @@ use tokio::net::{TcpListener, TcpStream};
 const PRE_STARTUP: [u32; 2] = [80_877_103, 80_877_104];
 
 /// A running proxy: its address and its counter.
+#[derive(Debug)]
 pub struct Proxy {
     /// `host:port` to connect to instead of PostgreSQL.
     pub addr: String,
     trips: Arc<AtomicU64>,
+    connections: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -27,21 +32,46 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         let trips = Arc::new(AtomicU64::new(0));
-        let counter = trips.clone();
+        let connections = Arc::new(AtomicU64::new(0));
+        let (counter, opened) = (trips.clone(), connections.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                opened.fetch_add(1, Ordering::Relaxed);
                 let (upstream, counter) = (upstream.clone(), counter.clone());
                 tokio::spawn(async move {
                     let _ = relay(client, &upstream, &counter).await;
                 });
             }
         });
-        Ok(Proxy { addr, trips })
+        Ok(Proxy {
+            addr,
+            trips,
+            connections,
+        })
+    }
+
+    /// A proxy in front of the server of `url` (`postgres://user@host:port/db?..`),
+    /// and `url` with its address.
+    ///
+    /// # Errors
+    /// A URL without a user or a database; a failed bind.
+    pub async fn in_front_of(url: &str) -> Result<(Proxy, String)> {
+        // The host and port sit between '@' and '/'.
+        let at = url.find('@').context("the URL has no user")? + 1;
+        let end = at + url[at..].find('/').context("the URL has no database")?;
+        let proxy = Proxy::start(url[at..end].to_string()).await?;
+        let through = format!("{}{}{}", &url[..at], proxy.addr, &url[end..]);
+        Ok((proxy, through))
     }
 
     /// The round trips since the last call.
     pub fn take(&self) -> u64 {
         self.trips.swap(0, Ordering::Relaxed)
+    }
+
+    /// The connections opened through the proxy since the last call.
+    pub fn take_connections(&self) -> u64 {
+        self.connections.swap(0, Ordering::Relaxed)
     }
 }
 
