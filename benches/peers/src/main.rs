@@ -104,6 +104,7 @@ async fn measured(s: &Servers<'_>, o: &Opts, system: &str, c: usize) -> Result<F
     if let Some(proxy) = &s.proxy {
         statements::reset(stack).await?;
         proxy.take();
+        proxy.take_connections();
     }
     let partitions = (system == "tenure_partitions").then_some(o.partitions);
     let db = &s.db;
@@ -129,7 +130,10 @@ async fn measured(s: &Servers<'_>, o: &Opts, system: &str, c: usize) -> Result<F
     }
     if let Some(proxy) = &s.proxy {
         let trips = proxy.take() as f64 / n as f64;
-        println!("peers.round_trips system={system} c={c} per_job={trips:.2}");
+        let opened = proxy.take_connections();
+        println!(
+            "peers.round_trips system={system} c={c} per_job={trips:.2} connections_opened={opened}"
+        );
         statements::print(stack, system, c, n).await?;
     }
     Ok(figure)
