@@ -37,6 +37,11 @@ pub enum FaultPoint {
     /// (its jobs have stopped). Not a point of a job: give its rules `job:
     /// None` and step 0; its [`FaultHit::job`] is the nil id.
     PartitionResign,
+    /// Partition mode: a campaign for a partition was won (its key carries
+    /// the new token) and its fence in PostgreSQL is not claimed yet. Not a
+    /// point of a job: give its rules `job: None` and step 0; its
+    /// [`FaultHit::job`] is the nil id.
+    PartitionClaim,
 }
 
 /// What happens at a [`FaultPoint`].

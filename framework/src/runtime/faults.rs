@@ -30,6 +30,13 @@ pub(crate) async fn partition_resign(cfg: &Config) {
     at(cfg, FaultPoint::PartitionResign, nil, StepIndex::new(0)).await;
 }
 
+/// Hook: a partition's campaign was won, its fence not claimed yet
+/// ([`FaultPoint::PartitionClaim`]).
+pub(crate) async fn partition_claim(cfg: &Config) {
+    let nil = JobId::from_uuid(uuid::Uuid::nil());
+    at(cfg, FaultPoint::PartitionClaim, nil, StepIndex::new(0)).await;
+}
+
 /// Applies the fault planned at `point` of `job`'s `step`,
 /// if any.
 async fn at(cfg: &Config, point: FaultPoint, job: JobId, step: StepIndex) {

@@ -146,6 +146,14 @@ pub trait WorkerObserver: Send + Sync + 'static {
     fn token_regression(&self, job_id: JobId, token: FencingToken) {
         let _ = (job_id, token);
     }
+    /// Partition mode's [`token_regression`](Self::token_regression): the
+    /// campaign for partition `partition` of `job_type` won a key whose
+    /// `token` the partition's fence already holds (etcd's revisions went
+    /// backwards). The partition was handed back, none of its jobs run under
+    /// `token`. An alarm, never normal operation.
+    fn partition_token_regression(&self, job_type: &str, partition: u32, token: FencingToken) {
+        let _ = (job_type, partition, token);
+    }
 }
 
 /// What every actor of one worker shares.

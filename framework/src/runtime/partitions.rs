@@ -519,6 +519,8 @@ impl Rebalance<'_> {
                 return false;
             }
         };
+        #[cfg(feature = "testing")]
+        super::faults::partition_claim(&self.shared.cfg).await;
         let worker = &self.shared.cfg.worker_id;
         match self
             .shared

@@ -575,6 +575,11 @@ impl WorkerObserver for Recorder {
     fn token_regression(&self, job_id: JobId, token: FencingToken) {
         self.line('A', job_id, StepIndex::new(0), token);
     }
+    fn partition_token_regression(&self, job_type: &str, partition: u32, token: FencingToken) {
+        if let Ok(mut f) = self.file.lock() {
+            let _ = writeln!(f, "A partition:{job_type}/{partition} 0 {}", token.get());
+        }
+    }
 }
 
 fn flag_value(args: &[String], name: &str) -> anyhow::Result<String> {
