@@ -171,7 +171,7 @@ async fn a_partition_granted_an_already_claimed_revision_alarms_the_observer(env
         .enqueue::<ThreeStep>("after-the-restore", &Work::default())
         .await
         .unwrap()
-        .id;
+        .job_id;
     let done = done_within(&client, id, Duration::from_secs(30)).await;
     let seen = alarms.0.lock().unwrap().clone();
     assert_eq!(seen.len(), 1, "one alarm told to the observer: {seen:?}");
