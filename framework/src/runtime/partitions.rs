@@ -541,7 +541,7 @@ impl Rebalance<'_> {
                 true
             }
             Err(e) => {
-                self.refused(job_type, p, &e);
+                self.refused(job_type, p, lead.token(), &e);
                 let (session, retry) = (
                     self.session.clone(),
                     self.shared.cfg.tuning.lock_release_retry,
@@ -552,10 +552,15 @@ impl Rebalance<'_> {
         }
     }
 
-    fn refused(&self, job_type: &str, p: u32, e: &FenceError) {
+    /// Why the claim of partition `p` under `granted` failed: the alarm, or a
+    /// warning.
+    fn refused(&self, job_type: &str, p: u32, granted: FencingToken, e: &FenceError) {
         match e {
             FenceError::PartitionFencedOut { ours, current, .. } if ours == current => {
                 self.shared.metrics.token_regression(job_type);
+                if let Some(observer) = &self.shared.observer {
+                    observer.partition_token_regression(job_type, p, granted);
+                }
                 tracing::error!(job_type, partition = p, error = %e,
                     "ALERT: fencing token regression on a partition (etcd revisions went backwards); none of its jobs run under it");
             }
