@@ -388,3 +388,106 @@ async fn a_warm_enqueue_sends_its_insert_without_a_checkout_ping(env: TestEnv) {
     );
     assert!(trips >= N, "{trips}: the proxy saw fewer than the inserts");
 }
+
+/// A store on the production pool (`pool_options`) in the test's schema,
+/// as worker `app` (its sessions' `application_name`), through `url`.
+async fn store_on_pool(env: &TestEnv, app: &str, url: String) -> tenure::blocks::fence::FenceStore {
+    use tenure::blocks::fence::{FenceStore, connect_options, pool_options};
+    let cfg = env
+        .config()
+        .clone()
+        .with_worker_id(app)
+        .with_database_url(url);
+    let pool = pool_options(&cfg)
+        .connect_with(connect_options(&cfg).unwrap())
+        .await
+        .unwrap();
+    FenceStore::new(pool, env.schema()).unwrap()
+}
+
+/// `n` fresh job rows of type `test.claimed`, inserted through `store`.
+async fn claimable(store: &tenure::blocks::fence::FenceStore, prefix: &str, n: u64) -> Vec<JobId> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = JobId::from_key("test.claimed", &format!("{prefix}-{i}"));
+        let input = serde_json::json!({ "i": i });
+        store.insert_job(id, "test.claimed", &input).await.unwrap();
+        ids.push(id);
+    }
+    ids
+}
+
+/// A warm worker's claim waits for two round trips, its `BEGIN` and the
+/// claim itself: the checkout's ping is skipped for a transaction's `BEGIN`,
+/// which runs again on a fresh connection when it meets a session the server
+/// ended (the next test). Counted on the wire (`tenure_tests::trips`): each
+/// claim here is `BEGIN` and the claim, then, as the dropped transaction's
+/// connection goes back to the pool in a task nobody waits for, `ROLLBACK`
+/// and sqlx's ping; a connection the pool opens meanwhile sends its session
+/// settings and the claim's prepare. With the checkout ping, five.
+#[tenure::test]
+async fn a_warm_claim_sends_its_begin_without_a_checkout_ping(env: TestEnv) {
+    use tenure_tests::trips::Proxy;
+    let (proxy, url) = Proxy::in_front_of(&env.config().database_url)
+        .await
+        .unwrap();
+    let store = store_on_pool(&env, "warm-claims", url).await;
+    const N: u64 = 20;
+    let ids = claimable(&store, "warm", 2 * N).await;
+    let token = tenure::FencingToken::for_tests(7);
+    let (warm, measured) = ids.split_at(N as usize);
+    // Warm: the pool's connections (the inserts opened several, taken in
+    // turn) and the claim's prepared statement on each.
+    for id in warm {
+        drop(store.claim_and_begin(*id, token).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.take();
+    proxy.take_connections();
+    for id in measured {
+        let (claim, tx) = store.claim_and_begin(*id, token).await.unwrap();
+        assert_eq!(claim.step, StepIndex::new(0));
+        drop(tx);
+    }
+    // The last connection's rollback and release ping.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (trips, opened) = (proxy.take(), proxy.take_connections());
+    assert!(
+        trips <= 4 * N + 2 * opened,
+        "{trips} round trips to PostgreSQL for {N} claims on a warm pool \
+         ({opened} connections opened): more than BEGIN, the claim, ROLLBACK \
+         and the release's ping each"
+    );
+    assert!(
+        trips >= 2 * N,
+        "{trips}: the proxy saw fewer than the claims"
+    );
+}
+
+/// A claim whose pooled sessions the server ended a moment after their last
+/// use goes through on a fresh one: its `BEGIN` meets the ended session and
+/// runs again (what the checkout's ping did before).
+#[tenure::test]
+async fn a_claim_right_after_the_server_ended_its_sessions_goes_through(env: TestEnv) {
+    let app = format!("{}-claims-ended", env.namespace());
+    let store = store_on_pool(&env, &app, env.config().database_url.clone()).await;
+    let ids = claimable(&store, "ended", 6).await;
+    let token = tenure::FencingToken::for_tests(9);
+    for round in 0..3 {
+        // Several connections in the pool, each used a moment ago (a dropped
+        // claim's transaction rolls back: the next round claims again).
+        let claims = ids.iter().map(|id| {
+            let store = store.clone();
+            async move { store.claim_and_begin(*id, token).await.map(drop) }
+        });
+        for done in futures::future::join_all(claims).await {
+            done.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(terminate_sessions(&env, &app).await >= 2, "round {round}");
+        let claimed = store.claim_and_begin(ids[0], token).await;
+        let (claim, tx) = claimed.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(claim.step, StepIndex::new(0));
+        drop(tx);
+    }
+}

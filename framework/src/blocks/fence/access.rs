@@ -45,9 +45,9 @@ pub fn connect_options(cfg: &Config) -> Result<PgConnectOptions, super::FenceErr
 ///
 /// A pooled connection is pinged as it is checked out (a round trip that
 /// replaces a session the server ended), except for Tenure's idempotent
-/// statements (a job row's insert, the reads by id, the probe): they run
-/// again on a fresh connection when the session was gone, so the ping
-/// would only cost them a wait.
+/// statements (a job row's insert, the reads by id, the probe) and a
+/// transaction's `BEGIN`: they run again on a fresh connection when the
+/// session was gone, so the ping would only cost them a wait.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -125,9 +125,16 @@ impl FenceStore {
     /// is held there, then lost when the pool closes it. Begun in a task of
     /// its own, the `BEGIN` always completes; if the caller went away, the
     /// transaction is dropped there and sqlx sends its rollback.
+    ///
+    /// The checkout skips the pool's ping: the `BEGIN` is the transaction's
+    /// first statement, so a session the server ended fails it before
+    /// anything ran, and it runs again on a fresh connection
+    /// ([`on_live_session`](super::reads::on_live_session)), as the ping would
+    /// have made it, one wait sooner.
     pub(super) async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let pool = self.pool.clone();
-        match tokio::spawn(async move { pool.begin().await }).await {
+        let begun = async move { super::reads::on_live_session(&pool, || pool.begin()).await };
+        match tokio::spawn(begun).await {
             Ok(begun) => begun,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // The runtime is shutting down.
