@@ -344,6 +344,11 @@ async fn an_enqueue_right_after_the_server_ended_its_sessions_goes_through(env: 
     }
 }
 
+/// Round trips a wire count may carry from outside its window on a loaded
+/// machine: the warm-up's release ping landing after the 200 ms wait, one
+/// more from a connection opened at its edge (seen once: 43 against 42).
+const STRAGGLERS: u64 = 2;
+
 /// A warm client's enqueue waits for one round trip to PostgreSQL, its row's
 /// insert: the pool's checkout ping is skipped for the idempotent statements
 /// (the test above is what replaces it). Counted on the wire by a proxy in
@@ -382,7 +387,7 @@ async fn a_warm_enqueue_sends_its_insert_without_a_checkout_ping(env: TestEnv) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (trips, opened) = (proxy.take(), proxy.take_connections());
     assert!(
-        trips <= 2 * N + 2 * opened,
+        trips <= 2 * N + 2 * opened + STRAGGLERS,
         "{trips} round trips to PostgreSQL for {N} enqueues on a warm pool \
          ({opened} connections opened): more than the insert and the release's ping each"
     );
@@ -453,7 +458,7 @@ async fn a_warm_claim_sends_its_begin_without_a_checkout_ping(env: TestEnv) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (trips, opened) = (proxy.take(), proxy.take_connections());
     assert!(
-        trips <= 4 * N + 2 * opened,
+        trips <= 4 * N + 2 * opened + STRAGGLERS,
         "{trips} round trips to PostgreSQL for {N} claims on a warm pool \
          ({opened} connections opened): more than BEGIN, the claim, ROLLBACK \
          and the release's ping each"
