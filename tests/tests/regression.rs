@@ -21,20 +21,30 @@ use tenure::{FencingToken, JobId, StepIndex, Worker, WorkerObserver};
 use tenure_tests::metered::Metered;
 use tenure_tests::{ThreeStep, Work, done_within, on_kit, step_rows};
 
+/// Worker `w` running [`ThreeStep`], counted by `metered`, told to `observer`.
+async fn worker_w(
+    cfg: tenure::Config,
+    ns: &str,
+    metered: &Metered,
+    observer: Option<Arc<dyn WorkerObserver>>,
+) -> Worker {
+    let mut builder = Worker::builder(cfg).meter(metered.meter());
+    if let Some(observer) = observer {
+        builder = builder.observer(observer);
+    }
+    let job = ThreeStep {
+        worker: "w".into(),
+        schema: ns.to_string(),
+    };
+    builder.register(job).start().await.expect("worker")
+}
+
 // A dev stack of its own: the test tells which revision the worker's lock gets.
 #[tenure::test(own_stack, ttl_secs = 4)]
 async fn a_fresh_lock_with_an_already_claimed_revision_is_never_run(env: TestEnv) {
     let (ns, cfg, client) = on_kit(&env).await;
     let metered = Metered::default();
-    let worker = Worker::builder(cfg.clone().with_worker_id("w"))
-        .meter(metered.meter())
-        .register(ThreeStep {
-            worker: "w".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .expect("worker");
+    let worker = worker_w(cfg.clone().with_worker_id("w"), &ns, &metered, None).await;
 
     // The last write to this etcd: a probe lock. The worker's lock for the job is
     // the next write, so its token is `probe + 1`.
@@ -157,16 +167,7 @@ async fn a_partition_granted_an_already_claimed_revision_alarms_the_observer(env
     );
     wcfg.fault_plan = Some(plan.with_injector(Arc::new(restore)));
     let (metered, alarms) = (Metered::default(), Arc::new(PartitionAlarms::default()));
-    let worker = Worker::builder(wcfg)
-        .meter(metered.meter())
-        .observer(alarms.clone())
-        .register(ThreeStep {
-            worker: "w".into(),
-            schema: ns.clone(),
-        })
-        .start()
-        .await
-        .expect("worker");
+    let worker = worker_w(wcfg, &ns, &metered, Some(alarms.clone())).await;
     let id = client
         .enqueue::<ThreeStep>("after-the-restore", &Work::default())
         .await

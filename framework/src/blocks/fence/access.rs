@@ -92,11 +92,37 @@ tokio::task_local! {
 /// Runs `statement` with its pool checkouts unpinged (on a pool of
 /// [`pool_options`]; a pool of your own keeps its own setting). Only for a
 /// statement that may run twice and that runs again on a fresh connection
-/// when its session was gone (`reads::on_live_session`): a write whose
+/// when its session was gone ([`on_live_session`]): a write whose
 /// failure is bookkept (a step's, an attempt's) needs the ping, because a
 /// dead session found by the statement itself would end the attempt.
 pub(super) async fn unpinged<F: std::future::Future>(statement: F) -> F::Output {
     UNPINGED.scope((), statement).await
+}
+
+/// Runs the idempotent `statement` on `pool`, and again on a fresh
+/// connection each time its session was gone before it ran
+/// ([`is_session_ended`](super::error::is_session_ended): a session the
+/// server ended while the connection sat in the pool): at most once per
+/// pooled connection, plus one. Its checkouts skip the pool's ping
+/// ([`unpinged`]): this retry does the ping's job.
+pub(super) async fn on_live_session<T, F, Fut>(
+    pool: &sqlx::PgPool,
+    statement: F,
+) -> Result<T, sqlx::Error>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut left = pool.size() + 1;
+    loop {
+        match unpinged(statement()).await {
+            Err(e) if left > 0 && super::error::is_session_ended(&e) => {
+                tracing::debug!(error = %e, "the pooled session was gone; again on a fresh one");
+                left -= 1;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// `; SET application_name = '<worker id>'`: the job history (`job_events`)

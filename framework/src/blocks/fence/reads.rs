@@ -9,36 +9,11 @@ use crate::steps::StepInfo;
 use crate::types::{JobId, Priority};
 
 use super::FenceStore;
+use super::access::on_live_session;
 use super::claims::CLAIM_RETRIES;
 use super::error::FenceError;
 use super::row::{Diag, Inserted, JobRow, diag_from, job_row};
 use super::status::JobStatus;
-
-/// Runs the idempotent `statement` on `pool`, and again on a fresh
-/// connection each time its session was gone before it ran
-/// ([`is_session_ended`](super::error::is_session_ended): a session the
-/// server ended while the connection sat in the pool): at most once per
-/// pooled connection, plus one. Its checkouts skip the pool's ping
-/// ([`unpinged`](super::access::unpinged)): this retry does the ping's job.
-pub(super) async fn on_live_session<T, F, Fut>(
-    pool: &sqlx::PgPool,
-    statement: F,
-) -> Result<T, sqlx::Error>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
-{
-    let mut left = pool.size() + 1;
-    loop {
-        match super::access::unpinged(statement()).await {
-            Err(e) if left > 0 && super::error::is_session_ended(&e) => {
-                tracing::debug!(error = %e, "the pooled session was gone; again on a fresh one");
-                left -= 1;
-            }
-            done => return done,
-        }
-    }
-}
 
 impl FenceStore {
     /// Inserts a `pending` job row. Idempotent: the same id with the same job type and

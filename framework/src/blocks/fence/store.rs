@@ -129,11 +129,11 @@ impl FenceStore {
     /// The checkout skips the pool's ping: the `BEGIN` is the transaction's
     /// first statement, so a session the server ended fails it before
     /// anything ran, and it runs again on a fresh connection
-    /// ([`on_live_session`](super::reads::on_live_session)), as the ping would
+    /// ([`on_live_session`](super::access::on_live_session)), as the ping would
     /// have made it, one wait sooner.
     pub(super) async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let pool = self.pool.clone();
-        let begun = async move { super::reads::on_live_session(&pool, || pool.begin()).await };
+        let begun = async move { super::access::on_live_session(&pool, || pool.begin()).await };
         match tokio::spawn(begun).await {
             Ok(begun) => begun,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
