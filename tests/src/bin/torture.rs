@@ -538,7 +538,13 @@ impl Recorder {
         self.raw(kind, job_id.as_uuid(), step.get(), token.get());
     }
 
-    fn raw(&self, kind: char, job: sqlx::types::Uuid, step: impl std::fmt::Display, token: i64) {
+    fn raw(
+        &self,
+        kind: char,
+        job: impl std::fmt::Display,
+        step: impl std::fmt::Display,
+        token: i64,
+    ) {
         if let Ok(mut f) = self.file.lock() {
             let _ = writeln!(f, "{kind} {job} {step} {token}");
         }
@@ -576,9 +582,8 @@ impl WorkerObserver for Recorder {
         self.line('A', job_id, StepIndex::new(0), token);
     }
     fn partition_token_regression(&self, job_type: &str, partition: u32, token: FencingToken) {
-        if let Ok(mut f) = self.file.lock() {
-            let _ = writeln!(f, "A partition:{job_type}/{partition} 0 {}", token.get());
-        }
+        let what = format_args!("partition:{job_type}/{partition}");
+        self.raw('A', what, 0, token.get());
     }
 }
 
