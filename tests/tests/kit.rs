@@ -394,20 +394,17 @@ async fn a_warm_enqueue_sends_its_insert_without_a_checkout_ping(env: TestEnv) {
     assert!(trips >= N, "{trips}: the proxy saw fewer than the inserts");
 }
 
-/// A store on the production pool (`pool_options`) in the test's schema,
-/// as worker `app` (its sessions' `application_name`), through `url`.
+/// A store on the production pool (`FenceStore::connect`) in the test's
+/// schema, as worker `app` (its sessions' `application_name`), through `url`.
 async fn store_on_pool(env: &TestEnv, app: &str, url: String) -> tenure::blocks::fence::FenceStore {
-    use tenure::blocks::fence::{FenceStore, connect_options, pool_options};
     let cfg = env
         .config()
         .clone()
         .with_worker_id(app)
         .with_database_url(url);
-    let pool = pool_options(&cfg)
-        .connect_with(connect_options(&cfg).unwrap())
+    tenure::blocks::fence::FenceStore::connect(&cfg)
         .await
-        .unwrap();
-    FenceStore::new(pool, env.schema()).unwrap()
+        .unwrap()
 }
 
 /// `n` fresh job rows of type `test.claimed`, inserted through `store`.
